@@ -1,0 +1,294 @@
+"""Engine adapters: what differs between the engines shadowlab can drive.
+
+An adapter knows how to locate and hash an engine and its model, how to build its
+command line and environment, how to phrase a turn as an HTTP request and read the
+answer back. It never starts processes or keeps state between cells: the runner
+(``shadowlab/run.py`` with ``shadowlab/isolation.py``) does that, identically for
+every engine.
+
+Adapters register by ``kind`` (the matrix's ``engines.<name>.kind``)::
+
+    adapter = get_adapter("reference")
+
+The built-in kinds live in sibling modules and are imported on first use, so a
+broken or missing optional engine never stops the others from working.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+
+__all__ = [
+    "EngineAdapter",
+    "EngineAdapterBase",
+    "EngineIdentity",
+    "TurnRequest",
+    "TurnResult",
+    "UnknownEngineKind",
+    "get_adapter",
+    "known_kinds",
+    "register",
+    "sha256_file",
+]
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """What exactly ran: recorded in every cell's meta.json under ``engine``."""
+
+    kind: str
+    binary_path: str
+    binary_sha256: str
+    version: str
+    model_path: str
+    model_sha256: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One turn as the runner hands it to an adapter.
+
+    Exactly one of ``prompt_tokens`` (raw ``/completion``) and ``messages`` (chat) is set.
+    """
+
+    index: int
+    prompt_id: str
+    prompt_tokens: tuple[int, ...] | None = None
+    messages: tuple[Mapping[str, str], ...] | None = None
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What an engine answered to one turn, in engine-neutral terms.
+
+    ``reused_tokens`` / ``processed_tokens`` are the engine's own API report
+    (``timings.cache_n`` / ``timings.prompt_n`` for llama.cpp); None when the engine
+    does not report them.
+    """
+
+    text: str
+    tokens: tuple[int, ...]
+    stop_type: str | None
+    reused_tokens: int | None
+    processed_tokens: int | None
+    prompt_ms: float | None
+    timings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    kind: str
+    log_family: str  # logparse family: "reference" | "llama.cpp" | "ik_llama.cpp" | "none"
+
+    def prepare(self, spec: Any, cache_dir: Path) -> EngineIdentity:
+        """Build or locate the binary and model; hash them."""
+
+    def command(
+        self, spec: Any, cell_flags: Sequence[str], port: int, threads: int, log_file: Path
+    ) -> list[str]:
+        """The engine's argv for one cell."""
+
+    def env(self, spec: Any, cell_env: Mapping[str, str]) -> dict[str, str]:
+        """Environment additions for one cell (the runner adds GPU and thread vars)."""
+
+    def completion_request(self, turn: TurnRequest, generation: Any) -> tuple[str, dict]:
+        """(path, json body) for one turn; generation has n_predict and temperature."""
+
+    def parse_response(self, body: Mapping[str, Any]) -> TurnResult:
+        """Read an answer back; the body is untrusted engine output."""
+
+    def tokenize(self, client: httpx.Client, text: str) -> list[int]:
+        """Token ids of text, as the running engine tokenizes it (no specials added)."""
+
+
+class EngineAdapterBase:
+    """Defaults for llama.cpp-shaped HTTP servers (the reference engine speaks the same API).
+
+    Subclasses set ``kind`` and ``log_family`` and implement ``prepare``, ``command``
+    and usually ``env``.
+    """
+
+    kind: str = ""
+    log_family: str = "none"
+
+    def prepare(self, spec: Any, cache_dir: Path) -> EngineIdentity:
+        raise NotImplementedError
+
+    def command(
+        self, spec: Any, cell_flags: Sequence[str], port: int, threads: int, log_file: Path
+    ) -> list[str]:
+        raise NotImplementedError
+
+    def env(self, spec: Any, cell_env: Mapping[str, str]) -> dict[str, str]:
+        return dict(getattr(spec, "env", None) or {}) | dict(cell_env)
+
+    def completion_request(self, turn: TurnRequest, generation: Any) -> tuple[str, dict]:
+        if turn.is_chat:
+            body: dict[str, Any] = {
+                "messages": [dict(m) for m in turn.messages or ()],
+                "max_tokens": generation.n_predict,
+                "temperature": generation.temperature,
+            }
+            path = "/v1/chat/completions"
+        else:
+            body = {
+                "prompt": list(turn.prompt_tokens or ()),
+                "n_predict": generation.n_predict,
+                "temperature": generation.temperature,
+                "cache_prompt": True,
+                "return_tokens": True,
+            }
+            path = "/completion"
+        body.update(turn.extra_body)
+        return path, body
+
+    def parse_response(self, body: Mapping[str, Any]) -> TurnResult:
+        if "choices" in body:
+            return _parse_chat(body)
+        timings = _mapping(body.get("timings"))
+        return TurnResult(
+            text=_text(body.get("content")),
+            tokens=_int_tuple(body.get("tokens")),
+            stop_type=_opt_str(body.get("stop_type")),
+            reused_tokens=_opt_int(timings.get("cache_n")),
+            processed_tokens=_opt_int(timings.get("prompt_n")),
+            prompt_ms=_opt_float(timings.get("prompt_ms")),
+            timings=timings,
+        )
+
+    def tokenize(self, client: httpx.Client, text: str) -> list[int]:
+        response = client.post("/tokenize", json={"content": text, "add_special": False})
+        response.raise_for_status()
+        return list(_int_tuple(response.json().get("tokens")))
+
+    def props(self, client: httpx.Client) -> dict[str, Any]:
+        """The engine's self-description (``/props``), or {} when it has none."""
+        response = client.get("/props")
+        if response.status_code != 200:
+            return {}
+        body = response.json()
+        return body if isinstance(body, dict) else {}
+
+    def reported_device(self, props: Mapping[str, Any]) -> str | None:
+        """The device the engine says it computes on, from its props; None if unknown."""
+        device = props.get("device")
+        return device if isinstance(device, str) else None
+
+
+def _parse_chat(body: Mapping[str, Any]) -> TurnResult:
+    choices = body.get("choices") or [{}]
+    choice = _mapping(choices[0] if isinstance(choices, list) and choices else {})
+    message = _mapping(choice.get("message"))
+    usage = _mapping(body.get("usage"))
+    details = _mapping(usage.get("prompt_tokens_details"))
+    timings = _mapping(body.get("timings"))
+    cached = _opt_int(details.get("cached_tokens"))
+    prompt_tokens = _opt_int(usage.get("prompt_tokens"))
+    processed = _opt_int(timings.get("prompt_n"))
+    if processed is None and cached is not None and prompt_tokens is not None:
+        processed = prompt_tokens - cached
+    reused = _opt_int(timings.get("cache_n"))
+    return TurnResult(
+        text=_text(message.get("content")),
+        tokens=_int_tuple(body.get("tokens") or choice.get("tokens")),
+        stop_type=_opt_str(choice.get("finish_reason")),
+        reused_tokens=reused if reused is not None else cached,
+        processed_tokens=processed,
+        prompt_ms=_opt_float(timings.get("prompt_ms")),
+        timings=timings,
+    )
+
+
+# -- defensive readers: engine output is data, and may be malformed ----------------
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _opt_float(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _int_tuple(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -- registry -------------------------------------------------------------------------
+
+
+class UnknownEngineKind(LookupError):
+    pass
+
+
+_BUILTIN_MODULES = {
+    "reference": "shadowlab.engines.reference",
+    "llama-server": "shadowlab.engines.llama_server",
+    "openai": "shadowlab.engines.openai",
+}
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.factories: dict[str, Callable[[], EngineAdapter]] = {}
+
+
+_registry = _Registry()
+
+
+def register(kind: str, factory: Callable[[], EngineAdapter]) -> None:
+    """Make ``kind`` available to matrices; a module calls this at import time."""
+    _registry.factories[kind] = factory
+
+
+def known_kinds() -> list[str]:
+    return sorted(set(_BUILTIN_MODULES) | set(_registry.factories))
+
+
+def get_adapter(kind: str) -> EngineAdapter:
+    if kind not in _registry.factories and kind in _BUILTIN_MODULES:
+        importlib.import_module(_BUILTIN_MODULES[kind])
+    try:
+        factory = _registry.factories[kind]
+    except KeyError:
+        raise UnknownEngineKind(
+            f"unknown engine kind {kind!r}; known: {', '.join(known_kinds())}"
+        ) from None
+    return factory()

@@ -1,0 +1,416 @@
+"""Isolation of one engine process: cores, port, GPU visibility, process group.
+
+Every shadowlab process on a machine shares one lock directory
+(``$SHADOWLAB_LOCK_DIR``, default ``/tmp/shadowlab-locks``). A core or a port is
+*leased* by holding an exclusive ``flock`` on ``core-<n>.lock`` / ``port-<n>.lock``
+in it. The kernel drops a flock when its holder dies, so a crashed or killed
+shadowlab never leaves a stale lease behind, and two shadowlab runs started at
+once on one machine can never hand the same core or port to two engines.
+
+An engine runs in its own session (``start_new_session``), so it and anything it
+forks form one process group that :meth:`EngineProcess.stop` signals as a whole
+(TERM, bounded wait, KILL) and then verifies is gone, together with its port.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import filelock
+import psutil
+
+LOCK_DIR_ENV = "SHADOWLAB_LOCK_DIR"
+DEFAULT_LOCK_DIR = Path("/tmp/shadowlab-locks")
+
+# Ports are drawn below Linux's default ephemeral range (32768-60999) so that
+# outgoing connections of other programs do not take them between the check and
+# the engine's bind.
+PORT_RANGE = range(20000, 32000)
+
+# Environment variables that make GPU runtimes see no device.
+GPU_VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+# Thread-count knobs of the common math libraries; set to the cell's core count so an
+# engine does not oversubscribe its pinned cores.
+THREAD_COUNT_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+
+
+def lock_dir() -> Path:
+    path = Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class LeaseUnavailable(Exception):
+    """No free core set or port right now (the caller waits or gives up)."""
+
+
+class _Lease:
+    """An exclusive, non-blocking flock on one file; released on release() or death."""
+
+    def __init__(self, path: Path) -> None:
+        # thread_local=False: a lease taken by a worker thread may be released by the
+        # main thread when shadowlab is interrupted.
+        self._lock = filelock.FileLock(str(path), timeout=0, thread_local=False)
+
+    def try_acquire(self) -> bool:
+        try:
+            self._lock.acquire(timeout=0)
+        except filelock.Timeout:
+            return False
+        return True
+
+    def release(self) -> None:
+        if self._lock.is_locked:
+            self._lock.release(force=True)
+
+
+# ---------------------------------------------------------------------------- cores
+
+
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its own affinity), in order."""
+    return sorted(os.sched_getaffinity(0))
+
+
+@dataclass
+class CoreLease:
+    cores: tuple[int, ...]
+    _leases: list[_Lease] = field(default_factory=list, repr=False)
+
+    def release(self) -> None:
+        for lease in self._leases:
+            lease.release()
+        self._leases.clear()
+
+
+def lease_cores(count: int, candidates: Sequence[int] | None = None) -> CoreLease:
+    """Lease ``count`` cores no other cell (of any shadowlab on this machine) holds.
+
+    Raises LeaseUnavailable when fewer are free now; raises ValueError when the
+    machine (this process's affinity) has fewer cores than asked for at all.
+    """
+    pool = list(candidates) if candidates is not None else usable_cores()
+    if count < 1 or count > len(pool):
+        raise ValueError(f"cannot pin {count} cores: this process may use {len(pool)} ({pool})")
+    directory = lock_dir()
+    held: list[_Lease] = []
+    cores: list[int] = []
+    for core in pool:
+        lease = _Lease(directory / f"core-{core}.lock")
+        if lease.try_acquire():
+            held.append(lease)
+            cores.append(core)
+            if len(cores) == count:
+                return CoreLease(tuple(cores), held)
+    for lease in held:
+        lease.release()
+    raise LeaseUnavailable(f"fewer than {count} free cores among {pool}")
+
+
+def wait_for_cores(count: int, deadline: float, stop: threading.Event | None = None) -> CoreLease:
+    """Poll lease_cores until it succeeds, the monotonic deadline passes, or stop is set."""
+    while True:
+        try:
+            return lease_cores(count)
+        except LeaseUnavailable:
+            if time.monotonic() >= deadline:
+                raise
+            if stop is not None and stop.wait(0.05):
+                raise
+            if stop is None:
+                time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------- ports
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a server could bind host:port now.
+
+    SO_REUSEADDR mirrors what HTTP servers set, so a port whose old connections sit
+    in TIME_WAIT counts as free (the engine will be able to bind it).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+                return False
+            raise
+    return True
+
+
+@dataclass
+class PortLease:
+    port: int
+    _lease: _Lease | None = field(default=None, repr=False)
+
+    def release(self) -> None:
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+
+def lease_port(host: str = "127.0.0.1", exclude: Iterable[int] = ()) -> PortLease:
+    """Lease a port that no shadowlab holds and that is free to bind now.
+
+    The choice is made under the machine-wide ``ports.lock`` so two shadowlab
+    processes never test and take the same candidate at once; the per-port lease
+    then keeps it ours until the engine is stopped.
+    """
+    directory = lock_dir()
+    skip = set(exclude)
+    candidates = [p for p in PORT_RANGE if p not in skip]
+    random.Random().shuffle(candidates)
+    with filelock.FileLock(str(directory / "ports.lock"), timeout=30):
+        for port in candidates[:500]:
+            lease = _Lease(directory / f"port-{port}.lock")
+            if not lease.try_acquire():
+                continue
+            if port_is_free(port, host):
+                return PortLease(port, lease)
+            lease.release()
+    raise LeaseUnavailable("no free port found in 500 candidates")
+
+
+# ---------------------------------------------------------------------------- GPU
+
+
+def gpu_env(device: int | None) -> dict[str, str]:
+    """Visibility variables: all empty (no GPU) or naming one device index."""
+    value = "" if device is None else str(device)
+    return {name: value for name in GPU_VISIBILITY_VARS}
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    return {name: str(threads) for name in THREAD_COUNT_VARS}
+
+
+# ---------------------------------------------------------------------------- process
+
+
+class ProcessSurvived(Exception):
+    """A process of a stopped engine's group is still alive, or its port is still bound."""
+
+
+def _set_thread_affinity(cores: Iterable[int]) -> None:
+    # pid 0 is the *calling thread* for sched_setaffinity on Linux.
+    os.sched_setaffinity(0, set(cores))
+
+
+_SPAWN_LOCK = threading.Lock()
+
+
+def _spawn_pinned(
+    argv: Sequence[str], cores: Sequence[int], **popen_kwargs: object
+) -> subprocess.Popen[bytes]:
+    """Popen with the child's affinity already set to ``cores`` when it execs.
+
+    A forked child inherits the affinity of the thread that forked it, so the
+    spawning thread narrows its own affinity around the fork. This is what a
+    ``preexec_fn`` would do, without running Python in the child of a
+    multi-threaded parent (which the subprocess docs warn can deadlock).
+    """
+    with _SPAWN_LOCK:
+        previous = os.sched_getaffinity(0)
+        _set_thread_affinity(cores)
+        try:
+            return subprocess.Popen(list(argv), **popen_kwargs)  # type: ignore[call-overload]
+        finally:
+            _set_thread_affinity(previous)
+
+
+@dataclass
+class StopReport:
+    returncode: int | None
+    signal_used: str  # "none" (had exited), "TERM" or "KILL"
+    stop_ms: float
+    survivors: list[int]
+    port_free: bool
+
+
+class EngineProcess:
+    """One engine process in its own process group, with its log going to a file."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        log_path: Path,
+        cores: Sequence[int],
+        port: int,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.argv = list(argv)
+        self.port = port
+        self.host = host
+        self.cores = tuple(cores)
+        self.log_path = log_path
+        cwd.mkdir(parents=True, exist_ok=True)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed in stop()
+        self.started_at = time.monotonic()
+        try:
+            self.popen = _spawn_pinned(
+                self.argv,
+                self.cores,
+                env=dict(env),
+                cwd=str(cwd),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except BaseException:
+            self._log.close()
+            raise
+        self.pid = self.popen.pid
+        self.pgid = self.pid  # start_new_session: the child leads a new session and group
+        self._members: set[int] = {self.pid}
+        self._stopped: StopReport | None = None
+
+    # -- observation -----------------------------------------------------------
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def observed_affinity(self) -> list[int]:
+        return sorted(psutil.Process(self.pid).cpu_affinity())
+
+    def remember_members(self) -> None:
+        """Record the engine's current descendants, so stop() can check them too."""
+        try:
+            children = psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        self._members.update(child.pid for child in children)
+
+    def group_members(self) -> list[int]:
+        """Live processes in the engine's group, or that were ever seen as its descendants."""
+        alive: list[int] = []
+        for proc in psutil.process_iter(["pid"]):
+            pid = proc.info["pid"]
+            try:
+                in_group = os.getpgid(pid) == self.pgid
+            except (ProcessLookupError, PermissionError):
+                continue
+            if in_group or pid in self._members:
+                try:
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(pid)
+                except psutil.NoSuchProcess:
+                    continue
+        return alive
+
+    def log_tail(self, max_bytes: int = 4000) -> str:
+        return read_log_tail(self.log_path, max_bytes)
+
+    # -- stop --------------------------------------------------------------------
+
+    def stop(self, grace_s: float = 5.0, port_wait_s: float = 5.0) -> StopReport:
+        """TERM the group, wait up to grace_s, KILL what is left, then verify.
+
+        Idempotent. Raises ProcessSurvived when a member is still alive after KILL or
+        the port is still bound after port_wait_s; the report is kept either way.
+        """
+        if self._stopped is not None:
+            return self._stopped
+        t0 = time.monotonic()
+        self.remember_members()
+        signal_used = "none"
+        if self.popen.poll() is None or self.group_members():
+            signal_used = "TERM"
+            self._signal_group(signal.SIGTERM)
+            if not self._wait_group_gone(t0 + grace_s):
+                signal_used = "KILL"
+                self._signal_group(signal.SIGKILL)
+                self._wait_group_gone(time.monotonic() + 5.0)
+        try:
+            self.popen.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+        survivors = self.group_members()
+        port_free = wait_port_free(self.port, time.monotonic() + port_wait_s, self.host)
+        self._stopped = StopReport(
+            returncode=self.popen.returncode,
+            signal_used=signal_used,
+            stop_ms=(time.monotonic() - t0) * 1000.0,
+            survivors=survivors,
+            port_free=port_free,
+        )
+        if survivors or not port_free:
+            raise ProcessSurvived(
+                f"engine pid {self.pid}: survivors {survivors}, port {self.port} "
+                f"{'free' if port_free else 'still bound'}"
+            )
+        return self._stopped
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+        # Descendants that left the group (setsid) still get the signal.
+        for pid in self._members - {self.pid}:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _wait_group_gone(self, deadline: float) -> bool:
+        while True:
+            self.popen.poll()  # reap our child so it does not linger as a zombie
+            if not self.group_members():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
+def wait_port_free(port: int, deadline: float, host: str = "127.0.0.1") -> bool:
+    while True:
+        if port_is_free(port, host):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def read_log_tail(path: Path, max_bytes: int = 4000) -> str:
+    """The last max_bytes of a log as text (engine output is data: bad bytes replaced)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            return fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+ADDRESS_IN_USE_MARKERS = ("address already in use", "address in use", "couldn't bind", "eaddrinuse")
+
+
+def log_says_address_in_use(text: str) -> bool:
+    lowered = text.lower()
+    return any(marker in lowered for marker in ADDRESS_IN_USE_MARKERS)
