@@ -1,0 +1,147 @@
+"""Every error shadowlab raises on purpose, one class per failure kind.
+
+    ShadowlabError                 base: catch this to catch everything shadowlab means to raise
+    ├── MatrixError                the matrix file is wrong: file, line, key path, hint
+    ├── RunDirError                the output directory cannot be used (e.g. reused without --resume)
+    ├── EngineError                an engine process failed the cell (engine, cell, reason, log tail)
+    │   ├── EngineStartError       it never became ready (died, timed out, bad flags)
+    │   ├── EngineCrashError       it died while the cell was running
+    │   └── ProtocolError          it answered something shadowlab does not understand
+    └── QualificationError         the run finished but a check failed
+
+Every error renders as one readable message plus an optional `hint:` line saying what to do
+next (pip's DiagnosticPipError habit), so the CLI prints `str(error)` and never a traceback.
+Exit codes are decided in one place, the CLI/gate: matrix and run-directory errors are usage
+errors (2), engine errors are infrastructure failures (3), a failed qualification is 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ShadowlabError",
+    "MatrixError",
+    "RunDirError",
+    "EngineError",
+    "EngineStartError",
+    "EngineCrashError",
+    "ProtocolError",
+    "QualificationError",
+]
+
+
+class ShadowlabError(Exception):
+    """Base class: a message for the user and an optional hint on how to fix it."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def headline(self) -> str:
+        """The first line of `str(self)`: what happened."""
+        return self.message
+
+    def __str__(self) -> str:
+        text = self.headline()
+        if self.hint:
+            text += "\n  hint: " + self.hint
+        return text
+
+
+class MatrixError(ShadowlabError):
+    """The matrix file is invalid; nothing has been started.
+
+    Renders as `matrices/x.yaml:12: engines.reference.threads: expected an integer, got 'two'`
+    followed by `  hint: ...` when there is one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        key_path: str = "",
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.file = file
+        self.line = line
+        self.key_path = key_path
+
+    def headline(self) -> str:
+        where = self.file or "<matrix>"
+        if self.line is not None:
+            where += f":{self.line}"
+        path = f" {self.key_path}:" if self.key_path else ""
+        return f"{where}:{path} {self.message}"
+
+
+class RunDirError(ShadowlabError):
+    """The run directory cannot be used as asked (exists without --resume, unreadable, newer schema)."""
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+
+    def headline(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class EngineError(ShadowlabError):
+    """An engine process failed a cell. Carries the engine, the cell and the end of its log."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        engine: str,
+        cell: str | None = None,
+        log_tail: Sequence[str] = (),
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(reason, hint=hint)
+        self.reason = reason
+        self.engine = engine
+        self.cell = cell
+        self.log_tail = tuple(log_tail)
+
+    def headline(self) -> str:
+        where = f"engine {self.engine!r}"
+        if self.cell:
+            where += f" (cell {self.cell})"
+        text = f"{where}: {self.reason}"
+        if self.log_tail:
+            text += "\n  last log lines:\n" + "\n".join("    " + line for line in self.log_tail)
+        return text
+
+
+class EngineStartError(EngineError):
+    """The engine never became ready: it exited, never answered /health, or refused the flags."""
+
+
+class EngineCrashError(EngineError):
+    """The engine process died (or was killed) while the cell was running."""
+
+    def __init__(self, reason: str, *, returncode: int | None = None, **kwargs) -> None:
+        super().__init__(reason, **kwargs)
+        self.returncode = returncode
+
+
+class ProtocolError(EngineError):
+    """The engine answered, but not in the shape shadowlab expects (status, JSON, fields)."""
+
+
+class QualificationError(ShadowlabError):
+    """The run completed and at least one check failed; `failures` names each one."""
+
+    def __init__(self, failures: Sequence[str], *, hint: str | None = None) -> None:
+        self.failures = tuple(failures)
+        count = len(self.failures)
+        message = f"not qualified: {count} check{'s' if count != 1 else ''} failed"
+        super().__init__(message, hint=hint)
+
+    def headline(self) -> str:
+        return "\n".join([self.message, *("  - " + f for f in self.failures)])

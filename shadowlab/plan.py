@@ -1,0 +1,188 @@
+"""The plan: every cell a matrix asks for, in a fixed order with stable ids.
+
+`build_plan(matrix)` expands the selected engine × configuration × sequence combinations into
+warm cells and adds what the identity check needs:
+
+- one `cold` cell per (engine, configuration, prompt) that a warm cell sends after its first
+  turn: that prompt alone in a fresh process, the reference a warm turn's output must equal.
+  A chat prompt that splices earlier replies (`{from_turn: i}`) gets a cold cell per warm cell,
+  which `depends_on` it: the cold run needs the warm run's replies to build its messages.
+- one `control` cell per (engine, configuration) with `identity.control`: the first cold
+  prompt again, in another fresh process (cold vs cold separates engine noise from cache
+  effects).
+
+Cell ids are `<engine>.<configuration>.<sequence>` (warm), `<engine>.<configuration>.cold.<prompt>`
+(`...cold.<sequence>.<prompt>` for a dependent chat prompt) and `...control.<prompt>`; every
+part is a validated name, so ids are safe directory names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from shadowlab.matrix import ChatPrompt, Matrix
+
+PLAN_VERSION = 1
+
+
+class CellKind(str, Enum):
+    WARM = "warm"  # a sequence in one process: the cache under test
+    COLD = "cold"  # one prompt in a fresh process: the identity reference
+    CONTROL = "control"  # a cold prompt again in another fresh process
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Turn:
+    index: int  # 0-based position in the cell
+    prompt_id: str
+    endpoint: str  # "completion" | "chat"
+    cold_cell: str | None = None  # warm turns after the first: the cell holding this prompt's cold run
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "prompt_id": self.prompt_id, "endpoint": self.endpoint,
+                "cold_cell": self.cold_cell}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Turn:
+        return cls(data["index"], data["prompt_id"], data["endpoint"], data.get("cold_cell"))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One fresh engine process. `flags`/`env` are the configuration's delta over the engine's."""
+
+    id: str
+    kind: CellKind
+    engine: str
+    configuration: str
+    sequence: str | None  # warm cells (and dependent chat cold cells): the sequence
+    turns: tuple[Turn, ...]
+    flags: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    depends_on: str | None = None  # a warm cell whose replies this cell's chat messages splice in
+    control_of: str | None = None  # control cells: the cold cell they repeat
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind.value,
+            "engine": self.engine,
+            "configuration": self.configuration,
+            "sequence": self.sequence,
+            "turns": [t.to_dict() for t in self.turns],
+            "flags": list(self.flags),
+            "env": dict(self.env),
+            "depends_on": self.depends_on,
+            "control_of": self.control_of,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Cell:
+        return cls(
+            id=data["id"],
+            kind=CellKind(data["kind"]),
+            engine=data["engine"],
+            configuration=data["configuration"],
+            sequence=data.get("sequence"),
+            turns=tuple(Turn.from_dict(t) for t in data["turns"]),
+            flags=tuple(data.get("flags", ())),
+            env=dict(data.get("env", {})),
+            depends_on=data.get("depends_on"),
+            control_of=data.get("control_of"),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    cells: tuple[Cell, ...]
+
+    def cell(self, cell_id: str) -> Cell:
+        for c in self.cells:
+            if c.id == cell_id:
+                return c
+        raise KeyError(cell_id)
+
+    def of_kind(self, kind: CellKind) -> tuple[Cell, ...]:
+        return tuple(c for c in self.cells if c.kind is kind)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan_version": PLAN_VERSION, "cells": [c.to_dict() for c in self.cells]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        version = data.get("plan_version", PLAN_VERSION)
+        if version > PLAN_VERSION:
+            raise ValueError(f"plan version {version} is newer than this shadowlab understands ({PLAN_VERSION})")
+        return cls(tuple(Cell.from_dict(c) for c in data["cells"]))
+
+    def describe(self) -> str:
+        """A readable table of the cells, for `shadowlab run --dry-run`."""
+        return describe(self)
+
+
+def build_plan(matrix: Matrix) -> Plan:
+    """Every cell of the matrix, grouped by engine then configuration: warm, cold, control."""
+    selected = matrix.selected()
+    cells: list[Cell] = []
+    for engine in matrix.engines:
+        for configuration in matrix.configurations:
+            sequences = [s for e, c, s in selected if e == engine and c == configuration]
+            if sequences:
+                cells.extend(_group(matrix, engine, configuration, sequences))
+    return Plan(tuple(cells))
+
+
+def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]) -> list[Cell]:
+    conf = matrix.configurations[configuration]
+    common = dict(engine=engine, configuration=configuration, flags=conf.flags, env=dict(conf.env))
+    prefix = f"{engine}.{configuration}"
+    warm: list[Cell] = []
+    cold: dict[str, Cell] = {}  # id → cell, in order of first use
+    for name in sequences:
+        warm_id = f"{prefix}.{name}"
+        turns = []
+        for index, pid in enumerate(matrix.sequences[name].prompts):
+            prompt = matrix.prompts[pid]
+            cold_id = None
+            if index > 0:
+                dependent = isinstance(prompt, ChatPrompt) and bool(prompt.reply_turns())
+                cold_id = f"{prefix}.cold.{name}.{pid}" if dependent else f"{prefix}.cold.{pid}"
+                if cold_id not in cold:
+                    cold[cold_id] = Cell(
+                        id=cold_id, kind=CellKind.COLD, sequence=name if dependent else None,
+                        turns=(Turn(0, pid, prompt.endpoint),),
+                        depends_on=warm_id if dependent else None, **common)
+            turns.append(Turn(index, pid, prompt.endpoint, cold_id))
+        warm.append(Cell(id=warm_id, kind=CellKind.WARM, sequence=name, turns=tuple(turns), **common))
+    cells = warm + list(cold.values())
+    if matrix.identity.control and cold:
+        # Prefer a cold cell that needs no warm replies, so the control can run at any time.
+        source = next((c for c in cold.values() if c.depends_on is None), next(iter(cold.values())))
+        control_id = source.id.replace(".cold.", ".control.", 1)
+        cells.append(Cell(
+            id=control_id, kind=CellKind.CONTROL, sequence=source.sequence, turns=source.turns,
+            depends_on=source.depends_on, control_of=source.id, **common))
+    return cells
+
+
+def describe(plan: Plan) -> str:
+    counts = {k: len(plan.of_kind(k)) for k in CellKind}
+    header = (f"{len(plan.cells)} cells: " + ", ".join(f"{n} {k.value}" for k, n in counts.items()))
+    rows = [("cell", "kind", "engine", "configuration", "turns", "delta")]
+    for c in plan.cells:
+        turns = " → ".join(t.prompt_id for t in c.turns)
+        if c.depends_on:
+            turns += f"  (replies from {c.depends_on})"
+        delta = " ".join([*c.flags, *(f"{k}={v}" for k, v in c.env.items())]) or "-"
+        rows.append((c.id, c.kind.value, c.engine, c.configuration, turns, delta))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [header, ""]
+    for r in rows:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(r[:-1], widths)) + "  " + r[-1])
+    return "\n".join(lines)
