@@ -1,0 +1,448 @@
+"""Cache mechanics of a slot: checkpoint ring, placement, restore rule, erase cascade, and the
+RAM prompt cache (`-cram`).
+
+A slot holds one sequence. Its attention KV cache can be trimmed to any position; its recurrent
+(conv + gated-delta) state sits at the last processed position and can be moved back only by
+restoring a *context checkpoint*, a snapshot of that state taken while the prompt was prefilled.
+The rules here are the ones of the case study's fork (docs/DESIGN.md §1 "Cache mechanics",
+BRIEF §1–3), in llama.cpp's words: `n_past`, `pos_min`/`pos_max`, `n_tokens`, re-entry point.
+
+This module is pure logic over the abstract `Model` below; it never touches HTTP.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Protocol, Sequence
+
+from . import slotlog
+from .faults import Faults
+from .slotlog import INFO, TRACE, WARN, EngineLog
+
+
+class Model(Protocol):
+    """The part of `HybridModel` (model.py) that the cache mechanics use."""
+
+    def new_state(self, n_ctx: int) -> Any: ...
+    def forward(self, state: Any, tokens: list[int], pos: int) -> Any: ...
+    def snapshot(self, state: Any) -> Any: ...
+    def restore(self, state: Any, snap: Any) -> None: ...
+    def trim_kv(self, state: Any, n_tokens: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The flags and env knobs that decide a slot's cache behaviour."""
+
+    n_ctx: int = 8192
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    ctx_checkpoints: int = 32
+    checkpoint_min_step: int = 8192
+    prompt_policy: int = 1  # PXA_CKPT_PROMPT_POLICY: 1 = tail-only placement
+    prompt_end: int = 0  # PXA_CKPT_PROMPT_END: 1 = one more at the prompt end
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A recurrent-state snapshot covering the first `n_tokens` tokens of the slot's sequence."""
+
+    n_tokens: int
+    snapshot: Any = field(repr=False, compare=False)
+    nbytes: int
+    # Where the model state really was when snapped; differs from n_tokens only under the
+    # stale-restore fault, which shifts the sequence by one token.
+    state_pos: int
+
+    @property
+    def pos_min(self) -> int:
+        return self.n_tokens - 1
+
+    @property
+    def pos_max(self) -> int:
+        return self.n_tokens - 1
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a slot decided to reuse for a new prompt (steps 1–3 of the cache mechanics)."""
+
+    outcome: str  # "cold" | "extended" | "restored" | "forced" | "silent_reset"
+    lcp: int  # longest common prefix with the slot's cached tokens
+    n_past: int  # min(lcp, len(prompt) - 1)
+    re_entry: int  # prompt index where prefill restarts = tokens reused (timings.cache_n)
+    restored: Checkpoint | None = None
+    erased: int = 0  # checkpoints erased by the cascade
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def plan_checkpoints(
+    cfg: CacheConfig,
+    n_prompt: int,
+    re_entry: int,
+    user_starts: Iterable[int] = (),
+    last_checkpoint: int = 0,
+) -> list[int]:
+    """Positions (as n_tokens) where checkpoints are created while prefilling a prompt.
+
+    POLICY=1: L-4-n_ubatch and L-4. POLICY=0: also every multiple of n_batch below L.
+    PROMPT_END=1: also L. Chat: each user-message start spaced more than checkpoint_min_step
+    from the previous checkpoint, and always the last one. Only positions above the re-entry
+    point are created.
+    """
+    if cfg.ctx_checkpoints <= 0:
+        return []
+    positions = {n_prompt - 4 - cfg.n_ubatch, n_prompt - 4}
+    if cfg.prompt_policy == 0:
+        positions.update(range(cfg.n_batch, n_prompt, cfg.n_batch))
+    if cfg.prompt_end:
+        positions.add(n_prompt)
+    starts = sorted(s for s in set(user_starts) if re_entry < s <= n_prompt)
+    previous = last_checkpoint
+    for i, start in enumerate(starts):
+        if i == len(starts) - 1 or start - previous > cfg.checkpoint_min_step:
+            positions.add(start)
+            previous = start
+    return sorted(p for p in positions if re_entry < p <= n_prompt and p > 0)
+
+
+class Slot:
+    """One sequence: the model state, the tokens it holds, and its checkpoint ring.
+
+    Invariant outside a task: the model state has processed exactly `tokens` (prompt plus the
+    generated tokens that were evaluated), unless the stale-restore fault shifted it.
+    """
+
+    def __init__(
+        self, id: int, model: Model, cfg: CacheConfig, log: EngineLog, faults: Faults = Faults()
+    ) -> None:
+        self.id = id
+        self.model = model
+        self.cfg = cfg
+        self.log = log
+        self.faults = faults
+        self.state = model.new_state(cfg.n_ctx)
+        self.tokens: list[int] = []
+        self.checkpoints: list[Checkpoint] = []  # oldest first
+        self.t_last = 0.0  # for LRU slot selection
+        self.busy = False
+
+    # -- logging ---------------------------------------------------------------------------
+
+    def _log(self, level: int, func: str, task: int, message: str) -> None:
+        self.log.slot(level, func, self.id, task, message)
+
+    # -- per request: reuse decision, restore, cascade -------------------------------------
+
+    def begin(self, task: int, prompt: Sequence[int], cache_prompt: bool = True) -> Reuse:
+        """Decide what to reuse for `prompt`, restore or reset the state, run the cascade."""
+        self._log(INFO, "operator()", task, slotlog.new_prompt(self.cfg.n_ctx, 0, len(prompt)))
+        lcp = common_prefix(self.tokens, prompt) if cache_prompt else 0
+        n_past = min(lcp, len(prompt) - 1)
+        restored = None
+        if not self.tokens:
+            outcome, re_entry = "cold", 0
+        elif n_past == len(self.tokens):
+            outcome, re_entry = "extended", n_past
+        elif n_past == 0:
+            outcome, re_entry = "silent_reset", 0
+        else:
+            restored = self._newest_checkpoint_within(n_past)
+            if restored is None:
+                self._log(WARN, "operator()", task, slotlog.forcing())
+                outcome, re_entry = "forced", 0
+            else:
+                outcome, re_entry = "restored", self._restore(task, restored, len(prompt))
+        erased = self._cascade(task, re_entry)
+        if re_entry == 0:
+            self.state = self.model.new_state(self.cfg.n_ctx)
+        self.tokens = list(prompt[:re_entry])
+        self._log(INFO, "operator()", task, slotlog.cached_tokens(re_entry))
+        return Reuse(outcome, lcp, n_past, re_entry, restored, erased)
+
+    def _newest_checkpoint_within(self, n_past: int) -> Checkpoint | None:
+        for ckpt in reversed(self.checkpoints):
+            if ckpt.n_tokens <= n_past:
+                return ckpt
+        return None
+
+    def _restore(self, task: int, ckpt: Checkpoint, n_prompt: int) -> int:
+        """Restore `ckpt` into the state; return the re-entry point."""
+        t0 = time.perf_counter()
+        self.model.restore(self.state, ckpt.snapshot)
+        self.model.trim_kv(self.state, ckpt.state_pos)
+        ms = (time.perf_counter() - t0) * 1e3
+        re_entry = ckpt.n_tokens
+        if self.faults.stale_restore and re_entry + 1 < n_prompt:
+            re_entry += 1  # the fault: the token at the checkpoint position is never processed
+        self._log(
+            TRACE,
+            "operator()",
+            task,
+            slotlog.restored_checkpoint(
+                ckpt.pos_min, ckpt.pos_max, ckpt.n_tokens, re_entry, ckpt.nbytes, ms
+            ),
+        )
+        return re_entry
+
+    def _cascade(self, task: int, re_entry: int) -> int:
+        """Erase every checkpoint with pos_max >= re_entry; return how many."""
+        if self.faults.skip_cascade:
+            return 0
+        keep, erased = [], 0
+        for ckpt in self.checkpoints:
+            if ckpt.pos_max >= re_entry:
+                erased += 1
+                self._log(
+                    TRACE,
+                    "operator()",
+                    task,
+                    slotlog.erased_invalidated(
+                        ckpt.pos_min, ckpt.pos_max, ckpt.n_tokens, 0, re_entry, ckpt.nbytes
+                    ),
+                )
+            else:
+                keep.append(ckpt)
+        self.checkpoints = keep
+        return erased
+
+    # -- prefill with placement ------------------------------------------------------------
+
+    def prefill(
+        self, task: int, prompt: Sequence[int], reuse: Reuse, user_starts: Iterable[int] = ()
+    ) -> Any:
+        """Process prompt[re_entry:] in n_ubatch-sized forward() calls, split additionally at
+        each planned checkpoint so a snapshot covers exactly n_tokens tokens. Returns the
+        logits of the last prompt token."""
+        last = self.checkpoints[-1].n_tokens if self.checkpoints else 0
+        planned = plan_checkpoints(self.cfg, len(prompt), reuse.re_entry, user_starts, last)
+        logits = None
+        i = reuse.re_entry
+        for stop in sorted({*planned, len(prompt)}):
+            while i < stop:
+                end = min(i + self.cfg.n_ubatch, stop)
+                logits = self.model.forward(self.state, list(prompt[i:end]), self._pos())
+                self.tokens.extend(prompt[i:end])
+                i = end
+            if stop in planned and i == stop:
+                self._create_checkpoint(task, stop)
+        return logits
+
+    def _pos(self) -> int:
+        return int(self.state.n_past)
+
+    def _create_checkpoint(self, task: int, n_tokens: int) -> None:
+        t0 = time.perf_counter()
+        snap = self.model.snapshot(self.state)
+        ms = (time.perf_counter() - t0) * 1e3
+        ckpt = Checkpoint(n_tokens, snap, int(snap.nbytes), self._pos())
+        while len(self.checkpoints) >= self.cfg.ctx_checkpoints:
+            old = self.checkpoints.pop(0)
+            self._log(
+                INFO,
+                "create_check",
+                task,
+                slotlog.erasing_old(old.pos_min, old.pos_max, old.n_tokens, old.nbytes),
+            )
+        self.checkpoints.append(ckpt)
+        self._log(
+            TRACE,
+            "create_check",
+            task,
+            slotlog.created_checkpoint(
+                len(self.checkpoints),
+                self.cfg.ctx_checkpoints,
+                ckpt.pos_min,
+                ckpt.pos_max,
+                n_tokens,
+                ckpt.nbytes,
+                ms,
+            ),
+        )
+
+    # -- generation --------------------------------------------------------------------------
+
+    def evaluate(self, token: int) -> Any:
+        """Process one generated token; it joins the slot's cached tokens."""
+        logits = self.model.forward(self.state, [token], self._pos())
+        self.tokens.append(token)
+        return logits
+
+    def release(self, task: int, truncated: bool) -> None:
+        self._log(INFO, "release", task, slotlog.stop_processing(len(self.tokens), truncated))
+        self.t_last = time.monotonic()
+
+    def describe(self) -> dict:
+        """The slot as `/slots` shows it."""
+        return {
+            "id": self.id,
+            "n_ctx": self.cfg.n_ctx,
+            "is_processing": self.busy,
+            "n_tokens": len(self.tokens),
+            "checkpoints": [
+                {"pos_min": c.pos_min, "pos_max": c.pos_max, "n_tokens": c.n_tokens,
+                 "size": c.nbytes}
+                for c in self.checkpoints
+            ],
+        }
+
+
+# --- RAM prompt cache (-cram) ---------------------------------------------------------------
+
+
+def _tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
+    """Bytes held by the tensors reachable from `obj` (attributes, lists, dicts)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):
+        return int(obj.element_size() * obj.nelement())
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    if hasattr(obj, "__dict__"):
+        return sum(_tensor_bytes(v, seen) for v in vars(obj).values())
+    return 0
+
+
+@dataclass
+class CacheEntry:
+    tokens: list[int]
+    state: Any
+    checkpoints: list[Checkpoint]
+    nbytes: int
+
+
+class PromptCache:
+    """llama.cpp's RAM prompt cache: slot states saved with their checkpoints, loaded back for
+    the prompt they serve best. Bounded by `limit_mib` (oldest entries evicted first)."""
+
+    def __init__(self, limit_mib: int, log: EngineLog) -> None:
+        self.limit_bytes = limit_mib * 1024 * 1024
+        self.log = log
+        self.entries: list[CacheEntry] = []
+
+    def total_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+    def save(self, slot: Slot, task: int) -> bool:
+        tokens = slot.tokens
+        if any(common_prefix(e.tokens, tokens) == len(tokens) for e in self.entries):
+            return False  # already in the cache
+        # drop entries fully contained in the one being saved
+        self.entries = [e for e in self.entries if common_prefix(e.tokens, tokens) < len(e.tokens)]
+        state = copy.deepcopy(slot.state)
+        nbytes = _tensor_bytes(state) + sum(c.nbytes for c in slot.checkpoints)
+        if nbytes > self.limit_bytes:
+            return False
+        self.entries.append(CacheEntry(list(tokens), state, list(slot.checkpoints), nbytes))
+        while self.total_bytes() > self.limit_bytes:
+            self.entries.pop(0)
+        slot._log(
+            INFO,
+            "prompt_save",
+            task,
+            slotlog.prompt_cache_saved(len(tokens), len(slot.checkpoints), nbytes, len(self.entries)),
+        )
+        return True
+
+    def load(self, slot: Slot, prompt: Sequence[int], task: int) -> bool:
+        """Swap in the entry that keeps more of itself and matches more of `prompt` than the
+        slot's own tokens do; skip entries that would keep < 25% of themselves."""
+        lcp = common_prefix(slot.tokens, prompt)
+        f_keep_best = lcp / len(slot.tokens) if slot.tokens else 0.0
+        sim_best = lcp / len(prompt)
+        best = None
+        for entry in self.entries:
+            lcp_cur = common_prefix(entry.tokens, prompt)
+            f_keep_cur = lcp_cur / len(entry.tokens)
+            sim_cur = lcp_cur / len(prompt)
+            if f_keep_cur < 0.25:
+                continue
+            if f_keep_best < f_keep_cur and sim_best < sim_cur:
+                f_keep_best, sim_best, best = f_keep_cur, sim_cur, entry
+        if best is None:
+            return False
+        self.entries.remove(best)
+        slot.tokens, slot.state, slot.checkpoints = list(best.tokens), best.state, list(best.checkpoints)
+        slot._log(
+            INFO,
+            "prompt_load",
+            task,
+            slotlog.prompt_cache_loaded(len(best.tokens), len(best.checkpoints), f_keep_best, sim_best),
+        )
+        return True
+
+
+# --- slot selection -------------------------------------------------------------------------
+
+
+class SlotPool:
+    """Hands out idle slots like llama-server's get_available_slot, and runs the prompt-cache
+    update when the chosen slot is about to lose most of its context."""
+
+    SIMILARITY = 0.1  # llama-server --slot-prompt-similarity default
+
+    def __init__(self, slots: list[Slot], prompt_cache: PromptCache | None, log: EngineLog):
+        self.slots = slots
+        self.prompt_cache = prompt_cache
+        self.log = log
+        self._cond = threading.Condition()
+
+    def acquire(self, prompt: Sequence[int], id_slot: int, task: int) -> Slot:
+        with self._cond:
+            while True:
+                slot, update_cache = self._select(prompt, id_slot, task)
+                if slot is not None:
+                    break
+                self._cond.wait()
+            slot.busy = True
+        if update_cache and self.prompt_cache is not None and slot.tokens:
+            self.prompt_cache.save(slot, task)
+            self.prompt_cache.load(slot, prompt, task)
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        with self._cond:
+            slot.busy = False
+            self._cond.notify_all()
+
+    def _select(self, prompt: Sequence[int], id_slot: int, task: int) -> tuple[Slot | None, bool]:
+        if id_slot >= 0:
+            slot = self.slots[id_slot]
+            return (None, False) if slot.busy else (slot, False)
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            return None, False
+        best, sim_best = None, 0.0
+        for slot in idle:
+            if not slot.tokens:
+                continue
+            sim = common_prefix(slot.tokens, prompt) / len(prompt)
+            if sim > sim_best and sim > self.SIMILARITY:
+                best, sim_best = slot, sim
+        if best is not None:
+            f_keep = sim_best * len(prompt) / len(best.tokens)
+            self.log.slot(
+                INFO, "get_availabl", best.id, task,
+                f"selected slot by LCP similarity, sim_best = {sim_best:.3f} "
+                f"(> {self.SIMILARITY:.3f} thold), f_keep = {f_keep:.3f}",
+            )
+            return best, f_keep < 0.5
+        lru = min(idle, key=lambda s: s.t_last)
+        self.log.slot(
+            INFO, "get_availabl", lru.id, task, f"selected slot by LRU, t_last = {int(lru.t_last * 1e6)}"
+        )
+        return lru, True

@@ -1,0 +1,86 @@
+"""Fault injection: deliberate defects so the harness can prove that its checks fail.
+
+All faults are off unless asked for with `--fault NAME[=VALUE]` (repeatable) or the env
+variable `SHADOWLAB_ENGINE_FAULTS="a,b=3"`.
+
+- `stale-restore`: restore a checkpoint but re-enter one token late (the token at the
+  checkpoint position is skipped), so the warm output differs from a cold recompute.
+- `skip-cascade`: keep every checkpoint the cascade should erase, and log no erase lines.
+- `crash-after-requests=N`: the process exits hard right after answering N completion requests.
+- `hang-on-request=N`: completion request N (1-based) never answers.
+- `slow-start=S`: sleep S seconds before loading the model (`/health` answers 503 meanwhile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ENV_VAR = "SHADOWLAB_ENGINE_FAULTS"
+
+_FLAGS = ("stale-restore", "skip-cascade")
+_COUNTS = ("crash-after-requests", "hang-on-request")
+_SECONDS = ("slow-start",)
+KNOWN = _FLAGS + _COUNTS + _SECONDS
+
+
+class FaultError(ValueError):
+    """A fault spec that names no known fault or carries a bad value."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    stale_restore: bool = False
+    skip_cascade: bool = False
+    crash_after_requests: int | None = None
+    hang_on_request: int | None = None
+    slow_start: float | None = None
+
+    def names(self) -> list[str]:
+        """The active faults as `NAME[=VALUE]` specs (for `/props`)."""
+        out = []
+        if self.stale_restore:
+            out.append("stale-restore")
+        if self.skip_cascade:
+            out.append("skip-cascade")
+        if self.crash_after_requests is not None:
+            out.append(f"crash-after-requests={self.crash_after_requests}")
+        if self.hang_on_request is not None:
+            out.append(f"hang-on-request={self.hang_on_request}")
+        if self.slow_start is not None:
+            out.append(f"slow-start={self.slow_start:g}")
+        return out
+
+
+def _split_env(env_value: str | None) -> list[str]:
+    if not env_value:
+        return []
+    return [part.strip() for part in env_value.split(",") if part.strip()]
+
+
+def _parse_one(spec: str) -> tuple[str, object]:
+    name, sep, value = spec.partition("=")
+    name = name.strip()
+    if name not in KNOWN:
+        raise FaultError(f"unknown fault {name!r} (known: {', '.join(KNOWN)})")
+    if name in _FLAGS:
+        if sep:
+            raise FaultError(f"fault {name!r} takes no value")
+        return name, True
+    if not sep:
+        raise FaultError(f"fault {name!r} needs a value: {name}=N")
+    try:
+        number = int(value) if name in _COUNTS else float(value)
+    except ValueError:
+        raise FaultError(f"fault {name!r}: {value!r} is not a number") from None
+    if (name in _COUNTS and number < 1) or number < 0:
+        raise FaultError(f"fault {name!r}: value {value!r} out of range")
+    return name, number
+
+
+def parse_faults(specs: list[str] | tuple[str, ...] = (), env_value: str | None = None) -> Faults:
+    """Parse `--fault` specs plus the env variable's comma list into `Faults`."""
+    values: dict[str, object] = {}
+    for spec in [*_split_env(env_value), *specs]:
+        name, value = _parse_one(spec)
+        values[name.replace("-", "_")] = value
+    return Faults(**values)  # type: ignore[arg-type]
