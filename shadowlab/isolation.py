@@ -321,6 +321,22 @@ class EngineProcess:
                     continue
         return alive
 
+    def listens_on_port(self) -> bool:
+        """True when the engine (or a descendant) holds a listening socket on its port.
+
+        Guards against talking to some other program that took the port between our
+        check and the engine's bind.
+        """
+        self.remember_members()
+        for pid in self._members:
+            try:
+                conns = psutil.Process(pid).net_connections(kind="tcp")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in conns):
+                return True
+        return False
+
     def log_tail(self, max_bytes: int = 4000) -> str:
         return read_log_tail(self.log_path, max_bytes)
 

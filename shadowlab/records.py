@@ -6,7 +6,7 @@ Layout of one run (DESIGN.md §4)::
       matrix.yaml            resolved matrix (as loaded, defaults filled)
       plan.json              the cells, in order
       environment.json       host, CPU, cores, Python + packages, shadowlab version + commit
-      prompts/<engine>.json  {prompt_id: {"tokens": [...], "sha256": ..., "text_seed": ...}}
+      prompts/<engine>.json  {prompt_id: {"kind", "tokens": [...], "sha256", "text_seed"}}
       cells/<cell-id>/meta.json              this module's CellMeta
       cells/<cell-id>/engine.log             the engine's full output (stdout + stderr)
       cells/<cell-id>/responses/turn-<i>.json   raw HTTP response bodies
@@ -75,8 +75,8 @@ class TurnRecord:
     index: int = doc("Turn number within the cell's sequence, from 0.")
     prompt_id: str = doc("Prompt name from the matrix (`A`, `C`, ...).")
     prompt_sha256: str = doc(
-        "sha256 of the prompt: of its token ids as JSON for raw prompts, of the messages "
-        "JSON for chat turns (same as in prompts/<engine>.json)."
+        "sha256 of the prompt: of its token ids as little-endian int32 for token prompts "
+        "(as in prompts/<engine>.json), of the messages as compact key-sorted JSON for chat turns."
     )
     prompt_tokens: int | None = doc(
         "Prompt length in tokens (for chat: as the engine counted it, `usage.prompt_tokens`)."

@@ -1,0 +1,153 @@
+"""Command line: ``shadowlab run | report | gate``. Thin: parse, call the stage, map errors.
+
+Exit codes (decided here and in the gate, nowhere else):
+  0  qualified
+  1  a check failed (the run completed; the gate said no)
+  2  usage or matrix error (nothing was started)
+  3  infrastructure failure (an engine never started; a cell could not run)
+  130 / 143  interrupted by SIGINT / SIGTERM (engines stopped, run resumable)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+from shadowlab.errors import EngineError, QualificationError, ShadowlabError
+
+EXIT_QUALIFIED = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INFRASTRUCTURE = 3
+
+EPILOG = """exit codes:
+  0  qualified            1  a check failed
+  2  usage/matrix error   3  infrastructure failure (engine never started)
+  130/143 interrupted (engines stopped; rerun with --resume)"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shadowlab",
+        description="Shadow experiments for context-checkpoint caching on hybrid engines.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run", help="run every cell of a matrix, then report and gate",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("matrix", type=Path, help="matrix YAML file (e.g. matrices/ckpt.yaml)")
+    run.add_argument("--out", type=Path, default=None,
+                     help="run directory (default: reports/<matrix name>-<UTC time>)")
+    run.add_argument("--resume", action="store_true",
+                     help="reuse --out: skip cells whose meta.json says ok, rerun the rest")
+    run.add_argument("--dry-run", action="store_true", help="print the planned cells; start nothing")
+    run.add_argument("--jobs", type=int, default=1,
+                     help="cells run at once (each needs its own cores; default 1)")
+    run.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
+                     help="pass --fault to every reference-engine cell (repeatable)")
+    run.add_argument("--no-report", action="store_true",
+                     help="skip verdicts/report/gate after the run (exit 0 if every cell ran, else 3)")
+
+    for name, text in (("report", "render report.html/report.md/junit.xml for a run directory"),
+                       ("gate", "decide qualified or not for a run directory (exit code)")):
+        p = sub.add_parser(name, help=text, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("run_dir", type=Path)
+    return parser
+
+
+def optional_stage(module: str) -> ModuleType | None:
+    """A later stage's module, or None while it does not exist yet."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "report":
+            return _report(args.run_dir)
+        return _gate(args.run_dir)
+    except QualificationError as exc:
+        print(f"shadowlab: {exc}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    except EngineError as exc:
+        print(f"shadowlab: {exc}", file=sys.stderr)
+        return EXIT_INFRASTRUCTURE
+    except ShadowlabError as exc:
+        print(f"shadowlab: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:
+        # run.Interrupted (SIGTERM) is a KeyboardInterrupt carrying the signal number.
+        signum = getattr(exc, "signum", 2)
+        print(f"shadowlab: interrupted (signal {signum}); engines stopped", file=sys.stderr)
+        return 128 + signum
+
+
+def _run(args: argparse.Namespace) -> int:
+    from shadowlab import run
+
+    if args.jobs < 1:
+        print("shadowlab: --jobs must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    options = run.RunOptions(
+        matrix_path=args.matrix,
+        out=args.out,
+        resume=args.resume,
+        dry_run=args.dry_run,
+        jobs=args.jobs,
+        faults=tuple(args.fault),
+    )
+    outcome = run.run(options)  # run.Interrupted -> exit 130/143 in main()
+    if outcome.run_dir is None:  # dry run
+        return EXIT_QUALIFIED
+    if args.no_report:
+        return EXIT_QUALIFIED if outcome.all_ran else EXIT_INFRASTRUCTURE
+    return _judge(outcome.run_dir, all_ran=outcome.all_ran)
+
+
+def _judge(run_dir: Path, *, all_ran: bool) -> int:
+    """Verdicts, report and gate, each when its module exists (they are built in parallel)."""
+    report = optional_stage("shadowlab.report")
+    if report is not None:
+        report.render_run(run_dir)
+        print(f"shadowlab: report in {run_dir}", file=sys.stderr)
+    gate = optional_stage("shadowlab.gate")
+    if gate is None:
+        return EXIT_QUALIFIED if all_ran else EXIT_INFRASTRUCTURE
+    return int(gate.evaluate(run_dir))
+
+
+def _report(run_dir: Path) -> int:
+    report = optional_stage("shadowlab.report")
+    if report is None:
+        print("shadowlab: the report stage is not available in this build", file=sys.stderr)
+        return EXIT_INFRASTRUCTURE
+    report.render_run(run_dir)
+    return EXIT_QUALIFIED
+
+
+def _gate(run_dir: Path) -> int:
+    gate = optional_stage("shadowlab.gate")
+    if gate is None:
+        print("shadowlab: the gate stage is not available in this build", file=sys.stderr)
+        return EXIT_INFRASTRUCTURE
+    return int(gate.evaluate(run_dir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

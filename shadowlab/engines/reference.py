@@ -1,0 +1,91 @@
+"""Adapter for the reference engine, ``python -m shadowlab_engine`` (DESIGN.md §1).
+
+The engine speaks llama-server's HTTP API and log lines, so everything but
+preparation and the command line comes from :class:`EngineAdapterBase`.
+
+Its "binary" is a Python package: the identity records the interpreter and a
+sha256 over the package's source files (sorted by name), which changes whenever
+the engine's code does. The model is generated deterministically from
+``(preset, seed)`` into the cache directory when the matrix names no file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from shadowlab.engines import EngineAdapterBase, EngineIdentity, register, sha256_file
+
+DEFAULT_COMMAND = (
+    "{binary}", "-m", "shadowlab_engine",
+    "-m", "{model}", "--host", "{host}", "--port", "{port}", "-t", "{threads}",
+)
+
+
+def package_sha256(package_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(package_dir.rglob("*.py")):
+        digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _engine_version() -> str:
+    try:
+        from shadowlab_engine.server import engine_version
+    except ImportError:
+        return "unknown"
+    return f"shadowlab-engine {engine_version()}"
+
+
+class ReferenceAdapter(EngineAdapterBase):
+    kind = "reference"
+    log_family = "reference"
+
+    def __init__(self) -> None:
+        # Set by prepare(): the model file it located or generated for this engine.
+        self._model_path: str | None = None
+
+    def prepare(self, spec: Any, cache_dir: Path) -> EngineIdentity:
+        import shadowlab_engine
+        from shadowlab_engine import weights
+
+        model = spec.model
+        if model is not None and model.source == "path":
+            model_path = Path(model.path)
+        elif model is not None and model.source == "preset":
+            model_path = Path(weights.ensure_model(model.preset, model.seed or 0, cache_dir))
+        else:
+            raise ValueError(f"engine {spec.name!r}: the reference engine needs a preset or a path model")
+        self._model_path = str(model_path.resolve())
+        package_dir = Path(shadowlab_engine.__file__).resolve().parent
+        return EngineIdentity(
+            kind=self.kind,
+            binary_path=f"{sys.executable} -m shadowlab_engine",
+            binary_sha256=package_sha256(package_dir),
+            version=_engine_version(),
+            model_path=self._model_path,
+            model_sha256=sha256_file(model_path),
+            extra={"package_dir": str(package_dir), "python": sys.version.split()[0]},
+        )
+
+    def command(
+        self, spec: Any, cell_flags: Sequence[str], port: int, threads: int, log_file: Path
+    ) -> list[str]:
+        if self._model_path is None:
+            raise RuntimeError("ReferenceAdapter.command() before prepare(): no model path")
+        # The runner captures stdout + stderr into engine.log, which already holds every
+        # log line; --log-file would only write them twice.
+        template = list(spec.command or DEFAULT_COMMAND)
+        values = {
+            "binary": sys.executable, "model": self._model_path, "port": port,
+            "threads": threads, "host": "127.0.0.1", "log_file": log_file,
+        }
+        argv = [part.format(**values) for part in template]
+        return [*argv, *spec.verbosity_flags, *spec.flags, *cell_flags]
+
+
+register(ReferenceAdapter.kind, ReferenceAdapter)

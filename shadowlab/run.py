@@ -1,0 +1,787 @@
+"""The run stage: matrix → plan → one fresh, isolated engine process per cell → records.
+
+``run(options)`` is a short sequence of named steps (nox's habit)::
+
+    load_matrix → build_plan → open_run_dir → write_run_records
+      → prepare_engines → materialize_prompts → run_cells
+
+Only this module (with ``isolation`` and ``engines``) touches processes and
+sockets; everything after it reads the run directory. A cell's life is in
+:class:`CellRunner`: lease cores and a port, spawn the engine pinned and hidden
+from GPUs, wait until ready, send the turns, stop the engine's whole process
+group, verify it is gone and its port is free, write ``meta.json`` atomically.
+
+Interruption (SIGINT, SIGTERM) raises :class:`Interrupted` in the main thread; the
+run stops every live engine, lets running cells record ``aborted``, and re-raises
+(the CLI exits 130 / 143). ``--resume`` then reruns every cell not ``ok``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from shadowlab import environment, isolation, records
+from shadowlab.engines import EngineAdapter, EngineIdentity, TurnRequest, get_adapter
+from shadowlab.errors import EngineCrashError, EngineError, EngineStartError, ProtocolError, RunDirError
+from shadowlab.isolation import EngineProcess
+from shadowlab.matrix import ChatPrompt
+from shadowlab.prompts import tokens_sha256
+from shadowlab.records import CellMeta, CellStatus, RunLayout
+
+# Bounds on waiting for the engine's log after an answer (the `prompt eval time` line is
+# written just before or after the HTTP response; it is normally there within milliseconds).
+LOG_SPAN_WAIT_S = 5.0
+PROMPT_EVAL_RE = re.compile(rb"prompt eval time\s*=")
+TASK_ID_RE = re.compile(rb"\| task (\d+) \|")
+PORT_ATTEMPTS = 3
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+READY_PROBE_TEXT = "shadowlab ready probe"
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; engines are being stopped. Exit code 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    matrix_path: Path
+    out: Path | None = None
+    resume: bool = False
+    dry_run: bool = False
+    jobs: int | None = None  # None: the matrix's isolation.jobs
+    faults: tuple[str, ...] = ()  # --fault for every reference-engine cell
+    reports_dir: Path = Path("reports")
+    model_cache: Path = Path("models")
+    progress: Callable[[str], None] | None = None  # default: a line on stderr
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_dir: Path | None
+    statuses: Mapping[str, CellStatus] = field(default_factory=dict)
+
+    @property
+    def all_ran(self) -> bool:
+        return all(s is CellStatus.OK for s in self.statuses.values())
+
+
+# ================================================================ the steps
+
+
+def run(options: RunOptions) -> RunOutcome:
+    matrix = load_matrix(options.matrix_path)
+    plan = build_plan(matrix)
+    say = options.progress or _stderr_line
+    if options.dry_run:
+        print(plan.describe())
+        return RunOutcome(None)
+    layout = open_run_dir(options, matrix)
+    write_run_records(layout, matrix, plan, resume=options.resume)
+    say(f"shadowlab: run directory {layout.root}")
+    with RunContext(layout, matrix, options, say) as ctx:
+        prepare_engines(ctx)
+        materialize_prompts(ctx)
+        statuses = run_cells(ctx, plan)
+    return RunOutcome(layout.root, statuses)
+
+
+def load_matrix(path: Path) -> Any:
+    from shadowlab import matrix
+
+    return matrix.load(path)
+
+
+def build_plan(matrix: Any) -> Any:
+    from shadowlab import plan
+
+    return plan.build_plan(matrix)
+
+
+def open_run_dir(options: RunOptions, matrix: Any) -> RunLayout:
+    """The run directory: new, or an existing one with --resume; anything else is refused."""
+    if options.out is not None:
+        root = options.out
+    else:
+        if options.resume:
+            raise RunDirError("--resume needs --out (the run directory to resume)", path=".")
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        root = options.reports_dir / f"{matrix.name}-{stamp}"
+    layout = RunLayout(root)
+    exists = root.exists() and any(root.iterdir())
+    if exists and not options.resume:
+        raise RunDirError(
+            "the run directory already exists and is not empty",
+            path=str(root),
+            hint="pass --resume to finish that run, or choose another --out",
+        )
+    if options.resume and not layout.plan.exists():
+        raise RunDirError("nothing to resume: no plan.json", path=str(root),
+                          hint="start the run without --resume")
+    root.mkdir(parents=True, exist_ok=True)
+    return layout
+
+
+def write_run_records(layout: RunLayout, matrix: Any, plan: Any, *, resume: bool) -> None:
+    resolved = yaml.safe_dump(matrix.to_dict(), sort_keys=False, allow_unicode=True)
+    if resume:
+        if layout.matrix.read_text(encoding="utf-8") != resolved:
+            raise RunDirError(
+                "the matrix changed since this run started; its cells would not be comparable",
+                path=str(layout.root),
+                hint="resume with the same matrix, or start a new run",
+            )
+        return
+    records.write_bytes_atomic(layout.matrix, resolved.encode("utf-8"))
+    records.write_json_atomic(layout.plan, plan.to_dict())
+    records.write_json_atomic(layout.environment, environment.capture())
+
+
+def prepare_engines(ctx: RunContext) -> None:
+    """Adapter per engine; locate/build/hash binary and model (generated once, cached)."""
+    for name, spec in ctx.matrix.engines.items():
+        adapter = get_adapter(spec.kind)
+        ctx.engines[name] = PreparedEngine(spec, adapter, adapter.prepare(spec, ctx.options.model_cache))
+
+
+def materialize_prompts(ctx: RunContext) -> None:
+    """Exact token prompts per engine, tokenized by that engine; reused on --resume."""
+    from shadowlab import prompts
+
+    for name, engine in ctx.engines.items():
+        path = ctx.layout.prompts(name)
+        if path.exists():
+            engine.prompts = prompts.load(path)
+            continue
+        log_path = ctx.layout.prompts_dir / f"{name}.engine.log"
+        with ctx.cores(1) as cores, ctx.serving(engine, cores, cell_flags=(), cell_env={},
+                                               log_path=log_path) as live:
+            engine.prompts = prompts.materialize(ctx.matrix.prompts, live.tokenize)
+        prompts.save(engine.prompts, path)
+        shutil.rmtree(log_path.parent / "scratch", ignore_errors=True)
+
+
+def run_cells(ctx: RunContext, plan: Any) -> dict[str, CellStatus]:
+    return CellScheduler(ctx, plan).run()
+
+
+# ================================================================ run context
+
+
+@dataclass
+class PreparedEngine:
+    spec: Any
+    adapter: EngineAdapter
+    identity: EngineIdentity
+    prompts: dict[str, Any] = field(default_factory=dict)
+
+
+class RunContext:
+    """What the cells of one run share: matrix, layout, engines, live processes, stop flag."""
+
+    def __init__(self, layout: RunLayout, matrix: Any, options: RunOptions,
+                 say: Callable[[str], None]) -> None:
+        self.layout = layout
+        self.matrix = matrix
+        self.options = options
+        self.say = say
+        self.engines: dict[str, PreparedEngine] = {}
+        self.stop = threading.Event()
+        self._live: set[EngineProcess] = set()
+        self._live_lock = threading.Lock()
+        self._previous_handlers: dict[int, Any] = {}
+
+    # -- interruption ------------------------------------------------------------------
+
+    def __enter__(self) -> RunContext:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop.set()
+        try:
+            self.stop_all()
+        finally:
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # Further signals during cleanup must not cut the cleanup short.
+        for sig in self._previous_handlers:
+            signal.signal(sig, signal.SIG_IGN)
+        self.stop.set()
+        raise Interrupted(signum)
+
+    # -- live engines --------------------------------------------------------------------
+
+    def track(self, proc: EngineProcess) -> None:
+        with self._live_lock:
+            self._live.add(proc)
+
+    def untrack(self, proc: EngineProcess) -> None:
+        with self._live_lock:
+            self._live.discard(proc)
+
+    def stop_all(self) -> None:
+        with self._live_lock:
+            live = list(self._live)
+        for proc in live:
+            with contextlib.suppress(isolation.ProcessSurvived):
+                proc.stop()
+
+    # -- resources -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def cores(self, count: int) -> Iterator[isolation.CoreLease]:
+        lease = isolation.wait_for_cores(count, time.monotonic() + 3600, self.stop)
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+    @contextlib.contextmanager
+    def serving(self, engine: PreparedEngine, cores: isolation.CoreLease, *,
+                cell_flags: Sequence[str], cell_env: Mapping[str, str],
+                log_path: Path, scratch: Path | None = None) -> Iterator[LiveEngine]:
+        live = start_engine(self, engine, cores, cell_flags=cell_flags, cell_env=cell_env,
+                            log_path=log_path, scratch=scratch or log_path.parent / "scratch")
+        try:
+            yield live
+        finally:
+            live.close()
+
+
+# ================================================================ one engine process
+
+
+@dataclass
+class LiveEngine:
+    """A started, ready engine: its process, port lease, HTTP client and what it reported."""
+
+    ctx: RunContext
+    engine: PreparedEngine
+    proc: EngineProcess
+    port: isolation.PortLease
+    client: httpx.Client
+    command: list[str]
+    env_delta: dict[str, str]
+    attempts: int
+    started_at: str
+    health_ms: float
+    startup_ms: float
+    props: dict[str, Any] = field(default_factory=dict)
+    stop_report: isolation.StopReport | None = None
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.engine.adapter.tokenize(self.client, text)
+
+    def close(self) -> isolation.StopReport | None:
+        """Stop the group and verify it is gone; idempotent."""
+        if self.stop_report is None:
+            self.client.close()
+            try:
+                self.stop_report = self.proc.stop()
+            except isolation.ProcessSurvived:
+                self.stop_report = self.proc._stopped  # noqa: SLF001 - report kept on failure
+                raise
+            finally:
+                self.ctx.untrack(self.proc)
+                self.port.release()
+        return self.stop_report
+
+
+def controlled_env_names(matrix: Any) -> set[str]:
+    """Variables the matrix sets somewhere: a cell gets them only from its own delta."""
+    names = {"SHADOWLAB_ENGINE_FAULTS", *isolation.GPU_VISIBILITY_VARS, *isolation.THREAD_COUNT_VARS}
+    for spec in matrix.engines.values():
+        names.update(spec.env)
+    for conf in matrix.configurations.values():
+        names.update(conf.env)
+    return names
+
+
+def cell_environment(ctx: RunContext, engine: PreparedEngine, cell_env: Mapping[str, str],
+                     threads: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(full env, delta): shadowlab's env minus matrix-controlled names, plus the cell's delta."""
+    delta = engine.adapter.env(engine.spec, cell_env)
+    delta |= isolation.gpu_env(ctx.matrix.isolation.gpu) | isolation.thread_env(threads)
+    base = {k: v for k, v in os.environ.items() if k not in controlled_env_names(ctx.matrix)}
+    return base | delta, delta
+
+
+def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreLease, *,
+                 cell_flags: Sequence[str], cell_env: Mapping[str, str],
+                 log_path: Path, scratch: Path) -> LiveEngine:
+    """Spawn pinned on ``cores`` and wait until ready; a port taken under us is retried."""
+    threads = min(engine.spec.threads, len(cores.cores))
+    flags = list(cell_flags)
+    if engine.spec.kind == "reference":
+        flags += [arg for fault in ctx.options.faults for arg in ("--fault", fault)]
+    env, delta = cell_environment(ctx, engine, cell_env, threads)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = isolation.lease_port()
+        argv = engine.adapter.command(engine.spec, flags, port.port, threads, log_path)
+        started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        try:
+            proc = EngineProcess(argv, env=env, cwd=scratch, log_path=log_path,
+                                 cores=cores.cores, port=port.port)
+        except OSError as exc:
+            port.release()
+            raise EngineStartError(f"cannot start {argv[0]!r}: {exc}", engine=engine.spec.name) from None
+        ctx.track(proc)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port.port}", timeout=10.0)
+        live = LiveEngine(ctx, engine, proc, port, client, argv, delta, attempt, started_at, 0.0, 0.0)
+        try:
+            wait_ready(live, engine.spec.ready_timeout_s)
+            return live
+        except EngineStartError as exc:
+            retry = attempt < PORT_ATTEMPTS and isolation.log_says_address_in_use(proc.log_tail())
+            with contextlib.suppress(isolation.ProcessSurvived):
+                live.close()
+            if not retry:
+                raise exc from None
+        except BaseException:
+            with contextlib.suppress(isolation.ProcessSurvived):
+                live.close()
+            raise
+    raise AssertionError("unreachable")
+
+
+def wait_ready(live: LiveEngine, timeout_s: float) -> None:
+    """Ready = /health 200, the engine itself listening on its port, one /tokenize answered."""
+    proc, name = live.proc, live.engine.spec.name
+    deadline = proc.started_at + timeout_s
+    while True:
+        if live.ctx.stop.is_set():
+            raise EngineStartError("run interrupted during start-up", engine=name)
+        code = proc.poll()
+        if code is not None:
+            raise EngineStartError(f"engine exited with code {code} during start-up", engine=name,
+                                   log_tail=_tail_lines(proc))
+        with contextlib.suppress(httpx.TransportError):
+            if live.client.get("/health", timeout=2.0).status_code == 200:
+                break
+        if time.monotonic() >= deadline:
+            raise EngineStartError(f"not ready after {timeout_s:g} s (/health never answered 200)",
+                                   engine=name, log_tail=_tail_lines(proc))
+        time.sleep(0.01)
+    live.health_ms = (time.monotonic() - proc.started_at) * 1000.0
+    if not proc.listens_on_port():
+        raise EngineStartError(f"port {live.port.port} answers, but not from the engine's process",
+                               engine=name, log_tail=_tail_lines(proc))
+    try:
+        tokens = live.tokenize(READY_PROBE_TEXT)
+    except (httpx.HTTPError, ValueError) as exc:
+        raise EngineStartError(f"ready probe (/tokenize) failed: {exc}", engine=name,
+                               log_tail=_tail_lines(proc)) from None
+    if not tokens:
+        raise EngineStartError("ready probe (/tokenize) returned no tokens", engine=name)
+    live.startup_ms = (time.monotonic() - proc.started_at) * 1000.0
+    props = getattr(live.engine.adapter, "props", None)
+    if props is not None:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            live.props = props(live.client)
+
+
+def _tail_lines(proc: EngineProcess, count: int = 20) -> list[str]:
+    return proc.log_tail().splitlines()[-count:]
+
+
+# ================================================================ cells
+
+
+class CellScheduler:
+    """Runs the plan's cells, ``jobs`` at a time, each on its own leased cores."""
+
+    def __init__(self, ctx: RunContext, plan: Any) -> None:
+        self.ctx = ctx
+        self.plan = plan
+        self.jobs = ctx.options.jobs or ctx.matrix.isolation.jobs
+        self.statuses: dict[str, CellStatus] = {}
+        self.durations: list[float] = []
+
+    def run(self) -> dict[str, CellStatus]:
+        pending = self._pending()
+        total = len(self.plan.cells)
+        running: dict[Future[CellStatus], tuple[Any, isolation.CoreLease, float]] = {}
+        with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="cell") as pool:
+            try:
+                while pending or running:
+                    self._start_ready_cells(pending, running, pool, total)
+                    if not running:
+                        if pending:  # cores held by another shadowlab: poll for them
+                            self.ctx.stop.wait(0.1)
+                        continue
+                    done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        self._finish(future, running.pop(future), total, len(pending) + len(running))
+            except BaseException:
+                self.ctx.stop.set()
+                self.ctx.stop_all()
+                for future, (cell, cores, _) in running.items():
+                    with contextlib.suppress(BaseException):
+                        future.result(timeout=30)
+                    cores.release()
+                raise
+        return self.statuses
+
+    def _pending(self) -> list[Any]:
+        pending = []
+        for cell in self.plan.cells:
+            meta = self.ctx.layout.meta(cell.id)
+            if self.ctx.options.resume and meta.exists() and _status_of(meta) is CellStatus.OK:
+                self.statuses[cell.id] = CellStatus.OK
+                self.ctx.say(f"[{cell.id}] ok (kept from the resumed run)")
+                continue
+            pending.append(cell)
+        return pending
+
+    def _start_ready_cells(self, pending: list[Any], running: dict, pool: ThreadPoolExecutor,
+                           total: int) -> None:
+        for cell in list(pending):
+            if len(running) >= self.jobs:
+                return
+            blocker = cell.depends_on
+            if blocker and blocker not in self.statuses:
+                continue  # its warm cell is still to run
+            if blocker and self.statuses[blocker] is not CellStatus.OK:
+                pending.remove(cell)
+                self._record_skipped(cell, f"depends on cell {blocker}, which is {self.statuses[blocker].value}")
+                continue
+            try:
+                cores = isolation.lease_cores(self.ctx.matrix.isolation.cores_per_cell)
+            except isolation.LeaseUnavailable:
+                return
+            pending.remove(cell)
+            index = total - len(pending) - len(running)
+            self.ctx.say(f"[{index}/{total}] start {cell.id} (cores {','.join(map(str, cores.cores))})")
+            future = pool.submit(CellRunner(self.ctx, cell, cores).run)
+            running[future] = (cell, cores, time.monotonic())
+
+    def _finish(self, future: Future, entry: tuple[Any, isolation.CoreLease, float], total: int,
+                remaining: int) -> None:
+        cell, cores, started = entry
+        cores.release()
+        status = future.result()  # CellRunner.run records failures itself; only interrupts raise
+        elapsed = time.monotonic() - started
+        self.statuses[cell.id] = status
+        self.durations.append(elapsed)
+        eta = sum(self.durations) / len(self.durations) * remaining / self.jobs
+        done = len(self.statuses)
+        self.ctx.say(f"[{done}/{total}] {status.value:<7} {cell.id} {elapsed:.1f}s  ETA {eta:.0f}s")
+
+    def _record_skipped(self, cell: Any, reason: str) -> None:
+        meta = empty_meta(self.ctx, cell)
+        meta.status, meta.reason = CellStatus.SKIPPED, reason
+        records.write_meta(self.ctx.layout, meta)
+        self.statuses[cell.id] = CellStatus.SKIPPED
+        self.ctx.say(f"[{cell.id}] skipped: {reason}")
+
+
+def _status_of(meta_path: Path) -> CellStatus | None:
+    try:
+        return records.read_meta(meta_path).status
+    except (RunDirError, OSError, ValueError, TypeError):
+        return None
+
+
+def empty_meta(ctx: RunContext, cell: Any) -> CellMeta:
+    return CellMeta(
+        schema_version=records.SCHEMA_VERSION, run_id=ctx.layout.run_id, cell_id=cell.id,
+        cell=cell.to_dict(), status=CellStatus.FAILED, reason=None, log_tail=None, command=[],
+        env_delta={}, scratch_dir="scratch", cores=None, gpu=None, port=None, port_attempts=0,
+        pid=None, engine=None, started_at=None, health_ms=None, startup_ms=None,
+        elapsed_ms=None, stop=None, turns=[],
+    )
+
+
+class CellRunner:
+    """One cell, start to finish. Never raises for an engine failure: it records it."""
+
+    def __init__(self, ctx: RunContext, cell: Any, cores: isolation.CoreLease) -> None:
+        self.ctx = ctx
+        self.cell = cell
+        self.cores = cores
+        self.engine = ctx.engines[cell.engine]
+        self.meta = empty_meta(ctx, cell)
+        self.dir = ctx.layout.cell_dir(cell.id)
+
+    def run(self) -> CellStatus:
+        t0 = time.monotonic()
+        self._fresh_directory()
+        live: LiveEngine | None = None
+        try:
+            live = self.ctx_serving()
+            self._record_start(live)
+            self._run_turns(live)
+            self.meta.status = CellStatus.OK
+        except EngineError as exc:
+            self._fail(exc.reason, live)
+        except Exception as exc:  # noqa: BLE001 - one cell's surprise must not stop the run
+            traceback.print_exc(file=sys.stderr)
+            self._fail(f"{type(exc).__name__}: {exc}", live)
+        finally:
+            self._stop(live)
+            self.meta.elapsed_ms = (time.monotonic() - t0) * 1000.0
+            if self.ctx.stop.is_set() and self.meta.status is not CellStatus.OK:
+                self.meta.status = CellStatus.ABORTED
+                self.meta.reason = "shadowlab was interrupted; rerun with --resume"
+            if not self.ctx.matrix.isolation.keep_scratch:
+                shutil.rmtree(self.ctx.layout.scratch(self.cell.id), ignore_errors=True)
+            records.write_meta(self.ctx.layout, self.meta)
+        return self.meta.status
+
+    def ctx_serving(self) -> LiveEngine:
+        return start_engine(self.ctx, self.engine, self.cores, cell_flags=self.cell.flags,
+                            cell_env=self.cell.env, log_path=self.ctx.layout.engine_log(self.cell.id),
+                            scratch=self.ctx.layout.scratch(self.cell.id))
+
+    def _fresh_directory(self) -> None:
+        # A rerun (--resume) starts from nothing: no stale log or responses of the old attempt.
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+
+    def _record_start(self, live: LiveEngine) -> None:
+        m, identity, spec = self.meta, self.engine.identity, self.engine.spec
+        m.command, m.env_delta, m.port, m.port_attempts = live.command, live.env_delta, live.port.port, live.attempts
+        m.pid, m.started_at = live.proc.pid, live.started_at
+        m.health_ms, m.startup_ms = live.health_ms, live.startup_ms
+        threads = min(spec.threads, len(self.cores.cores))
+        m.cores = records.Cores(self.ctx.matrix.isolation.cores_per_cell, list(self.cores.cores),
+                                live.proc.observed_affinity(), threads)
+        m.gpu = gpu_record(self.ctx.matrix.isolation.gpu, live)
+        m.engine = records.EngineRecord(
+            name=spec.name, kind=spec.kind, log_family=spec.log_family,
+            binary_path=identity.binary_path, binary_sha256=identity.binary_sha256,
+            version=identity.version, model_path=identity.model_path,
+            model_sha256=identity.model_sha256, props=live.props, extra=dict(identity.extra),
+        )
+        if m.cores.observed_affinity != list(self.cores.cores):
+            raise EngineStartError(f"engine runs on cores {m.cores.observed_affinity}, "
+                                   f"not the leased {list(self.cores.cores)}", engine=spec.name)
+        if m.gpu.verified is False:
+            raise EngineStartError(f"engine reports device {m.gpu.reported_device!r}; the cell asked "
+                                   f"for {'no GPU' if m.gpu.requested is None else m.gpu.requested}",
+                                   engine=spec.name)
+
+    def _run_turns(self, live: LiveEngine) -> None:
+        replies = self._earlier_replies()
+        log = live.proc.log_path
+        previous: records.TurnRecord | None = None
+        for turn in self.cell.turns:
+            start = _line_boundary(log)
+            if previous is not None:
+                # Spans are contiguous: lines written after a turn's `prompt eval time` line
+                # (release, stop processing) belong to it, up to the next request.
+                _set_span(previous, log, previous.log_offsets[0], start)
+            record = TurnExchange(self.ctx, self.engine, live, self.dir, turn, replies).run(start)
+            self.meta.turns.append(record)
+            previous = record
+            if record.error is not None:
+                code = live.proc.poll()
+                if code is not None:
+                    raise EngineCrashError(f"engine exited with code {code} during turn {turn.index}: "
+                                           f"{record.error}", engine=self.engine.spec.name, returncode=code)
+                raise ProtocolError(f"turn {turn.index} failed: {record.error}", engine=self.engine.spec.name)
+            if record.completion is not None:
+                replies[turn.index] = record.completion.text
+
+    def _earlier_replies(self) -> dict[int, str]:
+        """Replies a dependent chat cell splices in: its warm cell's answers, by turn index."""
+        if not self.cell.depends_on:
+            return {}
+        warm = records.read_meta(self.ctx.layout.meta(self.cell.depends_on))
+        return {t.index: t.completion.text for t in warm.turns if t.completion is not None}
+
+    def _fail(self, reason: str, live: LiveEngine | None) -> None:
+        self.meta.status = CellStatus.FAILED
+        self.meta.reason = reason
+        self.meta.log_tail = isolation.read_log_tail(self.ctx.layout.engine_log(self.cell.id), 4000)
+
+    def _stop(self, live: LiveEngine | None) -> None:
+        if live is None:
+            return
+        try:
+            report = live.close()
+        except isolation.ProcessSurvived as exc:
+            report = live.stop_report
+            if self.meta.status is CellStatus.OK:
+                self.meta.status, self.meta.reason = CellStatus.FAILED, str(exc)
+        if report is not None:
+            self.meta.stop = records.StopRecord(report.signal_used, report.returncode, report.stop_ms,
+                                                report.survivors, report.port_free)
+
+
+def gpu_record(requested: int | None, live: LiveEngine) -> records.Gpu:
+    reported = live.engine.adapter.reported_device(live.props) if hasattr(
+        live.engine.adapter, "reported_device") else None
+    if reported is None:
+        verified = None
+    elif requested is None:
+        verified = reported == "cpu"
+    else:
+        verified = reported != "cpu"
+    return records.Gpu(requested, isolation.gpu_env(requested), reported, verified)
+
+
+# ================================================================ one turn
+
+
+class TurnExchange:
+    """Send one turn, keep the raw answer, find the turn's span in engine.log."""
+
+    def __init__(self, ctx: RunContext, engine: PreparedEngine, live: LiveEngine, cell_dir: Path,
+                 turn: Any, replies: Mapping[int, str]) -> None:
+        self.ctx, self.engine, self.live, self.cell_dir = ctx, engine, live, cell_dir
+        self.turn = turn
+        self.replies = replies
+
+    def run(self, start: int) -> records.TurnRecord:
+        """Send the turn; its log span starts at byte ``start`` of engine.log."""
+        request = self._request()
+        path, body = self.engine.adapter.completion_request(request, self.ctx.matrix.generation)
+        record = self._empty_record(request, path)
+        try:
+            status, raw, ttft_ms, response_ms = self._post(path, body)
+        except httpx.TimeoutException:
+            record.error = f"no answer within {self._timeout():g} s (request timeout)"
+            return self._close_span(record, start)
+        except httpx.TransportError as exc:
+            record.error = f"connection failed: {type(exc).__name__}: {exc}"
+            return self._close_span(record, start)
+        record.http_status, record.ttft_ms, record.response_ms = status, ttft_ms, response_ms
+        response_path = self.ctx.layout.response(self.cell_dir.name, self.turn.index)
+        records.write_bytes_atomic(response_path, raw)
+        record.response_file = response_path.relative_to(self.cell_dir).as_posix()
+        self._read_answer(record, status, raw)
+        return self._close_span(record, start)
+
+    def _request(self) -> TurnRequest:
+        from shadowlab import prompts
+
+        spec = self.ctx.matrix.prompts[self.turn.prompt_id]
+        extra = {"message_delimiters": [dict(d) for d in prompts.CHATML_MESSAGE_DELIMITERS]} \
+            if spec.message_delimiters else {}
+        index, pid = self.turn.index, self.turn.prompt_id
+        if isinstance(spec, ChatPrompt) and self.turn.endpoint == "chat":
+            messages = prompts.chat_messages(spec, self.replies)
+            return TurnRequest(index, pid, messages=tuple(messages), extra_body=extra)
+        if isinstance(spec, ChatPrompt):  # a conversation sent as ChatML tokens to /completion
+            tokens = prompts.materialize_chat(spec, self.replies, self.live.tokenize).tokens
+        else:
+            tokens = self.engine.prompts[pid].tokens
+        return TurnRequest(index, pid, prompt_tokens=tuple(tokens), extra_body=extra)
+
+    def _empty_record(self, request: TurnRequest, path: str) -> records.TurnRecord:
+        if request.is_chat:
+            messages = [dict(m) for m in request.messages or ()]
+            sha, ids, count = records.sha256_json(messages), None, None
+        else:
+            messages, ids = None, list(request.prompt_tokens or ())
+            sha, count = tokens_sha256(ids), len(ids)
+        return records.TurnRecord(
+            index=self.turn.index, prompt_id=self.turn.prompt_id, prompt_sha256=sha,
+            prompt_tokens=count, prompt_token_ids=ids, messages=messages, endpoint=path,
+            http_status=None, error=None, timings={}, reused_tokens=None, processed_tokens=None,
+            prefill_ms=None, ttft_ms=None, response_ms=None, completion=None, log_offsets=[0, 0],
+            log_complete=False, task_ids=[], response_file=None,
+        )
+
+    def _timeout(self) -> float:
+        return float(getattr(self.engine.spec, "request_timeout_s", None) or DEFAULT_REQUEST_TIMEOUT_S)
+
+    def _post(self, path: str, body: dict) -> tuple[int, bytes, float, float]:
+        """(status, raw body, ms to first byte, ms to whole answer), client-side."""
+        timeout = httpx.Timeout(self._timeout(), connect=10.0)
+        sent = time.monotonic()
+        with self.live.client.stream("POST", path, json=body, timeout=timeout) as response:
+            chunks = response.iter_raw()
+            first = next(chunks, b"")
+            ttft_ms = (time.monotonic() - sent) * 1000.0
+            raw = first + b"".join(chunks)
+        return response.status_code, raw, ttft_ms, (time.monotonic() - sent) * 1000.0
+
+    def _read_answer(self, record: records.TurnRecord, status: int, raw: bytes) -> None:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            record.error = f"HTTP {status}: answer is not JSON ({len(raw)} bytes)"
+            return
+        if status != 200 or not isinstance(body, dict):
+            message = body.get("error", {}).get("message") if isinstance(body, dict) and isinstance(
+                body.get("error"), dict) else None
+            record.error = f"HTTP {status}: {message if isinstance(message, str) else 'error answer'}"
+            return
+        result = self.engine.adapter.parse_response(body)
+        record.timings = dict(result.timings)
+        record.reused_tokens, record.processed_tokens = result.reused_tokens, result.processed_tokens
+        record.prefill_ms = result.prompt_ms
+        if record.prompt_tokens is None and result.reused_tokens is not None and result.processed_tokens is not None:
+            record.prompt_tokens = result.reused_tokens + result.processed_tokens
+        record.completion = records.Completion(result.text, list(result.tokens),
+                                               records.sha256_text(result.text), result.stop_type)
+
+    def _close_span(self, record: records.TurnRecord, start: int) -> records.TurnRecord:
+        """Wait (bounded) for this turn's `prompt eval time` line; the span ends after it."""
+        log = self.live.proc.log_path
+        deadline = time.monotonic() + (LOG_SPAN_WAIT_S if record.error is None else 0.2)
+        while True:
+            end = _line_boundary(log)
+            if _set_span(record, log, start, end) or time.monotonic() >= deadline \
+                    or self.live.proc.poll() is not None:
+                return record
+            time.sleep(0.01)
+
+
+def _set_span(record: records.TurnRecord, log: Path, start: int, end: int) -> bool:
+    """Give the record the log span [start, end); True when it holds a `prompt eval time` line."""
+    span = _read_span(log, start, end)
+    record.log_offsets = [start, end]
+    record.log_complete = PROMPT_EVAL_RE.search(span) is not None
+    record.task_ids = sorted({int(m) for m in TASK_ID_RE.findall(span)})
+    return record.log_complete
+
+
+def _line_boundary(path: Path) -> int:
+    """Offset just after the last complete line of a growing log."""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        back = min(size, 1 << 16)
+        fh.seek(size - back)
+        tail = fh.read(back)
+    cut = tail.rfind(b"\n")
+    return size - back + cut + 1 if cut >= 0 else size - back
+
+
+def _read_span(path: Path, start: int, end: int) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        return fh.read(max(0, end - start))
+
+
+def _stderr_line(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
