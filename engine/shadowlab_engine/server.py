@@ -124,8 +124,8 @@ class Engine:
             time.sleep(self.faults.slow_start)
         import torch  # here, not at import time: /health must answer while torch loads
 
+        from . import tokenizer
         from .model import HybridModel
-        from .tokenizer import Tokenizer
 
         if self.options.threads and self.options.threads > 0:
             torch.set_num_threads(self.options.threads)
@@ -133,9 +133,9 @@ class Engine:
             raise RuntimeError("--device cuda given but torch sees no CUDA device")
         path = Path(self.options.model_path)
         self.log.main(INFO, f"loading model '{path}'")
-        self.model_sha256 = _sha256(path)
         self.model = HybridModel.load(path, device=self.options.device)
-        self.tokenizer = Tokenizer(self.model.config)
+        self.model_sha256 = getattr(self.model, "weights_sha256", "") or _sha256(path)
+        self.tokenizer = tokenizer
         self.device = _device_name(self.model.device)
         cfg = self.options.cache
         slots = [Slot(i, self.model, cfg, self.log, self.faults) for i in range(self.options.n_parallel)]
@@ -186,7 +186,8 @@ class Engine:
         if not isinstance(content, str):
             raise RequestError(400, "'content' must be a string")
         add_special = _bool_field(body, "add_special", False)
-        return {"tokens": self.tokenizer.encode(content, add_bos=add_special)}
+        bos = [self.tokenizer.BOS] if add_special else []
+        return {"tokens": bos + self.tokenizer.encode(content)}
 
     def detokenize(self, body: dict) -> dict:
         tokens = self._token_ids(body.get("tokens"), "tokens", allow_empty=True)
@@ -251,14 +252,7 @@ class Engine:
 
     def _render_chat(self, messages: list[dict]) -> tuple[list[int], list[int]]:
         """ChatML tokens plus the position of each user message's `<|im_start|>`."""
-        prompt = self.tokenizer.render_chatml(messages)
-        generation_prompt = len(self.tokenizer.render_chatml([]))
-        user_starts = [
-            len(self.tokenizer.render_chatml(messages[:i])) - generation_prompt
-            for i, msg in enumerate(messages)
-            if msg["role"] == "user"
-        ]
-        return prompt, user_starts
+        return self.tokenizer.render_chatml(messages), self.tokenizer.message_starts(messages, "user")
 
     def _generation(self, body: dict, n_predict_keys: tuple[str, ...]) -> Generation:
         n_predict = DEFAULT_N_PREDICT
@@ -279,7 +273,7 @@ class Engine:
 
     def _prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, str):
-            tokens = self.tokenizer.encode(prompt, add_bos=False)
+            tokens = self.tokenizer.encode(prompt)
         elif isinstance(prompt, list):
             tokens = self._token_ids(prompt, "prompt")
         else:
@@ -372,7 +366,7 @@ class Engine:
         The last sampled token is not evaluated, like llama-server: the slot caches the prompt
         plus the generated tokens that went through the model."""
         pick = _sampler(gen)
-        stop_ids = set(self.tokenizer.stop_tokens())
+        stop_ids = self.tokenizer.STOP_TOKENS
         tokens: list[int] = []
         n_decoded = 0
         while n_decoded < gen.n_predict:

@@ -1,0 +1,120 @@
+"""Each injected fault, on a real engine process, next to the healthy behaviour it breaks."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import httpx
+import pytest
+
+from engine_process import fields, running, spawn, tiny_model
+from shadowlab_engine.faults import FaultError, Faults, parse_faults
+
+# small prompts, small batches: checkpoints at L-4-64 and L-4 (POLICY=1), at 128·k (POLICY=0)
+FLAGS = ["-c", "2048", "-b", "128", "-ub", "64", "--ctx-checkpoints", "16", "-cram", "0", "-lv", "4"]
+_rng = random.Random(11)
+P = [_rng.randrange(256) for _ in range(600)]
+Q = P[:300] + [(P[300] + 1) % 256] + [_rng.randrange(256) for _ in range(399)]
+Z = Q[:560] + [(Q[560] + 1) % 256] + [_rng.randrange(256) for _ in range(100)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def cold(model, tmp_path_factory):
+    """Cold outputs of Q and Z, each from a fresh healthy process."""
+    out = {}
+    for name, prompt in (("Q", Q), ("Z", Z)):
+        with running(model, FLAGS, tmp_path_factory.mktemp("cold"), name=f"cold-{name}") as e:
+            out[name] = e.complete(prompt)["tokens"]
+    return out
+
+
+def test_parse_faults():
+    assert parse_faults([], None) == Faults()
+    f = parse_faults(["stale-restore", "hang-on-request=2"], "skip-cascade,slow-start=1.5")
+    assert f == Faults(stale_restore=True, skip_cascade=True, hang_on_request=2, slow_start=1.5)
+    assert f.names() == ["stale-restore", "skip-cascade", "hang-on-request=2", "slow-start=1.5"]
+    for bad in (["nope"], ["stale-restore=1"], ["crash-after-requests"], ["crash-after-requests=0"],
+                ["hang-on-request=x"], ["slow-start=-1"]):
+        with pytest.raises(FaultError):
+            parse_faults(bad, None)
+
+
+def test_unknown_fault_refuses_to_start(model, tmp_path):
+    engine = spawn(model, [*FLAGS, "--fault", "explode"], tmp_path, name="unknown")
+    try:
+        assert engine.wait_exit() != 0
+        assert "unknown fault 'explode'" in engine.stderr()
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("faults,equal", [([], True), (["--fault", "stale-restore"], False)])
+def test_stale_restore(model, tmp_path, cold, faults, equal):
+    env = {"PXA_CKPT_PROMPT_POLICY": "0"}
+    with running(model, [*FLAGS, *faults], tmp_path, env=env, name="stale") as e:
+        e.complete(P)
+        q = e.complete(Q)
+        (restored,) = e.task_lines(1, "restored context checkpoint")
+        assert fields(restored)["n_tokens"] == 256
+        assert q["timings"]["cache_n"] == (256 if equal else 257)
+        assert (q["tokens"] == cold["Q"]) is equal
+
+
+@pytest.mark.parametrize("faults,healthy", [([], True), (["--fault", "skip-cascade"], False)])
+def test_skip_cascade(model, tmp_path, cold, faults, healthy):
+    """P then Q (forced below P's tail checkpoints) then Z (diverges at 560, above P's 532)."""
+    with running(model, [*FLAGS, *faults], tmp_path, name="cascade") as e:
+        e.complete(P)
+        e.complete(Q)
+        z = e.complete(Z)
+        assert bool(e.lines("erased invalidated context checkpoint")) is healthy
+        if healthy:
+            assert e.task_lines(2, "forcing full prompt re-processing")
+            assert z["timings"]["cache_n"] == 0 and z["tokens"] == cold["Z"]
+        else:
+            (restored,) = e.task_lines(2, "restored context checkpoint")
+            assert fields(restored)["n_tokens"] == 532  # P's checkpoint, stale for Z
+            assert z["tokens"] != cold["Z"]
+
+
+def test_crash_after_requests(model, tmp_path):
+    with running(model, [*FLAGS, "--fault", "crash-after-requests=2"], tmp_path, name="crash") as e:
+        assert e.complete(P[:100], n_predict=2)["timings"]["prompt_n"] == 100
+        assert e.post("/completion", {"prompt": "x", "n_predict": -1}).status_code == 400
+        assert e.wait_exit() != 0
+        with pytest.raises(httpx.TransportError):
+            e.complete(P[:100], n_predict=2)
+
+
+def test_hang_on_request(model, tmp_path):
+    with running(model, [*FLAGS, "--fault", "hang-on-request=2"], tmp_path, name="hang") as e:
+        e.complete(P[:100], n_predict=2)
+        with pytest.raises(httpx.ReadTimeout):
+            e.client.post("/completion", json={"prompt": P[:100], "n_predict": 2}, timeout=3.0)
+        assert e.client.get("/health").status_code == 200
+        assert e.complete(P[:120], n_predict=2)["timings"]["prompt_n"] > 0  # request 3 answers
+        assert e.proc.poll() is None
+
+
+def test_slow_start_holds_health_at_503(model, tmp_path):
+    t0 = time.monotonic()
+    engine = spawn(model, [*FLAGS, "--fault", "slow-start=2"], tmp_path, name="slow")
+    try:
+        seen = engine.wait_health()
+        assert seen[0] == 503 and seen[-1] == 200
+        assert time.monotonic() - t0 >= 2.0
+        assert engine.client.get("/props").json()["faults"] == ["slow-start=2"]
+    finally:
+        engine.stop()
+
+
+def test_faults_from_env(model, tmp_path):
+    env = {"SHADOWLAB_ENGINE_FAULTS": "skip-cascade,crash-after-requests=5"}
+    with running(model, FLAGS, tmp_path, env=env, name="env") as e:
+        assert e.client.get("/props").json()["faults"] == ["skip-cascade", "crash-after-requests=5"]

@@ -1,0 +1,202 @@
+"""The HTTP server as a real process on 127.0.0.1: endpoints, bad input, chat, log lines."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+
+import httpx
+import pytest
+
+from engine_process import fields, running, spawn, tiny_model
+from shadowlab_engine import tokenizer
+
+FLAGS = ["-c", "1024", "-b", "256", "-ub", "64", "--ctx-checkpoints", "8", "-cram", "0", "-lv", "4"]
+_rng = random.Random(7)
+P = [_rng.randrange(256) for _ in range(300)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def engine(model, tmp_path_factory):
+    with running(model, FLAGS, tmp_path_factory.mktemp("server"), name="server") as e:
+        yield e
+
+
+def test_props_report_model_hash_config_and_device(engine, model):
+    props = engine.client.get("/props").json()
+    assert props["model_sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert props["device"] == "cpu"
+    assert props["build_info"].startswith("shadowlab-engine ")
+    assert props["model_config"]["name"] == "tiny"
+    assert (props["n_ctx"], props["n_batch"], props["n_ubatch"]) == (1024, 256, 64)
+    assert (props["ctx_checkpoints"], props["cache_ram_mib"], props["total_slots"]) == (8, 0, 1)
+    assert (props["ckpt_prompt_policy"], props["ckpt_prompt_end"], props["faults"]) == (1, 0, [])
+    assert props["pid"] == engine.proc.pid
+
+
+def test_tokenize_detokenize_round_trip(engine):
+    text = "héllo <|im_start|>user\n"
+    tokens = engine.post("/tokenize", {"content": text}).json()["tokens"]
+    assert tokens == tokenizer.encode(text)
+    assert engine.post("/tokenize", {"content": "a", "add_special": True}).json()["tokens"] == [tokenizer.BOS, 97]
+    assert engine.post("/detokenize", {"tokens": tokens}).json()["content"] == text
+
+
+def test_completion_shape_and_cache_accounting(engine):
+    r1 = engine.complete(P, n_predict=6, return_tokens=True)
+    t = r1["timings"]
+    assert t["cache_n"] + t["prompt_n"] == len(P)
+    assert len(r1["tokens"]) <= 6 and r1["stop_type"] in ("limit", "eos")
+    assert r1["content"] == tokenizer.decode(r1["tokens"])
+    if r1["stop_type"] == "limit":
+        assert t["predicted_n"] == 6
+        assert r1["tokens_cached"] == len(P) + 5  # the last sampled token is not evaluated
+    # the same prompt again: n_past = L - 1, restored from the L-4 checkpoint
+    r2 = engine.complete(P, n_predict=6)
+    assert (r2["timings"]["cache_n"], r2["timings"]["prompt_n"]) == (len(P) - 4, 4)
+    assert r2["tokens"] == r1["tokens"]
+    slots = engine.client.get("/slots").json()
+    assert [c["n_tokens"] for c in slots[0]["checkpoints"]] == [len(P) - 4 - 64, len(P) - 4]
+
+
+BAD_REQUESTS = [
+    ("/completion", b"{not json", 400),
+    ("/completion", b"[1, 2]", 400),
+    ("/completion", {"prompt": [1, 2, 100000]}, 400),
+    ("/completion", {"prompt": [1, -1]}, 400),
+    ("/completion", {"prompt": [1, 2.5]}, 400),
+    ("/completion", {"prompt": [7] * 1024}, 400),
+    ("/completion", {"prompt": "abc", "n_predict": -3}, 400),
+    ("/completion", {"prompt": "abc", "n_predict": "3"}, 400),
+    ("/completion", {"prompt": 5}, 400),
+    ("/completion", {"prompt": []}, 400),
+    ("/completion", {"prompt": "abc", "temperature": "hot"}, 400),
+    ("/completion", {"prompt": "abc", "cache_prompt": "yes"}, 400),
+    ("/completion", {"prompt": "abc", "id_slot": 3}, 400),
+    ("/v1/chat/completions", {"messages": "hi"}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400),
+    ("/detokenize", {"tokens": [99999]}, 400),
+    ("/tokenize", {"content": 1}, 400),
+    ("/no/such/endpoint", {}, 404),
+]
+
+
+@pytest.mark.parametrize("path,body,status", BAD_REQUESTS)
+def test_bad_input_gets_a_4xx_json_error(engine, path, body, status):
+    if isinstance(body, bytes):
+        r = engine.client.post(path, content=body, headers={"Content-Type": "application/json"})
+    else:
+        r = engine.post(path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status and err["message"] and err["type"]
+
+
+def test_wrong_method_and_unknown_get(engine):
+    assert engine.client.get("/completion").status_code == 405
+    assert engine.client.get("/nothing").json()["error"]["code"] == 404
+
+
+def test_bad_requests_do_not_corrupt_the_slot(model, tmp_path):
+    with running(model, FLAGS, tmp_path, name="corrupt") as e:
+        first = e.complete(P, n_predict=4)
+        for path, body, _ in BAD_REQUESTS:
+            if isinstance(body, bytes):
+                e.client.post(path, content=body)
+            else:
+                e.post(path, body)
+        again = e.complete(P, n_predict=4)
+        assert again["timings"]["cache_n"] == len(P) - 4
+        assert again["tokens"] == first["tokens"]
+        assert e.proc.poll() is None
+
+
+def test_health_is_503_while_loading_then_200(model, tmp_path):
+    engine = spawn(model, [*FLAGS, "--fault", "slow-start=2"], tmp_path, name="slow")
+    try:
+        seen = engine.wait_health()
+        assert seen[0] == 503 and seen[-1] == 200
+        assert engine.client.get("/health").json() == {"status": "ok"}
+    finally:
+        engine.stop()
+
+
+def test_503_body_while_loading(model, tmp_path):
+    engine = spawn(model, [*FLAGS, "--fault", "slow-start=5"], tmp_path, name="slow503")
+    try:
+        r = None
+        deadline = time.monotonic() + 30
+        while r is None and time.monotonic() < deadline:
+            try:
+                r = engine.client.get("/health", timeout=2.0)
+            except httpx.TransportError:
+                time.sleep(0.02)
+        assert r is not None and r.status_code == 503
+        assert r.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        assert engine.post("/completion", {"prompt": "x"}).status_code == 503
+    finally:
+        engine.stop()
+
+
+def test_chat_restores_at_a_user_message_start(model, tmp_path):
+    system = {"role": "system", "content": "You are a careful assistant. " * 4}
+    u1 = {"role": "user", "content": "Tell me about gated delta rules and checkpoints. " * 3}
+    turn1 = [system, u1, {"role": "assistant", "content": "First answer, version one."},
+             {"role": "user", "content": "And how does the cascade erase them?"}]
+    turn2 = [system, u1, {"role": "assistant", "content": "A different first answer."},
+             {"role": "user", "content": "And how does the cascade erase them?"}]
+    flags = [*FLAGS, "--checkpoint-min-step", "0"]
+    with running(model, flags, tmp_path, name="chat") as e:
+        r1 = e.post("/v1/chat/completions", {"messages": turn1, "max_tokens": 4, "temperature": 0}).json()
+        assert r1["object"] == "chat.completion"
+        assert r1["usage"]["prompt_tokens"] == len(tokenizer.render_chatml(turn1))
+        assert r1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        r2 = e.post("/v1/chat/completions", {"messages": turn2, "max_tokens": 4, "temperature": 0}).json()
+        starts = tokenizer.message_starts(turn1, "user")
+        # divergence inside the assistant message: the newest checkpoint below it is u1's start
+        assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == starts[0]
+        assert r2["timings"]["cache_n"] == starts[0]
+        created = [fields(l)["n_tokens"] for l in e.task_lines(0, "created context checkpoint")]
+        assert starts[0] in created and starts[1] in created
+    with running(model, flags, tmp_path, name="chat-cold") as cold:
+        r2_cold = cold.post("/v1/chat/completions", {"messages": turn2, "max_tokens": 4, "temperature": 0}).json()
+    assert r2["choices"][0]["message"]["content"] == r2_cold["choices"][0]["message"]["content"]
+
+
+def test_log_levels_task_ids_and_log_file(model, tmp_path):
+    with running(model, [*FLAGS[:-2], "-lv", "3"], tmp_path, name="lv3") as e:
+        e.complete(P, n_predict=2)
+        e.complete(P[:200], n_predict=2)
+        log = e.log()
+        assert "created context checkpoint" not in log and "restored context checkpoint" not in log
+        assert len(e.task_lines(0, "prompt eval time = ")) == 1
+        (pe,) = e.task_lines(1, "prompt eval time = ")
+        assert "ms per token" in pe and "tokens per second" in pe
+        assert e.task_lines(1, "new prompt, n_ctx_slot = 1024, n_keep = 0, task.n_tokens = 200")
+        assert e.task_lines(1, "cached n_tokens = ")
+        assert e.task_lines(1, "stop processing: n_tokens = ")
+        # the same lines on stderr
+        assert [l for l in e.stderr().splitlines() if "| task 1 |" in l] == e.task_lines(1)
+
+
+def test_device_cuda_reported_or_refused(model, tmp_path):
+    import torch
+
+    engine = spawn(model, [*FLAGS, "--device", "cuda"], tmp_path, name="cuda")
+    try:
+        if torch.cuda.is_available():
+            engine.wait_health()
+            assert engine.client.get("/props").json()["device"].startswith("cuda:")
+            first = engine.complete(P, n_predict=4)
+            assert engine.complete(P, n_predict=4)["tokens"] == first["tokens"]
+        else:
+            assert engine.wait_exit() != 0
+            assert "CUDA" in engine.log()
+    finally:
+        engine.stop()
