@@ -29,6 +29,7 @@ import enum
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 VERDICTS_SCHEMA_VERSION = 1
@@ -228,3 +229,467 @@ def _from_json(tp: Any, value: Any) -> Any:
     if origin is dict:
         return dict(value)
     return value
+
+
+# ---------------------------------------------------------------- compute
+
+
+def compute(run_dir: str | Path, *, write: bool = True) -> RunVerdict:
+    """The verdicts of a run directory (pure: reads files only); writes verdicts.json."""
+    from shadowlab import records
+
+    layout = records.RunLayout(Path(run_dir))
+    metas = records.read_cell_metas(layout.root)
+    prompts = _read_prompts(layout)
+    patterns = _extra_patterns(layout)
+    cells = [_cell_verdict(layout, meta, prompts, patterns) for meta in metas.values()]
+    cells, controls, noisy = _attach_identity(cells, metas)
+    verdict = RunVerdict(
+        run_id=layout.run_id,
+        cells=tuple(cells),
+        controls=tuple(controls),
+        nondeterministic_engines=tuple(sorted(noisy)),
+    )
+    if write:
+        records.write_json_atomic(layout.root / "verdicts.json", verdict.to_dict())
+    return verdict
+
+
+def read(run_dir: str | Path) -> RunVerdict:
+    """verdicts.json of a run directory."""
+    import json
+
+    with open(Path(run_dir) / "verdicts.json", encoding="utf-8") as fh:
+        return RunVerdict.from_dict(json.load(fh))
+
+
+def _read_prompts(layout: Any) -> dict[str, dict[str, list[int]]]:
+    """{engine: {prompt_id: token ids}} from prompts/<engine>.json (absent files: empty)."""
+    import json
+
+    out: dict[str, dict[str, list[int]]] = {}
+    if not layout.prompts_dir.is_dir():
+        return out
+    for path in sorted(layout.prompts_dir.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        out[path.stem] = {
+            pid: list(entry["tokens"])
+            for pid, entry in data.items()
+            if isinstance(entry, dict) and isinstance(entry.get("tokens"), list)
+        }
+    return out
+
+
+def _extra_patterns(layout: Any) -> dict[str, tuple[Any, ...]]:
+    """{engine: ExtraPattern...} from the resolved matrix's `engines.<name>.log_patterns`."""
+    from shadowlab import logparse
+
+    try:
+        import yaml
+
+        data = yaml.safe_load(layout.matrix.read_text(encoding="utf-8")) or {}
+    except (OSError, ValueError, ImportError):
+        return {}
+    except Exception:  # a malformed matrix copy must not stop the verdicts
+        return {}
+    out: dict[str, tuple[Any, ...]] = {}
+    engines = data.get("engines") if isinstance(data, dict) else None
+    for name, spec in (engines or {}).items():
+        if isinstance(spec, dict) and spec.get("log_patterns"):
+            out[name] = tuple(logparse.ExtraPattern.from_regex(p) for p in spec["log_patterns"])
+    return out
+
+
+# ---------------------------------------------------------------- one cell
+
+
+def _cell_verdict(layout: Any, meta: Any, prompts: dict[str, dict[str, list[int]]], patterns: dict) -> CellVerdict:
+    from shadowlab import logparse
+
+    cell = meta.cell or {}
+    engine = cell.get("engine") or (meta.engine.name if meta.engine else "?")
+    family = meta.engine.log_family if meta.engine else "none"
+    log_path = layout.engine_log(meta.cell_id)
+    parsed = None
+    if family != "none" and log_path.exists():
+        parsed = logparse.parse(log_path, family, patterns.get(engine, ()))
+    engine_prompts = prompts.get(engine, {})
+    turns = _turn_verdicts(meta, parsed, engine_prompts)
+    spans = [tuple(t.log_offsets) for t in meta.turns if t.log_offsets and len(t.log_offsets) == 2]
+    unattributed = 0
+    if parsed is not None:
+        unattributed = sum(1 for e in parsed.events if not any(a <= e.offset < b for a, b in spans))
+    return CellVerdict(
+        cell_id=meta.cell_id,
+        kind=str(cell.get("kind", "warm")),
+        engine=engine,
+        configuration=str(cell.get("configuration", "")),
+        sequence=str(cell.get("sequence") or ""),
+        status=getattr(meta.status, "value", str(meta.status)),
+        reason=meta.reason,
+        log_family=family,
+        reuse_source="api+log" if parsed is not None else "api",
+        turns=tuple(turns),
+        unknown_lines=parsed.unknown_count if parsed else 0,
+        unknown_samples=tuple(f"{n}: {t}" for n, t in parsed.unknown_samples) if parsed else (),
+        event_counts=dict(parsed.counts) if parsed else {},
+        unattributed_events=unattributed,
+    )
+
+
+class _Ring:
+    """Checkpoints alive in the slot, replayed from the log's created/erased events."""
+
+    def __init__(self) -> None:
+        self.alive: list[CheckpointRef] = []
+        self.saved: dict[int | None, list[CheckpointRef]] = {}  # prompt cache entries by n_tokens
+        self.notes: list[str] = []
+
+    def apply(self, ev: Any, turn: int | None) -> CheckpointRef | None:
+        """Apply one event; return the checkpoint it erased (if any)."""
+        kind = ev.kind
+        if kind == "created":
+            ref = _ref(ev, turn)
+            self.alive = [c for c in self.alive if c.n_tokens != ref.n_tokens]  # superseded
+            self.alive.append(ref)
+            return None
+        if kind in ("erased_invalidated", "erased_old", "erased_too_close"):
+            return self._remove(lambda c: (c.pos_min, c.pos_max, c.n_tokens) == (ev.pos_min, ev.pos_max, ev.n_tokens), ev)
+        if kind == "erased_superseded":
+            return self._remove(lambda c: c.n_tokens == ev.n_tokens, ev)
+        if kind == "cache_saved":
+            self.saved[ev.n_tokens] = list(self.alive)
+            self.alive = []
+        elif kind == "cache_loaded":
+            if ev.n_tokens in self.saved:
+                self.alive = self.saved.pop(ev.n_tokens)
+            else:
+                self.alive = []
+                self.notes.append(f"line {ev.line}: prompt cache load; its checkpoints are not in the log")
+        return None
+
+    def _remove(self, match: Any, ev: Any) -> CheckpointRef | None:
+        for i, c in enumerate(self.alive):
+            if match(c):
+                return self.alive.pop(i)
+        self.notes.append(f"line {ev.line}: {ev.kind} of a checkpoint never seen created")
+        return _ref(ev, None) if hasattr(ev, "pos_max") else None
+
+
+def _ref(ev: Any, turn: int | None) -> CheckpointRef:
+    return CheckpointRef(
+        pos_min=ev.pos_min,
+        pos_max=ev.pos_max,
+        n_tokens=ev.n_tokens,
+        size_mib=ev.size_mib,
+        took_ms=ev.took_ms,
+        created_turn=turn,
+        task=ev.task,
+        line=ev.line,
+    )
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _turn_ok(t: Any) -> bool:
+    return t.error is None and t.completion is not None and (t.http_status is None or 200 <= t.http_status < 300)
+
+
+def _assign_events(meta: Any, parsed: Any) -> list[tuple[Any, int | None]]:
+    """Every event with the turn it belongs to: by byte span, cross-checked with task ids."""
+    owners: dict[int, int] = {}
+    for t in meta.turns:
+        for task in t.task_ids or ():
+            owners.setdefault(task, t.index)
+    out = []
+    for ev in parsed.events:
+        turn = None
+        for t in meta.turns:
+            if t.log_offsets and len(t.log_offsets) == 2 and t.log_offsets[0] <= ev.offset < t.log_offsets[1]:
+                turn = t.index
+                break
+        if ev.task is not None and ev.task in owners and owners[ev.task] != turn:
+            turn = owners[ev.task]  # a late line (span closed early) or a misplaced span
+        out.append((ev, turn))
+    return out
+
+
+def _turn_verdicts(meta: Any, parsed: Any, engine_prompts: dict[str, list[int]]) -> list[TurnVerdict]:
+    assigned = _assign_events(meta, parsed) if parsed is not None else []
+    ring = _Ring()
+    cache: list[int] | None = []  # the slot's cached tokens (records); None: unknown
+    out = []
+    applied: set[int] = set()
+    for t in meta.turns:
+        mine = [ev for ev, turn in assigned if turn == t.index]
+        start = t.log_offsets[0] if t.log_offsets else min((ev.offset for ev in mine), default=None)
+        # Alive at turn start: replay earlier turns' events and unattributed lines before it.
+        for i, (ev, turn) in enumerate(assigned):
+            earlier = turn is not None and turn < t.index
+            before = turn is None and start is not None and ev.offset < start
+            if i not in applied and (earlier or before):
+                ring.apply(ev, turn)
+                applied.add(i)
+        alive = tuple(ring.alive)
+        notes_before = len(ring.notes)
+        erased_by_turn: list[tuple[str, CheckpointRef]] = []
+        for i, (ev, turn) in enumerate(assigned):
+            if turn == t.index:
+                removed = ring.apply(ev, t.index)
+                applied.add(i)
+                if removed is not None:
+                    erased_by_turn.append((ev.kind, removed))
+        prompt_ids = t.prompt_token_ids if t.prompt_token_ids is not None else engine_prompts.get(t.prompt_id)
+        tv = _judge_turn(t, mine, alive, erased_by_turn, cache, prompt_ids, parsed is not None)
+        if len(ring.notes) > notes_before:
+            tv = dataclasses.replace(tv, notes=tv.notes + tuple(ring.notes[notes_before:]))
+        out.append(tv)
+        if _turn_ok(t) and prompt_ids is not None and cache is not None:
+            cache = list(prompt_ids) + list(t.completion.tokens or [])
+        elif not _turn_ok(t):
+            cache = None  # what the slot holds after a failed request is unknown
+        else:
+            cache = None
+    return out
+
+
+def _judge_turn(
+    t: Any,
+    events: list[Any],
+    alive: tuple[CheckpointRef, ...],
+    erased_by_turn: list[tuple[str, CheckpointRef]],
+    cache: list[int] | None,
+    prompt_ids: list[int] | None,
+    has_log: bool,
+) -> TurnVerdict:
+    notes: list[str] = []
+    disagreements: list[str] = []
+    prompt_len = len(prompt_ids) if prompt_ids is not None else t.prompt_tokens
+    divergence = _lcp(cache, prompt_ids) if cache is not None and prompt_ids is not None else None
+    if t.index == 0:
+        divergence = 0
+    usable_limit = None if divergence is None else min(divergence, (prompt_len or 1) - 1)
+
+    by_kind: dict[str, list[Any]] = {}
+    for ev in events:
+        by_kind.setdefault(ev.kind, []).append(ev)
+    restored_ev = by_kind.get("restored", [None])[0]
+    forced = "forced" in by_kind
+    trim = by_kind.get("cache_trim", [None])[0]
+    evals = by_kind.get("prompt_eval", [])
+    created = tuple(_ref(ev, t.index) for ev in by_kind.get("created", []))
+    cascade = tuple(ref for kind, ref in erased_by_turn if kind == "erased_invalidated")
+    other_erased = tuple(ref for kind, ref in erased_by_turn if kind != "erased_invalidated")
+
+    # Re-entry point and the log's reuse figure.
+    re_entry, source, reused_log = None, None, None
+    restored_ref = None
+    if restored_ev is not None:
+        restored_ref = _ref(restored_ev, None)
+        re_entry = restored_ev.n_past if restored_ev.n_past is not None else restored_ev.n_tokens
+        source = "restore"
+        if restored_ev.n_past is not None and restored_ev.n_past > restored_ev.n_tokens:
+            disagreements.append(
+                f"restore re-entered at n_past = {restored_ev.n_past} but the checkpoint covers only "
+                f"n_tokens = {restored_ev.n_tokens}: {restored_ev.n_past - restored_ev.n_tokens} token(s) never processed"
+            )
+    elif trim is not None:
+        re_entry, source = trim.n_past, "cache_trim"
+    elif forced:
+        re_entry, source = 0, "forced"
+    if has_log and events:
+        if trim is not None:
+            reused_log = trim.n_past
+            if re_entry is not None and source == "restore" and trim.n_past != re_entry:
+                disagreements.append(f"restore says re-entry {re_entry}, cache trim says {trim.n_past}")
+        elif re_entry is not None:
+            reused_log = re_entry
+    processed_log = evals[-1].n_tokens if evals else None
+    prefill_log_ms = evals[-1].ms if evals else None
+    if len(evals) > 1:
+        notes.append(f"{len(evals)} `prompt eval time` lines in the turn; the last one is used")
+
+    reused_api, processed_api = t.reused_tokens, t.processed_tokens
+    if re_entry is None and reused_api is not None:
+        re_entry, source = reused_api, "timings"
+    if reused_api is not None and reused_log is not None and reused_api != reused_log:
+        disagreements.append(f"reused: API says {reused_api}, log says {reused_log}")
+    if processed_api is not None and processed_log is not None and processed_api != processed_log:
+        disagreements.append(f"processed: API says {processed_api}, log says {processed_log}")
+    if reused_api is not None and processed_api is not None and prompt_len is not None:
+        if reused_api + processed_api != prompt_len:
+            disagreements.append(f"API: reused {reused_api} + processed {processed_api} != prompt {prompt_len}")
+    if re_entry is not None and divergence is not None and re_entry > divergence and t.index > 0:
+        disagreements.append(
+            f"re-entry {re_entry} lies above the divergence point {divergence}: tokens that differ were reused"
+        )
+
+    reused = reused_api if reused_api is not None else reused_log
+    processed = processed_api if processed_api is not None else processed_log
+
+    # Outcome.
+    if not _turn_ok(t):
+        outcome = Outcome.ERROR
+    elif t.index == 0:
+        outcome = Outcome.COLD
+    elif restored_ev is not None:
+        outcome = Outcome.RESTORED
+    elif forced:
+        outcome = Outcome.FORCED
+    elif reused is not None and reused > 0:
+        outcome = Outcome.EXTENDED
+        if has_log and cache is not None and divergence is not None and divergence < len(cache) and trim is not None:
+            notes.append(f"reused {reused} without a restore although the prompt diverges at {divergence}")
+    elif divergence == 0:
+        outcome = Outcome.SILENT_RESET
+    elif divergence is not None and not has_log:
+        outcome = Outcome.FORCED
+        notes.append("no engine log: a partial match with nothing reused is counted as forced (API only)")
+    elif divergence is None:
+        outcome = Outcome.SILENT_RESET if reused == 0 else Outcome.EXTENDED
+        notes.append("divergence point unknown (no prompt token ids)")
+    else:
+        outcome = Outcome.SILENT_RESET
+        notes.append(f"prompt shares {divergence} tokens with the cache but nothing was reused and no forcing line was logged")
+    if not has_log and outcome in (Outcome.EXTENDED,) and cache is not None and divergence is not None and divergence < len(cache) - 1:
+        outcome = Outcome.RESTORED
+        notes.append("no engine log: partial reuse below the cached length is counted as a restore (API only)")
+
+    below = tuple(c for c in alive if usable_limit is not None and c.n_tokens <= usable_limit)
+    above = tuple(c for c in alive if usable_limit is None or c.n_tokens > usable_limit)
+    if usable_limit is None:
+        above = ()
+    missed: tuple[CheckpointRef, ...] = ()
+    if has_log and re_entry is not None and t.index > 0 and outcome is not Outcome.ERROR:
+        erased_keys = {(c.pos_min, c.pos_max, c.n_tokens) for _, c in erased_by_turn}
+        missed = tuple(
+            c for c in alive if c.pos_max > re_entry and (c.pos_min, c.pos_max, c.n_tokens) not in erased_keys
+        )
+
+    create_ms = sum(c.took_ms for c in created if c.took_ms is not None) if any(c.took_ms is not None for c in created) else None
+    create_mib = sum(c.size_mib for c in created if c.size_mib is not None) if any(c.size_mib is not None for c in created) else None
+    saved = reused / prompt_len if reused is not None and prompt_len else None
+    if t.log_complete is False and has_log:
+        notes.append("the turn's `prompt eval time` line was not seen before its log span closed")
+    if not has_log:
+        notes.append("reuse from the API only: this engine has no parsable log")
+
+    return TurnVerdict(
+        index=t.index,
+        prompt_id=t.prompt_id,
+        outcome=outcome,
+        prompt_tokens=prompt_len,
+        cached_tokens=len(cache) if cache is not None else None,
+        divergence_point=divergence,
+        re_entry_point=re_entry,
+        re_entry_source=source,
+        reused_tokens=reused,
+        processed_tokens=processed,
+        reused_api=reused_api,
+        processed_api=processed_api,
+        reused_log=reused_log,
+        processed_log=processed_log,
+        disagreements=tuple(disagreements),
+        saved_fraction=saved,
+        prefill_ms=t.prefill_ms if t.prefill_ms is not None else prefill_log_ms,
+        forcing_line=forced,
+        restored=restored_ref,
+        restore_ms=restored_ref.took_ms if restored_ref else None,
+        restore_mib=restored_ref.size_mib if restored_ref else None,
+        alive_at_start=alive,
+        alive_below_divergence=below,
+        alive_above_divergence=above,
+        created=created,
+        erased_cascade=cascade,
+        erased_other=other_erased,
+        cascade_missed=missed,
+        create_ms=create_ms,
+        create_mib=create_mib,
+        task_ids=tuple(t.task_ids or ()),
+        log_complete=t.log_complete if has_log else None,
+        error=t.error or (None if _turn_ok(t) else f"HTTP {t.http_status}"),
+        notes=tuple(notes),
+    )
+
+
+# ---------------------------------------------------------------- identity
+
+
+def _attach_identity(
+    cells: list[CellVerdict], metas: dict[str, Any]
+) -> tuple[list[CellVerdict], list[IdentityCheck], set[str]]:
+    from shadowlab import identity
+
+    controls: list[IdentityCheck] = []
+    noisy: set[str] = set()
+    noisy_groups: dict[tuple[str, str], str] = {}
+    by_id = {c.cell_id: c for c in cells}
+
+    # Cold-vs-cold controls first: they decide whether warm mismatches are conclusive.
+    for c in cells:
+        if c.kind != "control":
+            continue
+        meta = metas[c.cell_id]
+        ref_id = (meta.cell or {}).get("control_of")
+        check = _compare_turn(meta, 0, metas.get(ref_id) if ref_id else None, ref_id, reused=0, identity=identity)
+        controls.append(check)
+        by_id[c.cell_id] = dataclasses.replace(c, control=check)
+        if check.status is IdentityStatus.MISMATCH:
+            noisy.add(c.engine)
+            noisy_groups[(c.engine, c.configuration)] = c.cell_id
+
+    out = []
+    for c in cells:
+        c = by_id[c.cell_id]
+        if c.kind != "warm":
+            out.append(c)
+            continue
+        meta = metas[c.cell_id]
+        planned = {pt.get("index"): pt for pt in (meta.cell or {}).get("turns", []) if isinstance(pt, dict)}
+        turns = []
+        for tv in c.turns:
+            if tv.index == 0:
+                turns.append(tv)
+                continue
+            ref_id = (planned.get(tv.index) or {}).get("cold_cell")
+            check = _compare_turn(meta, tv.index, metas.get(ref_id) if ref_id else None, ref_id, tv.reused_tokens, identity)
+            if (c.engine, c.configuration) in noisy_groups:
+                check = identity.mark_inconclusive(check, noisy_groups[(c.engine, c.configuration)])
+            turns.append(dataclasses.replace(tv, identity=check))
+        out.append(dataclasses.replace(c, turns=tuple(turns)))
+    return out, controls, noisy
+
+
+def _compare_turn(meta: Any, index: int, ref_meta: Any, ref_id: str | None, reused: int | None, identity: Any) -> IdentityCheck:
+    turn = next((t for t in meta.turns if t.index == index), None)
+    if ref_id is None:
+        return identity.missing_reference(reused, "the plan names no cold cell for this turn")
+    if ref_meta is None:
+        return identity.missing_reference(reused, f"cold cell {ref_id} has no record (not run)")
+    ref_turn = next((t for t in ref_meta.turns if t.index == 0), None)
+    if turn is None or not _turn_ok(turn):
+        why = turn.error if turn is not None and turn.error else "the turn failed"
+        return identity.failed(reused, ref_id, f"no output to compare: {why}")
+    if ref_turn is None or not _turn_ok(ref_turn):
+        why = ref_turn.error if ref_turn is not None and ref_turn.error else "it failed"
+        return identity.failed(reused, ref_id, f"cold cell {ref_id} has no output: {why}")
+    if turn.prompt_sha256 and ref_turn.prompt_sha256 and turn.prompt_sha256 != ref_turn.prompt_sha256:
+        return identity.failed(reused, ref_id, f"cold cell {ref_id} ran a different prompt (sha256 differs)")
+    return identity.compare(
+        turn.completion.text,
+        turn.completion.tokens,
+        ref_turn.completion.text,
+        ref_turn.completion.tokens,
+        reused_tokens=reused,
+        reference_cell=ref_id,
+        reference_turn=0,
+    )

@@ -1,0 +1,825 @@
+"""Engine log → typed checkpoint lifecycle events, streamed.
+
+    parse(source, family, extra_patterns=()) -> ParsedLog          all events, counters, samples
+    iter_events(source, family, extra_patterns=(), stats=None)     the same, one event at a time
+
+``source`` is a path (read in binary blocks: memory stays O(1) in the file size) or an iterable
+of lines (``str`` or ``bytes``). Bytes are decoded with ``errors="replace"``; NUL and ``\\r`` are
+dropped; a line longer than ``MAX_LINE`` bytes is judged on its first ``MAX_LINE`` bytes.
+
+How a line is read
+------------------
+The message is recognised by its words, never by the 12-character function name or the level
+letter (both change between builds). A line is split at every ``id N | task M |`` slot prefix
+(two lines that interleaved into one yield two messages); the text before the first prefix is a
+message too when it starts the line (after a timestamp) or follows a broken prefix (``... | ``).
+Fields are read as ``name = value`` pairs wherever they stand, so builds that print fewer
+fields (older upstream: no ``n_tokens`` before b8157, no ``n_past``/``pos_next`` before b8400;
+ik_llama.cpp: no ``n_tokens``, ``took X ms`` before the parenthesis) parse with the same rules.
+A checkpoint line without ``n_tokens`` gets ``pos_max + 1`` (a hybrid checkpoint at ``pos_max``
+covers ``pos_max + 1`` tokens) and ``n_tokens_derived=True``.
+
+``prompt eval time`` lines printed without a slot prefix (``print_timing`` prints its header
+line, then the timings on the next lines; ik's stdout lines may come in between) take the slot
+and task of the nearest preceding ``print_timing`` line. ``llama_perf_context_print`` lines
+(process totals at exit) are not turn timings and are skipped.
+
+Speed: a block is searched for a handful of trigger words with ``bytes.find`` (C speed); only
+the lines holding one are decoded and matched against regular expressions.
+
+Unknown lines: a line holding a trigger word (``checkpoint``, ``memory_seq_rm``, ...) that no
+pattern explains, including one cut short, is counted in ``ParsedLog.unknown_count`` with a few
+samples; it is never fatal. Lines without a trigger word are not events and not unknown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "reference", "none")
+
+BLOCK_SIZE = 8 << 20
+MAX_LINE = 1 << 20
+MAX_SAMPLES = 5
+SAMPLE_CHARS = 240
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One lifecycle line. ``line`` is 1-based; ``offset`` is the byte offset of the line start."""
+
+    kind: ClassVar[str] = ""
+    line: int
+    offset: int
+    slot: int | None = None
+    task: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"kind": self.kind}
+        data.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        return data
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointEvent(Event):
+    pos_min: int
+    pos_max: int
+    n_tokens: int  # tokens the checkpoint covers
+    n_tokens_derived: bool = False  # True: the line had no n_tokens; pos_max + 1 was used
+    size_mib: float | None = None
+    took_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointCreated(CheckpointEvent):
+    kind: ClassVar[str] = "created"
+    index: int | None = None  # "created context checkpoint <index> of <capacity>"
+    capacity: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointRestored(CheckpointEvent):
+    kind: ClassVar[str] = "restored"
+    n_past: int | None = None  # where prefill re-enters (None: not printed by this build)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointErased(CheckpointEvent):
+    """``erased invalidated context checkpoint``: the erase cascade after a restore/reset."""
+
+    kind: ClassVar[str] = "erased_invalidated"
+    n_swa: int | None = None
+    pos_next: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointErasedOld(CheckpointEvent):
+    """``erasing old context checkpoint``: the ring was full."""
+
+    kind: ClassVar[str] = "erased_old"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointErasedTooClose(CheckpointEvent):
+    """``erasing context checkpoint too close to an earlier one`` (``--checkpoint-min-step``)."""
+
+    kind: ClassVar[str] = "erased_too_close"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointSuperseded(Event):
+    """``superseding context checkpoint at n_tokens = N``: replaced by a new one at N."""
+
+    kind: ClassVar[str] = "erased_superseded"
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForcedReprocessing(Event):
+    kind: ClassVar[str] = "forced"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewPrompt(Event):
+    kind: ClassVar[str] = "new_prompt"
+    n_ctx_slot: int | None = None
+    n_keep: int | None = None
+    n_tokens: int | None = None  # task.n_tokens (n_prompt_tokens in older builds)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheTrim(Event):
+    """``cached n_tokens = N, memory_seq_rm [p0, end)``: the slot keeps N tokens (N = n_past)."""
+
+    kind: ClassVar[str] = "cache_trim"
+    n_past: int
+    p0: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptEval(Event):
+    """``prompt eval time = X ms / N tokens``: N = tokens actually processed."""
+
+    kind: ClassVar[str] = "prompt_eval"
+    ms: float
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotSelected(Event):
+    kind: ClassVar[str] = "slot_selected"
+    method: str  # "lcs", "lcp", "lru", "id", ...
+    similarity: float | None = None
+    f_keep: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptCacheSaved(Event):
+    kind: ClassVar[str] = "cache_saved"
+    n_tokens: int | None = None
+    n_checkpoints: int | None = None
+    size_mib: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptCacheLoaded(Event):
+    kind: ClassVar[str] = "cache_loaded"
+    n_tokens: int | None = None
+    n_checkpoints: int | None = None
+    f_keep: float | None = None
+    similarity: float | None = None
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        CheckpointCreated,
+        CheckpointRestored,
+        CheckpointErased,
+        CheckpointErasedOld,
+        CheckpointErasedTooClose,
+        CheckpointSuperseded,
+        ForcedReprocessing,
+        NewPrompt,
+        CacheTrim,
+        PromptEval,
+        SlotSelected,
+        PromptCacheSaved,
+        PromptCacheLoaded,
+    )
+}
+EVENT_KINDS = tuple(EVENT_TYPES)
+
+
+# --------------------------------------------------------------------------- extra patterns
+
+
+@dataclass(frozen=True)
+class ExtraPattern:
+    """A matrix-declared line shape for another fork: named groups become the event's fields.
+
+    ``contains`` is the literal a line must hold before the regex is tried (the prefilter);
+    by default the longest plain run of the regex. Groups ``slot``/``task`` set the slot and
+    task; other groups are converted to int or float when they look like numbers.
+    """
+
+    kind: str
+    regex: str
+    contains: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_TYPES:
+            raise ValueError(f"extra log pattern: unknown event kind {self.kind!r} (one of {', '.join(EVENT_KINDS)})")
+        re.compile(self.regex)
+
+    @classmethod
+    def from_regex(cls, regex: str) -> "ExtraPattern":
+        """A matrix `log_patterns` entry: the event kind is the name of an (often empty) named
+        group, e.g. ``(?P<restored>)ckpt restore pos=(?P<pos_min>\\d+)-(?P<pos_max>\\d+)``."""
+        kinds = [g for g in re.compile(regex).groupindex if g in EVENT_TYPES]
+        if len(kinds) != 1:
+            raise ValueError(
+                f"log pattern {regex!r}: name exactly one group after the event kind it reports "
+                f"(one of {', '.join(EVENT_KINDS)}), e.g. (?P<restored>)"
+            )
+        return cls(kinds[0], regex)
+
+    def trigger(self) -> bytes:
+        if self.contains:
+            return self.contains.encode()
+        runs = re.findall(r"(?:[A-Za-z0-9_,:;'\"/-]| (?![*+?{]))+", re.sub(r"\\.|\(\?P?<\w+>|\[[^\]]*\]", "\x00", self.regex))
+        best = max((r.strip() for r in runs), key=len, default="")
+        if len(best) < 3:
+            raise ValueError(f"extra log pattern {self.regex!r}: give `contains`, a literal every line holds")
+        return best.encode()
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class ParseStats:
+    """Counters filled while events stream out (read them after the iterator is exhausted)."""
+
+    family: str = "llama.cpp"
+    lines: int = 0
+    bytes: int = 0
+    candidate_lines: int = 0  # lines holding a trigger word
+    unknown_count: int = 0
+    unknown_samples: list[tuple[int, str]] = field(default_factory=list)  # (line, text)
+    ignored_count: int = 0  # known lines that are not events (e.g. `checking checkpoint with`)
+    overlong_lines: int = 0
+    kinds: Counter = field(default_factory=Counter)
+
+    def unknown(self, line_no: int, text: str) -> None:
+        self.unknown_count += 1
+        if len(self.unknown_samples) < MAX_SAMPLES:
+            self.unknown_samples.append((line_no, text[:SAMPLE_CHARS]))
+
+
+@dataclass
+class ParsedLog:
+    family: str
+    events: list[Event]
+    lines: int
+    bytes: int
+    unknown_count: int
+    unknown_samples: list[tuple[int, str]]
+    ignored_count: int
+    overlong_lines: int
+    counts: dict[str, int]
+
+    def of(self, *kinds: str) -> list[Event]:
+        return [e for e in self.events if e.kind in kinds]
+
+    def between(self, start: int, end: int) -> list[Event]:
+        """Events whose line starts in the byte span [start, end)."""
+        return [e for e in self.events if start <= e.offset < end]
+
+
+def parse(
+    source: str | os.PathLike[str] | Iterable[str | bytes],
+    family: str = "llama.cpp",
+    extra_patterns: Sequence[ExtraPattern] = (),
+) -> ParsedLog:
+    stats = ParseStats(family=family)
+    events = list(iter_events(source, family, extra_patterns, stats))
+    return ParsedLog(
+        family=family,
+        events=events,
+        lines=stats.lines,
+        bytes=stats.bytes,
+        unknown_count=stats.unknown_count,
+        unknown_samples=list(stats.unknown_samples),
+        ignored_count=stats.ignored_count,
+        overlong_lines=stats.overlong_lines,
+        counts=dict(stats.kinds),
+    )
+
+
+def iter_events(
+    source: str | os.PathLike[str] | Iterable[str | bytes],
+    family: str = "llama.cpp",
+    extra_patterns: Sequence[ExtraPattern] = (),
+    stats: ParseStats | None = None,
+) -> Iterator[Event]:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown log family {family!r} (one of {', '.join(FAMILIES)})")
+    stats = stats if stats is not None else ParseStats(family=family)
+    stats.family = family
+    if family == "none":
+        return
+    scanner = _Scanner(stats, [(p.trigger(), p, re.compile(p.regex)) for p in extra_patterns])
+    for block in _blocks(source):
+        yield from scanner.scan(block)
+    if scanner.pending:
+        yield from scanner.scan(b"", final=True)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _blocks(source: str | os.PathLike[str] | Iterable[str | bytes]) -> Iterator[bytes]:
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, "rb") as fh:
+            while chunk := fh.read(BLOCK_SIZE):
+                yield chunk
+        return
+    batch: list[bytes] = []
+    size = 0
+    for line in source:
+        data = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else bytes(line)
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        batch.append(data)
+        size += len(data)
+        if size >= BLOCK_SIZE:
+            yield b"".join(batch)
+            batch, size = [], 0
+    if batch:
+        yield b"".join(batch)
+
+
+# Words that make a line worth decoding. Every event's text holds one of them.
+_TRIGGERS = (
+    b"checkpoint",
+    b"forcing full prompt",
+    b"new prompt,",
+    b"memory_seq_rm",
+    b"kv cache rm",
+    b"prompt eval time",
+    b"selected slot by",
+    b"prompt cache",
+    b"saving prompt with length",
+    b"found better prompt",
+)
+
+# Known lines with a trigger word that carry no event.
+_BENIGN = (
+    "checking checkpoint with",
+    "tokens since last checkpoint",
+    "context checkpoints enabled",
+    "context checkpoints disabled",
+    "speculative checkpoint",
+    "speculative decoding will use checkpoints",
+    "restore checkpoint)",
+    "prompt cache is enabled",
+    "prompt cache is disabled",
+    "updating prompt cache",
+    "prompt cache update took",
+    "to disable the prompt cache",
+    "to enable it",
+    "saving idle slot to prompt cache",
+    "idle slots will be saved",
+    "failed to load prompt from cache",
+    "do_checkpoint",
+    "n_ctx_checkpoints",
+    "ctx_checkpoints",
+    "ctx-checkpoints",
+    "checkpoint_min_step",
+    "checkpoint-min-step",
+    "cache_ram",
+)
+
+_PREFIX = re.compile(r"\bid\s+(-?\d+)\s*\|\s*task\s+(-?\d+)\s*\|")
+_TIMING_HEADER = re.compile(rb"\bid\s+(-?\d+)\s*\|\s*task\s+(-?\d+)\s*\|")
+_FIELD = re.compile(r"([A-Za-z_][\w.]*)\s*=\s*(-?\d+(?:\.\d+)?)")
+_TOOK = re.compile(r"took\s+(-?\d+(?:\.\d+)?)\s*ms")
+_CREATED_NUM = re.compile(r"created context checkpoint\s+(\d+)\s+of\s+(\d+)")
+_TRIM = re.compile(r"(?:cached n_tokens|n_tokens|n_past)\s*=\s*(\d+)\s*,\s*memory_seq_rm\s*\[\s*(\d+)\s*,\s*end\)")
+_TRIM_P0 = re.compile(r"(?:memory_seq_rm|kv cache rm)\s*\[\s*(?:p0\s*=\s*)?(\d+)\s*,\s*end\)")
+_EVAL = re.compile(r"prompt eval time\s*=\s*(\d+(?:\.\d+)?)\s*ms\s*/\s*(\d+)\s*tokens")
+_SELECTED = re.compile(r"selected slot by\s+([A-Za-z]+)")
+_SAVE_LEN = re.compile(r"saving prompt with length\s+(\d+)")
+# What may stand before a message on a line without a slot prefix: timestamps, a level word,
+# and one `name:` tag (`srv  prompt_save:`, `llama_perf...:` is excluded elsewhere).
+_TIMESTAMP_HEAD = re.compile(
+    r"(?:[\s\d\-:.,/+|\[\]TZ]|\b[IWEDN]\b|\b(?:INFO|WARN|ERROR|DEBUG|TRACE)\b)*"
+    r"(?:(?:srv|slot|main|server)?\s*[A-Za-z_][\w ()]{0,30}:)?[\s\-]*"
+)
+_ANSI = re.compile(r"\x1b\[[\d;]*m")
+
+
+class _Scanner:
+    """Carries a partial last line, line numbers and offsets from one block to the next."""
+
+    def __init__(self, stats: ParseStats, extra: list[tuple[bytes, ExtraPattern, re.Pattern[str]]]):
+        self.stats = stats
+        self.extra = extra
+        self.triggers = _TRIGGERS + tuple(t for t, _, _ in extra)
+        self.pending = b""  # partial last line of the previous block
+        self.offset = 0  # byte offset of the start of `pending`
+        self.line_no = 0  # lines completed so far
+        self.timing_context = b""  # tail of earlier text, to find a print_timing header
+        self.skipping = False  # inside an overlong line whose head was already judged
+
+    def scan(self, chunk: bytes, final: bool = False) -> Iterator[Event]:
+        if self.skipping:  # the rest of an overlong line, already judged on its head
+            nl = chunk.find(b"\n")
+            if nl == -1:
+                self._advance(len(chunk), 0)
+                return
+            self._advance(nl + 1, 0)
+            chunk = chunk[nl + 1 :]
+            self.skipping = False
+        block = self.pending + chunk if self.pending else chunk
+        end = len(block) if final else block.rfind(b"\n") + 1
+        body, self.pending = block[:end], block[end:]
+        if body:
+            base_offset, base_line = self.offset, self.line_no
+            lines = body.count(b"\n") + (0 if body.endswith(b"\n") else 1)
+            self._advance(len(body), lines)
+            yield from self._scan_body(body, base_offset, base_line)
+            self.timing_context = body[-4096:]
+        if len(self.pending) > MAX_LINE:
+            # judge an overlong line on its first MAX_LINE bytes, skip the rest
+            head, base_offset, base_line = self.pending[:MAX_LINE], self.offset, self.line_no
+            self._advance(len(self.pending), 1)
+            self.pending, self.skipping = b"", True
+            yield from self._scan_body(head, base_offset, base_line)
+
+    def _advance(self, nbytes: int, lines: int) -> None:
+        self.offset += nbytes
+        self.stats.bytes += nbytes
+        self.line_no += lines
+        self.stats.lines += lines
+
+    def _line_starts(self, body: bytes) -> list[int]:
+        starts: set[int] = set()
+        find, rfind = body.find, body.rfind
+        for word in self.triggers:
+            i = find(word)
+            while i != -1:
+                start = rfind(b"\n", 0, i) + 1
+                starts.add(start)
+                nl = find(b"\n", i)
+                if nl == -1:
+                    break
+                i = find(word, nl)
+        return sorted(starts)
+
+    def _scan_body(self, body: bytes, base_offset: int, base_line: int) -> Iterator[Event]:
+        counted_to, line_no = 0, base_line
+        for start in self._line_starts(body):
+            line_no += body.count(b"\n", counted_to, start)
+            counted_to = start
+            nl = body.find(b"\n", start)
+            stop = len(body) if nl == -1 else nl
+            if stop - start > MAX_LINE:
+                self.stats.overlong_lines += 1
+                stop = start + MAX_LINE
+            raw = body[start:stop]
+            self.stats.candidate_lines += 1
+            m = _FAST_CHECKPOINT.search(raw)
+            if m is not None and m.end() == len(raw):
+                ev = _fast_checkpoint(m, line_no + 1, base_offset + start)
+                self.stats.kinds[ev.kind] += 1
+                yield ev
+                continue
+            if _BENIGN_FAST.search(raw) is not None and raw.count(b"| task") <= 1:
+                self.stats.ignored_count += 1  # e.g. `checking checkpoint with [a, b] against n`
+                continue
+            yield from self._line(raw, line_no + 1, base_offset + start, body, start)
+
+    # ----------------------------------------------------------------- one line
+
+    def _line(self, raw: bytes, line_no: int, offset: int, body: bytes, start: int) -> Iterator[Event]:
+        text = raw.decode("utf-8", "replace")
+        if "\x00" in text or "\r" in text:
+            text = text.replace("\x00", "").replace("\r", " ")
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        for extra_trigger, pattern, rx in self.extra:
+            if extra_trigger in raw:
+                m = rx.search(text)
+                if m:
+                    ev = _extra_event(pattern, m, line_no, offset)
+                    if ev is not None:
+                        self._count(ev)
+                        yield ev
+                        return
+        understood = False
+        for slot, task, message, headless in _segments(text):
+            ev, known = self._message(message, slot, task, headless, line_no, offset, body, start)
+            if ev is not None:
+                self._count(ev)
+                understood = True
+                yield ev
+            elif known:
+                understood = True
+        if not understood:
+            low = text.lower()
+            if "llama_perf" in low or "perf_context_print" in low or any(b in low for b in _BENIGN):
+                self.stats.ignored_count += 1
+            elif any(w.decode() in text for w in self.triggers):
+                self.stats.unknown(line_no, text)
+            else:
+                self.stats.ignored_count += 1  # trigger word was split by NUL/CR removal
+
+    def _count(self, ev: Event) -> None:
+        self.stats.kinds[ev.kind] += 1
+
+    def _message(
+        self,
+        message: str,
+        slot: int | None,
+        task: int | None,
+        headless: bool,
+        line_no: int,
+        offset: int,
+        body: bytes,
+        start: int,
+    ) -> tuple[Event | None, bool]:
+        """(event, known): known=True for a benign line that is understood but not an event."""
+        msg = message.lstrip(" -")
+        if headless:
+            pos = _first_phrase(msg)
+            if pos is None:
+                return None, False
+            head = msg[:pos]
+            if head and (len(head) > 160 or not (_TIMESTAMP_HEAD.fullmatch(head) or head.rstrip().endswith("|"))):
+                return None, False  # the phrase stands inside other text (a prompt dump)
+            msg = msg[pos:]
+        common = {"line": line_no, "offset": offset, "slot": slot, "task": task}
+        try:
+            return _build(msg, common, self, body, start), False
+        except _Benign:
+            return None, True
+        except (ValueError, KeyError):
+            return None, False
+
+    def timing_owner(self, body: bytes, start: int) -> tuple[int | None, int | None]:
+        """Slot and task of the nearest `print_timing` line before `start`."""
+        i = body.rfind(b"print_timing", max(0, start - 16384), start)
+        if i != -1:
+            hay = body[i : body.find(b"\n", i) if body.find(b"\n", i) != -1 else len(body)]
+        else:
+            j = self.timing_context.rfind(b"print_timing")
+            if j == -1:
+                return None, None
+            hay = self.timing_context[j:]
+        m = _TIMING_HEADER.search(hay)
+        return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+# The common b11434 / reference-engine checkpoint lines, whole, in one match: the fast path.
+# Anything else (older builds, forks, damaged lines) goes through the tolerant path.
+_FAST_CHECKPOINT = re.compile(
+    rb"\bid +(\d+) \| task (\d+) \| (created|restored|erased invalidated|erasing old) context checkpoint "
+    rb"(?:(\d+) of (\d+) )?\(pos_min = (\d+), pos_max = (\d+), n_tokens = (\d+)"
+    rb"(?:, n_past = (\d+))?(?:, n_swa = (\d+), pos_next = (\d+))?, size = (\d+\.\d+) MiB"
+    rb"(?:, took (\d+\.\d+) ms)?\)[ \t\r]*"
+)
+
+
+# Benign trace lines that are frequent enough to deserve a reject before decoding.
+_BENIGN_FAST = re.compile(rb"\| (?:[Cc]hecking checkpoint with \[|\d+ tokens since last checkpoint)")
+
+
+def _fast_checkpoint(m: re.Match[bytes], line_no: int, offset: int) -> Event:
+    slot, task, what, index, capacity, pos_min, pos_max, n_tokens, n_past, n_swa, pos_next, size, took = m.groups()
+    took_ms = float(took) if took is not None else None
+    if what == b"created":
+        return CheckpointCreated(
+            line=line_no, offset=offset, slot=int(slot), task=int(task), pos_min=int(pos_min),
+            pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
+            index=int(index) if index is not None else None,
+            capacity=int(capacity) if capacity is not None else None,
+        )
+    if what == b"restored":
+        return CheckpointRestored(
+            line=line_no, offset=offset, slot=int(slot), task=int(task), pos_min=int(pos_min),
+            pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
+            n_past=int(n_past) if n_past is not None else None,
+        )
+    if what == b"erased invalidated":
+        return CheckpointErased(
+            line=line_no, offset=offset, slot=int(slot), task=int(task), pos_min=int(pos_min),
+            pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
+            n_swa=int(n_swa) if n_swa is not None else None,
+            pos_next=int(pos_next) if pos_next is not None else None,
+        )
+    return CheckpointErasedOld(
+        line=line_no, offset=offset, slot=int(slot), task=int(task), pos_min=int(pos_min),
+        pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
+    )
+
+
+class _Benign(Exception):
+    """A line with a trigger word that is known and carries no event."""
+
+
+_PHRASES = (
+    "created context checkpoint",
+    "restored context checkpoint",
+    "erased invalidated context checkpoint",
+    "erasing old context checkpoint",
+    "erasing context checkpoint too close",
+    "superseding context checkpoint",
+    "forcing full prompt re-processing",
+    "new prompt,",
+    "cached n_tokens",
+    "n_tokens = ",
+    "n_past = ",
+    "kv cache rm",
+    "prompt eval time",
+    "selected slot by",
+    "prompt cache:",
+    "saving prompt with length",
+    "found better prompt",
+)
+
+
+def _first_phrase(msg: str) -> int | None:
+    best = None
+    for phrase in _PHRASES:
+        i = msg.find(phrase)
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best
+
+
+def _segments(text: str) -> Iterator[tuple[int | None, int | None, str, bool]]:
+    """(slot, task, message, headless) for each message of a physical line."""
+    prefixes = list(_PREFIX.finditer(text))
+    if not prefixes:
+        yield None, None, text, True
+        return
+    head = text[: prefixes[0].start()]
+    if any(p in head for p in _PHRASES):
+        yield None, None, head, True
+    for k, m in enumerate(prefixes):
+        stop = prefixes[k + 1].start() if k + 1 < len(prefixes) else len(text)
+        task = int(m.group(2))
+        yield int(m.group(1)), (task if task >= 0 else None), text[m.end() : stop], False
+
+
+def _fields(msg: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in _FIELD.findall(msg):
+        out.setdefault(key, value)
+    return out
+
+
+def _checkpoint_fields(msg: str, require_end: bool = True) -> dict[str, Any]:
+    if require_end and ")" not in msg:
+        raise ValueError("truncated checkpoint line")
+    f = _fields(msg)
+    pos_min, pos_max = int(f["pos_min"]), int(f["pos_max"])
+    took = _TOOK.search(msg)
+    out: dict[str, Any] = {
+        "pos_min": pos_min,
+        "pos_max": pos_max,
+        "size_mib": float(f["size"]) if "size" in f else None,
+        "took_ms": float(took.group(1)) if took else None,
+    }
+    if "n_tokens" in f:
+        out["n_tokens"] = int(f["n_tokens"])
+    else:
+        out["n_tokens"], out["n_tokens_derived"] = pos_max + 1, True
+    out["_f"] = f
+    return out
+
+
+def _opt_int(f: dict[str, str], *keys: str) -> int | None:
+    for k in keys:
+        if k in f:
+            return int(float(f[k]))
+    return None
+
+
+def _opt_float(f: dict[str, str], *keys: str) -> float | None:
+    for k in keys:
+        if k in f:
+            return float(f[k])
+    return None
+
+
+def _build(msg: str, common: dict[str, Any], scanner: _Scanner, body: bytes, start: int) -> Event | None:
+    if msg.startswith("created context checkpoint"):
+        c = _checkpoint_fields(msg)
+        c.pop("_f")
+        m = _CREATED_NUM.match(msg)
+        return CheckpointCreated(
+            **common, **c, index=int(m.group(1)) if m else None, capacity=int(m.group(2)) if m else None
+        )
+    if msg.startswith("restored context checkpoint"):
+        c = _checkpoint_fields(msg)
+        f = c.pop("_f")
+        return CheckpointRestored(**common, **c, n_past=_opt_int(f, "n_past"))
+    if msg.startswith("erased invalidated context checkpoint"):
+        c = _checkpoint_fields(msg)
+        f = c.pop("_f")
+        return CheckpointErased(**common, **c, n_swa=_opt_int(f, "n_swa"), pos_next=_opt_int(f, "pos_next"))
+    if msg.startswith("erasing old context checkpoint"):
+        c = _checkpoint_fields(msg)
+        c.pop("_f")
+        return CheckpointErasedOld(**common, **c)
+    if msg.startswith("erasing context checkpoint too close"):
+        c = _checkpoint_fields(msg)
+        c.pop("_f")
+        return CheckpointErasedTooClose(**common, **c)
+    if msg.startswith("superseding context checkpoint"):
+        return CheckpointSuperseded(**common, n_tokens=int(_fields(msg)["n_tokens"]))
+    if msg.startswith("forcing full prompt re-processing"):
+        return ForcedReprocessing(**common)
+    if msg.startswith("new prompt,"):
+        f = _fields(msg)
+        n = _opt_int(f, "task.n_tokens", "n_prompt_tokens", "n_tokens")
+        if n is None:
+            raise ValueError("new prompt without its token count")
+        return NewPrompt(**common, n_ctx_slot=_opt_int(f, "n_ctx_slot"), n_keep=_opt_int(f, "n_keep"), n_tokens=n)
+    if "memory_seq_rm" in msg or "kv cache rm" in msg:
+        m = _TRIM.search(msg)
+        if m:
+            return CacheTrim(**common, n_past=int(m.group(1)), p0=int(m.group(2)))
+        m = _TRIM_P0.search(msg)
+        if m:
+            return CacheTrim(**common, n_past=int(m.group(1)), p0=int(m.group(1)))
+        raise ValueError("cache trim without positions")
+    if msg.startswith("prompt eval time"):
+        m = _EVAL.match(msg)
+        if not m:
+            raise ValueError("truncated prompt eval line")
+        if common["task"] is None:
+            common["slot"], common["task"] = scanner.timing_owner(body, start)
+        return PromptEval(**common, ms=float(m.group(1)), n_tokens=int(m.group(2)))
+    if msg.startswith("selected slot by"):
+        m = _SELECTED.match(msg)
+        f = _fields(msg)
+        return SlotSelected(
+            **common,
+            method=m.group(1).lower() if m else "?",
+            similarity=_opt_float(f, "similarity", "f_sim_best", "sim_best", "f_sim"),
+            f_keep=_opt_float(f, "f_keep"),
+        )
+    if msg.startswith("prompt cache:"):
+        f = _fields(msg)
+        rest = msg[len("prompt cache:") :].lstrip()
+        if rest.startswith("saved"):
+            return PromptCacheSaved(
+                **common,
+                n_tokens=_opt_int(f, "n_tokens"),
+                n_checkpoints=_opt_int(f, "checkpoints"),
+                size_mib=_opt_float(f, "size"),
+            )
+        if rest.startswith("loaded"):
+            return PromptCacheLoaded(
+                **common,
+                n_tokens=_opt_int(f, "n_tokens"),
+                n_checkpoints=_opt_int(f, "checkpoints"),
+                f_keep=_opt_float(f, "f_keep"),
+                similarity=_opt_float(f, "sim", "f_sim"),
+            )
+        raise ValueError("unknown prompt cache line")
+    if msg.startswith("saving prompt with length"):
+        m = _SAVE_LEN.match(msg)
+        f = _fields(msg)
+        return PromptCacheSaved(**common, n_tokens=int(m.group(1)) if m else None, size_mib=_opt_float(f, "size"))
+    if msg.startswith("found better prompt"):
+        f = _fields(msg)
+        return PromptCacheLoaded(**common, f_keep=_opt_float(f, "f_keep"), similarity=_opt_float(f, "f_sim", "sim"))
+    low = msg.lower()
+    if any(b in low for b in _BENIGN):
+        raise _Benign()
+    raise ValueError("not an event")
+
+
+def _extra_event(pattern: ExtraPattern, m: re.Match[str], line_no: int, offset: int) -> Event | None:
+    cls = EVENT_TYPES[pattern.kind]
+    groups = {k: _number(v) for k, v in m.groupdict().items() if v is not None and k not in EVENT_TYPES}
+    kwargs: dict[str, Any] = {
+        "line": line_no,
+        "offset": offset,
+        "slot": groups.pop("slot", None),
+        "task": groups.pop("task", None),
+    }
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs.update({k: v for k, v in groups.items() if k in names})
+    if issubclass(cls, CheckpointEvent) and "n_tokens" not in kwargs and "pos_max" in kwargs:
+        kwargs["n_tokens"], kwargs["n_tokens_derived"] = kwargs["pos_max"] + 1, True
+    if issubclass(cls, SlotSelected):
+        kwargs.setdefault("method", "pattern")
+    try:
+        return cls(**kwargs)
+    except TypeError:
+        return None
+
+
+def _number(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
