@@ -466,10 +466,28 @@ class _LineList(list):
     item_lines: list[int]
 
 
-class _LineLoader(yaml.SafeLoader):
+# libyaml's parser when available (10x faster); the constructors below are the same either way.
+_SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LineLoader(_SafeLoader):
     """SafeLoader whose mappings and sequences record where they start; duplicate keys fail."""
 
-    file = "<matrix>"
+    def __init__(self, stream: str, file: str) -> None:
+        super().__init__(stream)
+        self.file = file
+        self.path: list[str] = []  # key path of the value being constructed (for errors)
+
+    def key_path(self, last: Any) -> str:
+        return _join_path([*self.path, last])
+
+
+def _join_path(parts: Iterable[Any]) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) and not isinstance(part, bool) else (
+            f".{part}" if text else str(part))
+    return text
 
 
 def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> _LineMap:
@@ -481,21 +499,28 @@ def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> _LineMap:
         key = loader.construct_object(key_node, deep=True)
         key_line = key_node.start_mark.line + 1
         if not isinstance(key, (str, int, float, bool)) or key is None:
-            raise MatrixError("a mapping key must be a plain name", file=loader.file, line=key_line)
+            raise MatrixError("a mapping key must be a plain name", file=loader.file, line=key_line,
+                              key_path=_join_path(loader.path))
         if key in result:
             raise MatrixError(
                 f"duplicate key {key!r} (first at line {result.key_lines[key]})",
-                file=loader.file, line=key_line,
+                file=loader.file, line=key_line, key_path=loader.key_path(key),
                 hint="YAML would silently keep only the last one; rename or remove one of them",
             )
+        loader.path.append(str(key))
         result[key] = loader.construct_object(value_node, deep=True)
+        loader.path.pop()
         result.key_lines[key] = key_line
         result.value_lines[key] = value_node.start_mark.line + 1
     return result
 
 
 def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> _LineList:
-    result = _LineList(loader.construct_object(child, deep=True) for child in node.value)
+    result = _LineList()
+    for index, child in enumerate(node.value):
+        loader.path.append(index)
+        result.append(loader.construct_object(child, deep=True))
+        loader.path.pop()
     result.line = node.start_mark.line + 1
     result.item_lines = [child.start_mark.line + 1 for child in node.value]
     return result
@@ -506,8 +531,7 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _co
 
 
 def _parse_yaml(text: str, file: str) -> Any:
-    loader = _LineLoader(text)
-    loader.file = file
+    loader = _LineLoader(text, file)
     try:
         return loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
@@ -533,7 +557,8 @@ class _At:
     line: int | None
 
     def fail(self, message: str, hint: str | None = None, *, line: int | None = None) -> NoReturn:
-        raise MatrixError(message, file=self.file, line=line or self.line, key_path=self.path, hint=hint)
+        # `from None`: a MatrixError is the whole story, even when raised while handling another error.
+        raise MatrixError(message, file=self.file, line=line or self.line, key_path=self.path, hint=hint) from None
 
     def key(self, name: Any, line: int | None) -> _At:
         return _At(self.file, f"{self.path}.{name}" if self.path else str(name), line or self.line)
@@ -557,8 +582,10 @@ def _describe(value: Any) -> str:
 
 
 def _closest_hint(word: str, known: Iterable[str], what: str = "") -> str:
-    known = list(known)
-    close = difflib.get_close_matches(str(word), known, n=1, cutoff=0.6)
+    known = [str(k) for k in known]
+    same_case = [k for k in known if k.lower() == str(word).lower()]
+    prefixed = [k for k in known if k.lower().startswith(str(word).lower())] if word else []
+    close = same_case or difflib.get_close_matches(str(word), known, n=1, cutoff=0.6) or prefixed[:1]
     if close:
         return f"did you mean {close[0]!r}?"
     label = f"known {what}: " if what else "known: "
@@ -746,7 +773,8 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
                                                         "check cells.include / cells.exclude")
     _check_chat_turns(matrix, f["sequences"][1], data["sequences"])
     if "expectations" in f:
-        expectations = tuple(_expectation(v, a, matrix) for v, a in _list(*f["expectations"]))
+        selected = matrix.selected()
+        expectations = tuple(_expectation(v, a, matrix, selected) for v, a in _list(*f["expectations"]))
         matrix = replace(matrix, expectations=expectations)
     return matrix
 
@@ -1104,14 +1132,14 @@ def _identity(value: Any, at: _At) -> Identity:
     )
 
 
-def _expectation(value: Any, at: _At, matrix: Matrix) -> Expectation:
+def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, str, str]]) -> Expectation:
     f = _fields(value, at, "expectation")
     names = {"engine": matrix.engines, "configuration": matrix.configurations, "sequence": matrix.sequences}
     sel_keys = {k: v for k, v in value.items() if k in names}
     sel_map = _LineMap(sel_keys)
     sel_map.line, sel_map.key_lines, sel_map.value_lines = value.line, value.key_lines, value.value_lines
     selection = Selection(**_selection(sel_map, at, "selection", names))
-    cells = [c for c in matrix.selected() if selection.matches(*c)]
+    cells = [c for c in selected if selection.matches(*c)]
     if not cells:
         at.fail("this expectation selects no planned cell", "check its engine/configuration/sequence "
                 "against cells.include / cells.exclude", line=value.line)
@@ -1263,10 +1291,22 @@ def reference_markdown() -> str:
             parts.append(section.doc + "\n")
         parts.append("| key | type | default | meaning |\n|---|---|---|---|")
         for k in section.keys:
-            default = "**required**" if k.required else ("—" if k.default is None else f"`{k.default}`")
-            parts.append(f"| `{k.name}` | {k.type} | {default} | {k.doc} |")
+            cells = (f"`{k.name}`", k.type, _doc_default(k), k.doc)
+            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         parts.append("")
     return "\n".join(parts)
+
+
+def _doc_default(key: Key) -> str:
+    if key.required:
+        return "**required**"
+    if key.default is None:
+        return "—"
+    if isinstance(key.default, bool):
+        return "`true`" if key.default else "`false`"
+    if key.default == "":
+        return '`""`'
+    return f"`{key.default}`"
 
 
 def write_reference(doc_path: str | Path) -> None:

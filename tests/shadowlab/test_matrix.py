@@ -1,0 +1,417 @@
+"""Matrix loading: the shipped matrices load, and every kind of mistake gives one clear error
+naming file, line and key path (and a hint where one helps), never a traceback."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shadowlab import matrix as mx
+from shadowlab.errors import MatrixError
+from shadowlab.matrix import (
+    AppendPrompt,
+    ChatPrompt,
+    DivergePrompt,
+    Selection,
+    UnrelatedPrompt,
+    load,
+    loads,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+BAD = REPO / "tests" / "fixtures" / "matrices"
+DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+BASE = """\
+version: 1
+name: t
+engines:
+  ref:
+    kind: reference
+    model: {preset: tiny, seed: 0}
+    threads: 1
+configurations:
+  plain: {}
+  knob:
+    env: {K: 1}
+prompts:
+  A: {kind: random, tokens: 100, seed: 1}
+  C: {kind: diverge, from: A, shared: 40, tokens: 120, seed: 2}
+  B: {kind: unrelated, tokens: 20, seed: 3}
+  A2: {kind: append, from: A, extra: 10, seed: 4}
+sequences:
+  A-C: [A, C]
+  A-B-C: [A, B, C]
+  app: [A, A2]
+"""
+
+
+def fail(text: str, **kw) -> MatrixError:
+    with pytest.raises(MatrixError) as info:
+        loads(text, file="m.yaml", **kw)
+    return info.value
+
+
+def line_of(text: str, needle: str) -> int:
+    """1-based line of the only line containing needle."""
+    hits = [i for i, line in enumerate(text.splitlines(), 1) if needle in line]
+    assert len(hits) == 1, (needle, hits)
+    return hits[0]
+
+
+# -- the shipped matrix -------------------------------------------------------------------------
+
+
+def test_ckpt_matrix_loads_with_the_case_study_numbers():
+    m = load(REPO / "matrices" / "ckpt.yaml")
+    assert list(m.configurations) == ["defaults", "policy0", "prompt_end", "policy0_prompt_end"]
+    assert m.configurations["policy0"].env == {"PXA_CKPT_PROMPT_POLICY": "0"}
+    a, c, b = m.prompts["A"], m.prompts["C"], m.prompts["B"]
+    assert a.length == 4560
+    assert isinstance(c, DivergePrompt) and (c.source, c.shared, c.length) == ("A", 2531, 4947)
+    assert isinstance(b, UnrelatedPrompt) and b.length == 99 and set(b.unrelated_to) == {"A", "C"}
+    assert isinstance(m.prompts["A_append"], AppendPrompt) and m.prompts["A_append"].length == 4766
+    assert m.prompts["C_first_round"].shared == 1956
+    engine = m.engines["reference"]
+    assert engine.flags == ("-c", "8192", "-b", "2048", "-ub", "512", "--kv-unified",
+                            "--ctx-checkpoints", "64", "-cram", "0", "-np", "1")
+    assert engine.model == mx.ModelSpec("preset", preset="tiny", seed=0)
+    assert engine.threads == 1 and engine.log_family == "reference"
+    assert m.generation.temperature <= 0 and m.generation.n_predict == 16
+    assert m.identity.required and m.identity.control
+    assert m.isolation.gpu is None
+
+
+def test_ckpt_expectations_follow_the_reference_mechanics():
+    """DESIGN §1: POLICY=1 checkpoints at n_tokens L-4-ub, L-4; POLICY=0 adds each -b boundary;
+    a restore re-enters at the newest checkpoint with n_tokens <= the divergence point."""
+    m = load(REPO / "matrices" / "ckpt.yaml")
+    by = {(x.selection.configuration, x.selection.sequence, x.turn): x for x in m.expectations}
+    L, ub, b = 4560, 512, 2048
+    assert set(by["defaults", "A-C", "A"].checkpoints_created_at) == {L - 4 - ub - 1, L - 4 - 1}
+    assert by["defaults", "A-C", "C"].outcome == ("forced",)
+    assert by["prompt_end", "A-C", "C"].outcome == ("forced",)
+    policy0 = by["policy0*", "A-C", "C"]
+    assert policy0.outcome == ("restored",) and policy0.min_reused == b
+    assert policy0.min_saved_fraction <= b / 4947
+    assert set(by["policy0*", "A-C", "A"].checkpoints_created_at) == {b - 1, 2 * b - 1}
+    assert set(by["*", "A-B-C", "C"].outcome) == {"forced", "silent_reset"}
+    append = by["defaults", "append", "A_append"]
+    assert append.outcome == ("restored",) and append.min_reused == L - 4
+    assert append.min_saved_fraction <= (L - 4) / 4766
+    assert by["policy0", "first-round", "C_first_round"].outcome == ("forced",)
+    assert m.prompts["C_first_round"].shared < b <= m.prompts["C"].shared
+
+
+def test_resolved_matrix_round_trips_through_yaml(tmp_path):
+    m = load(REPO / "matrices" / "ckpt.yaml")
+    resolved = tmp_path / "matrix.yaml"
+    resolved.write_text(yaml.safe_dump(m.to_dict(), sort_keys=False))
+    again = load(resolved)
+    assert again.to_dict() == m.to_dict()
+    assert again.expectations == m.expectations and again.prompts == m.prompts
+
+
+def test_defaults_are_filled():
+    m = loads(BASE, file="m.yaml")
+    assert m.generation == mx.Generation(n_predict=16, temperature=0.0)
+    assert m.isolation == mx.Isolation(cores_per_cell=1, gpu=None, keep_scratch=False, jobs=1)
+    assert m.identity == mx.Identity(required=True, control=True)
+    assert m.cells.include == (Selection(),) and m.expectations == ()
+    e = m.engines["ref"]
+    assert e.binary == "auto" and e.verbosity_flags == ("-lv", "4") and e.ready_timeout_s == 60
+    assert m.prompts["A2"].length == 110
+    assert m.prompts["B"].unrelated_to == ("A",)  # earlier random/unrelated prompts
+
+
+def test_no_configurations_means_one_empty_configuration():
+    text = BASE.split("configurations:")[0] + "prompts:" + BASE.split("prompts:")[1]
+    m = loads(text, file="m.yaml")
+    assert list(m.configurations) == ["default"] and m.configurations["default"].flags == ()
+
+
+# -- bad files: one defect each, expectation in the first line ---------------------------------
+
+
+def _bad_files() -> list[Path]:
+    return sorted(BAD.glob("*.yaml"))
+
+
+def test_there_are_bad_fixtures():
+    assert len(_bad_files()) >= 15
+
+
+@pytest.mark.parametrize("path", _bad_files(), ids=lambda p: p.stem)
+def test_bad_fixture_reports_file_line_path_and_hint(path):
+    header = path.read_text().splitlines()[0]
+    line, key_path, message, hint = (f.strip() for f in header.removeprefix("# expect:").split("|"))
+    with pytest.raises(MatrixError) as info:
+        load(path)
+    err = info.value
+    assert (err.file, err.line, err.key_path) == (str(path), int(line), key_path)
+    assert message in err.message
+    if hint:
+        assert err.hint and hint in err.hint
+    rendered = str(err)
+    assert rendered.startswith(f"{path}:{line}: " + (f"{key_path}: " if key_path else ""))
+    assert "Traceback" not in rendered
+    assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__)
+
+
+def test_rendering_matches_the_documented_shape():
+    err = MatrixError("expected an integer, got 'two'", file="matrices/x.yaml", line=12,
+                      key_path="engines.reference.threads", hint="write 2")
+    assert str(err) == ("matrices/x.yaml:12: engines.reference.threads: expected an integer, got 'two'\n"
+                        "  hint: write 2")
+
+
+# -- more mistakes, inline ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("old, new, needle, path, message, hint", [
+    ("version: 1", "version: 2", "version: 2", "version", "version 2 is not supported", "upgrade"),
+    ("kind: reference", "kind: llama", "kind: llama", "engines.ref.kind",
+     "expected one of reference, llama-server, openai, got 'llama'", "did you mean 'llama-server'?"),
+    ("A: {kind: random", "A: {kind: randm", "A: {kind: randm", "prompts.A.kind", "got 'randm'",
+     "did you mean 'random'?"),
+    ("tokens: 100, seed: 1}", "tokens: 100, sed: 1}", "sed: 1", "prompts.A.sed", "unknown key 'sed'",
+     "did you mean 'seed'?"),
+    ("tokens: 100, seed: 1}", "tokens: 100}", "A: {kind", "prompts.A", "missing required key 'seed'", "seed"),
+    ("from: A, shared", "from: AA, shared", "from: AA", "prompts.C.from", "unknown prompt 'AA'",
+     "did you mean 'A'?"),
+    ("env: {K: 1}", "env: {K: true}", "K: true", "configurations.knob.env.K", "expected a string, got true",
+     "quote it"),
+    ("  knob:\n", "  kn.ob:\n", "kn.ob", "configurations.kn.ob", "cannot be used in a cell id", "no dots"),
+    ("A-B-C: [A, B, C]", "A-B-C: []", "A-B-C: []", "sequences.A-B-C", "at least one prompt", None),
+    ("B: {kind: unrelated, tokens: 20, seed: 3}", "B: {kind: unrelated, tokens: 20, seed: 3, unrelated_to: [Q]}",
+     "unrelated_to", "prompts.B.unrelated_to[0]", "unknown prompt 'Q'", None),
+    ("A2: {kind: append, from: A,", "A2: {kind: append, from: A2,", "A2: {kind", "prompts.A2.from",
+     "cannot be built from itself", None),
+    ("C: {kind: diverge, from: A, shared: 40, tokens: 120, seed: 2}",
+     "C: {kind: diverge, from: A, shared: 40, tokens: 120, seed: 2, endpoint: chat}",
+     "endpoint: chat", "prompts.C.endpoint", "cannot go to the chat endpoint", "kind: chat"),
+    ("    threads: 1", "    threads: 2", "threads: 2", "engines.ref.threads", "exceeds isolation.cores_per_cell",
+     "cores_per_cell"),
+    ("    model: {preset: tiny, seed: 0}", "    model: {preset: tiny, path: x.gguf}", "model:",
+     "engines.ref.model", "exactly one of preset, path, gguf (got preset, path)", None),
+    ("    model: {preset: tiny, seed: 0}", "    model: {preset: tiny, seed: -1}", "model:",
+     "engines.ref.model.seed", "expected an integer ≥ 0, got -1", None),
+    ("    threads: 1", "    threads: 1\n    command: [x, --port, '{prot}']", "command:",
+     "engines.ref.command[2]", "unknown placeholder {prot}", "did you mean 'port'?"),
+    ("    threads: 1", "    threads: 1\n    command: [x, '{model}']", "command:", "engines.ref.command",
+     "never uses {port}", None),
+    ("    threads: 1", "    threads: 1\n    command: [x, '{port']", "command:", "engines.ref.command[1]",
+     "bad template", None),
+    ("    threads: 1", "    threads: 1\n    log_family: ik", "log_family", "engines.ref.log_family",
+     "got 'ik'", None),
+    ("    threads: 1", "    threads: 1\n    ready_timeout_s: 0", "ready_timeout_s", "engines.ref.ready_timeout_s",
+     "positive number", None),
+    ("    threads: 1", "    threads: 1\n    binary: no-such-engine-binary-xyz", "binary", "engines.ref.binary",
+     "is not on PATH", "auto"),
+    ("    threads: 1", "    threads: 1\n    binary: ./bin/none", "binary", "engines.ref.binary",
+     "binary './bin/none' does not exist", None),
+])
+def test_inline_mistakes(old, new, needle, path, message, hint):
+    assert old in BASE
+    text = BASE.replace(old, new, 1)
+    err = fail(text)
+    assert err.line == line_of(text, needle), str(err)
+    assert err.key_path == path, str(err)
+    assert message in err.message, str(err)
+    if hint:
+        assert err.hint and hint in err.hint, str(err)
+
+
+@pytest.mark.parametrize("tail, needle, path, message", [
+    ("isolation: {gpu: cuda}", "gpu", "isolation.gpu", "expected none or a device index"),
+    ("isolation: {jobs: 0}", "jobs", "isolation.jobs", "expected an integer ≥ 1, got 0"),
+    ("identity: {required: yes please}", "required", "identity.required", "expected true or false"),
+    ("generation: {n_predict: 16.5}", "n_predict", "generation.n_predict", "expected an integer, got 16.5"),
+    ("cells: {exclude: [{sequence: '*'}]}", "cells:", "cells", "selects no cells"),
+    ("cells: {include: [{sequence: 'X*'}]}", "cells:", "cells.include[0].sequence", "'X*' matches no sequence"),
+    ("expectations: [{sequence: A-C, turn: C, outcome: restord}]", "expectations",
+     "expectations[0].outcome", "got 'restord'"),
+    ("expectations: [{sequence: A-C, turn: C}]", "expectations", "expectations[0]", "at least one check"),
+    ("expectations: [{sequence: A-C, turn: 2, outcome: forced}]", "expectations", "expectations[0].turn",
+     "turn 2 is past the end of sequence 'A-C'"),
+    ("expectations: [{sequence: nope, outcome: forced}]", "expectations", "expectations[0].sequence",
+     "'nope' matches no sequence"),
+    ("expectations: [{sequence: A-C, min_saved_fraction: 41.4}]", "expectations",
+     "expectations[0].min_saved_fraction", "between 0 and 1"),
+    ("expectations: [{sequence: A-C, turn: Z, outcome: forced}]", "expectations", "expectations[0].turn",
+     "unknown prompt 'Z'"),
+    ("expectations: [{sequence: A-C, outcome: forced, turns: 1}]", "expectations", "expectations[0].turns",
+     "unknown key 'turns'"),
+    ("cells: {exclude: [{sequence: A-C}]}\nexpectations: [{sequence: A-C, outcome: forced}]",
+     "expectations", "expectations[0]", "selects no planned cell"),
+])
+def test_mistakes_in_settings_and_expectations(tail, needle, path, message):
+    text = BASE + tail + "\n"
+    err = fail(text)
+    assert err.line == line_of(text, needle), str(err)
+    assert err.key_path == path, str(err)
+    assert message in err.message, str(err)
+
+
+def test_a_section_of_the_wrong_type():
+    err = fail("version: 1\nname: t\nengines: [ref]\nprompts: {}\nsequences: {}\n")
+    assert (err.line, err.key_path) == (3, "engines")
+    assert "expected a mapping of engine name → definition, got a list" in err.message
+
+
+def test_prompt_cycle_is_reported():
+    text = BASE.replace("A: {kind: random, tokens: 100, seed: 1}",
+                        "A: {kind: append, from: A2, extra: 5, seed: 1}")
+    err = fail(text)
+    assert "cycle" in err.message and "A → A2 → A" in err.message
+
+
+def test_chat_rules():
+    chat = BASE + """\
+  talk: [T1, T2]
+"""
+    chat = chat.replace("sequences:", """\
+  T1:
+    kind: chat
+    messages: [{role: user, content: hi}]
+  T2:
+    kind: chat
+    messages:
+      - {role: user, content: hi}
+      - {role: assistant, content: {from_turn: 0}}
+      - {role: user, content: more}
+sequences:""")
+    m = loads(chat, file="m.yaml")
+    t2 = m.prompts["T2"]
+    assert isinstance(t2, ChatPrompt) and t2.endpoint == "chat" and t2.reply_turns() == (0,)
+
+    err = fail(chat.replace("{role: assistant, content: {from_turn: 0}}", "{role: user, content: {from_turn: 0}}"))
+    assert "only an assistant message" in err.message and err.key_path == "prompts.T2.messages[1].content"
+    err = fail(chat.replace("from_turn: 0", "from_tun: 0"))
+    assert "expected {from_turn" in err.message and "did you mean 'from_turn'?" in err.hint
+    err = fail(chat.replace("{role: user, content: more}", "{role: robot, content: more}"))
+    assert err.key_path == "prompts.T2.messages[2].role" and "got 'robot'" in err.message
+    err = fail(chat.replace("      - {role: user, content: more}\n", ""))
+    assert "last message is the assistant's" in err.message
+    err = fail(chat.replace("talk: [T1, T2]", "talk: [T2, T1]"))
+    assert err.key_path == "sequences.talk[0]" and "uses the reply of turn 0" in err.message
+    err = fail(chat.replace("messages: [{role: user, content: hi}]",
+                            "messages: [{role: user, content: hi}]\n    message_delimiters: true"))
+    assert err.key_path == "prompts.T1.message_delimiters" and "completion endpoint" in err.message
+    err = fail(chat.replace("from: A, shared", "from: T1, shared"))
+    assert err.key_path == "prompts.C.from" and "chat prompt" in err.message
+
+
+def test_yaml_anchors_and_merge_keys_work():
+    text = BASE.replace("configurations:\n", "configurations:\n  base: &b {env: {X: 1}}\n  more: {<<: *b, flags: [-v]}\n")
+    m = loads(text, file="m.yaml")
+    assert m.configurations["more"].env == {"X": "1"} and m.configurations["more"].flags == ("-v",)
+
+
+def test_model_path_is_resolved_from_the_matrix_directory(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.gguf").write_bytes(b"GGUF")
+    path = tmp_path / "x.yaml"
+    path.write_text(BASE.replace("kind: reference\n    model: {preset: tiny, seed: 0}",
+                                 "kind: llama-server\n    model: {path: models/m.gguf}"))
+    m = load(path)
+    assert m.engines["ref"].model == mx.ModelSpec("path", path=tmp_path / "models" / "m.gguf")
+    assert m.engines["ref"].log_family == "llama.cpp"
+    (tmp_path / "models" / "m.gguf").unlink()
+    with pytest.raises(MatrixError):
+        load(path)
+    assert load(path, check_files=False).engines["ref"].model.path == tmp_path / "models" / "m.gguf"
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(MatrixError, match="no such matrix file"):
+        load(tmp_path / "absent.yaml")
+    (tmp_path / "empty.yaml").write_text("# nothing\n")
+    with pytest.raises(MatrixError, match="empty"):
+        load(tmp_path / "empty.yaml")
+
+
+FULL_TAIL = """\
+cells:
+  include: [{sequence: 'A-*'}, {configuration: plain, sequence: app}]
+  exclude: [{engine: ref, configuration: knob, sequence: A-B-C}]
+generation: {n_predict: 8, temperature: 0, allow_sampling: false, ignore_eos: true}
+isolation: {cores_per_cell: 2, gpu: 0, keep_scratch: true, jobs: 2}
+identity: {required: true, control: false}
+expectations:
+  - {configuration: plain, sequence: A-C, turn: C, outcome: [restored, extended], min_reused: 40,
+     min_saved_fraction: 0.3, max_forced: 0, checkpoints_created_at: [39], identity: true,
+     description: all checks}
+"""
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, prefix + (i,))
+
+
+def test_any_wrong_value_anywhere_is_a_matrix_error_not_a_crash():
+    """Replace every node of a full matrix with values of every YAML type: load() either
+    accepts the result or raises MatrixError — never another exception."""
+    full = loads(BASE + FULL_TAIL, file="m.yaml").to_dict()
+    full["engines"]["ref"]["command"] = ["python", "-m", "eng", "--port", "{port}"]
+    full["engines"]["ref"]["log_patterns"] = ["x(\\d+)"]
+    full["prompts"]["T"] = {"kind": "chat", "messages": [{"role": "user", "content": "q"},
+                                                         {"role": "assistant", "content": {"from_turn": 0}},
+                                                         {"role": "user", "content": "r"}]}
+    full["sequences"]["chat"] = ["A", "T"]
+    junk = [None, "x", 7, -3, 0.5, True, [1], {"q": 1}, "*"]
+    paths = [p for p in _paths(full) if p]
+    assert len(paths) > 100
+    outcomes = {"ok": 0, "error": 0}
+    for i, p in enumerate(paths):
+        for value in (junk[(i + k) % len(junk)] for k in range(4)):  # 4 of them per node, rotating
+            doc = copy.deepcopy(full)
+            parent = doc
+            for part in p[:-1]:
+                parent = parent[part]
+            parent[p[-1]] = value
+            try:
+                loads(yaml.dump(doc, Dumper=DUMPER), file="fuzz.yaml", check_files=False)
+                outcomes["ok"] += 1
+            except MatrixError as err:
+                assert err.line is not None, (p, value, str(err))
+                outcomes["error"] += 1
+    assert outcomes["error"] > outcomes["ok"] > 0
+
+
+# -- docs/matrix.md is generated from the schema ----------------------------------------------
+
+
+def test_docs_reference_matches_the_schema():
+    doc = (REPO / "docs" / "matrix.md").read_text()
+    begin, end = doc.index(mx.DOC_BEGIN), doc.index(mx.DOC_END)
+    assert doc[begin + len(mx.DOC_BEGIN):end].strip() == mx.reference_markdown().strip(), (
+        "docs/matrix.md is stale: run `python -m shadowlab.matrix docs/matrix.md`")
+
+
+def test_every_schema_key_is_documented_and_accepted():
+    reference = mx.reference_markdown()
+    for section in mx.SCHEMA.values():
+        assert f"### `{section.title}`" in reference
+        for key in section.keys:
+            assert re.search(rf"^\| `{re.escape(key.name)}` \|", reference, re.M), key.name
+            assert key.doc
+
+
+def test_docs_examples_load(tmp_path):
+    """Every ```yaml block of docs/matrix.md that starts with `version:` is a valid matrix."""
+    doc = (REPO / "docs" / "matrix.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", doc, re.S) if b.startswith("version:")]
+    assert blocks
+    for block in blocks:
+        loads(block, file="docs/matrix.md", check_files=False)
