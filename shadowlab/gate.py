@@ -1,0 +1,195 @@
+"""The qualification gate: one exit code for a run directory, decided here and nowhere else.
+
+    evaluate(run_dir) -> GateResult      never raises for a bad run directory: exit_code 2
+    load_run(run_dir) -> RunInputs       matrix + plan + verdicts + environment (report.py uses it)
+
+Exit codes (GATE_HELP, README):
+
+    0  qualified: every cell ran and every check passed
+    1  a check failed: an expectation of the matrix, byte identity (a warm turn that reused
+       cache differs from its cold run), a cold-vs-cold control that differs (identity is then
+       inconclusive, which fails), a cascade that kept stale checkpoints, or a turn the engine
+       answered with an error
+    2  usage or matrix error: not a run directory, matrix.yaml unreadable or invalid, a record
+       newer than this shadowlab understands
+    3  infrastructure failure: an engine never started, or a cell could not run to the end
+       (crashed, hung, interrupted). Takes precedence over 1: a run with a missing cell is
+       never reported as merely "a check failed"; the summary still lists every failed check.
+
+A pure function of the run directory: verdicts come from `shadowlab.verdicts.compute(run_dir)`
+(or `verdicts.json` when the raw cell records are not there), so the gate can be re-run on
+another machine from the directory alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from shadowlab import verdicts
+from shadowlab.errors import RunDirError, ShadowlabError
+from shadowlab.expectations import CheckResult, CheckStatus, evaluate as evaluate_checks
+from shadowlab.matrix import Matrix
+from shadowlab.matrix import load as load_matrix
+from shadowlab.records import RunLayout
+
+EXIT_QUALIFIED = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INFRASTRUCTURE = 3
+
+GATE_HELP = """\
+shadowlab gate RUN_DIR — decide whether a run qualifies; prints a compact summary.
+
+exit codes:
+  0  qualified: every cell ran and every check passed
+  1  a check failed: a matrix expectation (outcome, min_reused, min_saved_fraction,
+     max_forced, checkpoints_created_at, identity), byte identity of a warm turn that
+     reused cache vs its cold run, a cold-vs-cold control mismatch (identity
+     inconclusive), a cascade that kept stale checkpoints, or a turn answered with an error
+  2  usage or matrix error: not a run directory, matrix.yaml unreadable or invalid
+  3  infrastructure failure: an engine never started or a cell could not run to the end
+     (takes precedence over 1)
+"""
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """Everything a run directory holds that the gate and the report read."""
+
+    run_dir: Path
+    matrix: Matrix
+    verdict: verdicts.RunVerdict
+    planned: tuple[str, ...]  # cell ids of plan.json, in plan order
+    plan: dict[str, Any]
+    environment: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GateResult:
+    exit_code: int
+    run_dir: Path
+    checks: tuple[CheckResult, ...] = ()
+    error: str | None = None  # exit 2: why the run directory could not be judged
+    inputs: RunInputs | None = field(default=None, repr=False, compare=False)
+
+    def __int__(self) -> int:
+        return self.exit_code
+
+    @property
+    def qualified(self) -> bool:
+        return self.exit_code == EXIT_QUALIFIED
+
+    @property
+    def failures(self) -> tuple[CheckResult, ...]:
+        """Failed checks, infrastructure errors first."""
+        failed = [c for c in self.checks if c.status.failed]
+        return tuple(sorted(failed, key=lambda c: c.status is not CheckStatus.ERROR))
+
+    @property
+    def verdict_text(self) -> str:
+        return {
+            EXIT_QUALIFIED: "qualified",
+            EXIT_CHECK_FAILED: "not qualified: a check failed",
+            EXIT_USAGE: "not judged: usage or matrix error",
+            EXIT_INFRASTRUCTURE: "not qualified: infrastructure failure",
+        }[self.exit_code]
+
+    def summary(self, limit: int = 20) -> str:
+        """A compact, plain-text summary (what `shadowlab gate` prints)."""
+        lines = [f"shadowlab gate: {self.run_dir}: {self.verdict_text} (exit {self.exit_code})"]
+        if self.error:
+            lines.append(f"  {self.error}")
+            return "\n".join(lines)
+        counts = Counter(c.status for c in self.checks)
+        lines.append("  checks: " + ", ".join(f"{counts.get(s, 0)} {s.value}" for s in CheckStatus))
+        for check in self.failures[:limit]:
+            lines.append(f"  {check.status.value.upper():<12} {check.check:<22} {check.subject}: {check.message}")
+        if len(self.failures) > limit:
+            lines.append(f"  … and {len(self.failures) - limit} more (see report.md)")
+        return "\n".join(lines)
+
+
+def exit_code_for(checks: tuple[CheckResult, ...]) -> int:
+    if any(c.status is CheckStatus.ERROR for c in checks):
+        return EXIT_INFRASTRUCTURE
+    if any(c.status.failed for c in checks):
+        return EXIT_CHECK_FAILED
+    return EXIT_QUALIFIED
+
+
+def evaluate(run_dir: str | Path) -> GateResult:
+    """Judge a run directory. Bad directories give exit_code 2 with `error` set."""
+    run_dir = Path(run_dir)
+    try:
+        inputs = load_run(run_dir)
+    except ShadowlabError as exc:
+        return GateResult(EXIT_USAGE, run_dir, error=str(exc))
+    return evaluate_inputs(inputs)
+
+
+def evaluate_inputs(inputs: RunInputs) -> GateResult:
+    """The gate on an already loaded run (the report renders the same result it shows)."""
+    checks = evaluate_checks(inputs.matrix, inputs.verdict, inputs.planned)
+    return GateResult(exit_code_for(checks), inputs.run_dir, checks, inputs=inputs)
+
+
+def main(run_dir: str | Path, out: TextIO | None = None) -> int:
+    """`shadowlab gate RUN_DIR`: print the summary, return the exit code."""
+    result = evaluate(run_dir)
+    print(result.summary(), file=out or sys.stdout)
+    return result.exit_code
+
+
+# ---------------------------------------------------------------- reading the run directory
+
+
+def load_run(run_dir: str | Path) -> RunInputs:
+    """Matrix, plan, verdicts and environment of a run. Raises RunDirError / MatrixError."""
+    root = Path(run_dir)
+    layout = RunLayout(root)
+    if not root.is_dir():
+        raise RunDirError("not a directory", path=str(root), hint="pass reports/<run-id>")
+    if not layout.matrix.is_file():
+        raise RunDirError("no matrix.yaml: not a shadowlab run directory", path=str(root),
+                          hint="pass the directory `shadowlab run` wrote (reports/<run-id>)")
+    matrix = load_matrix(layout.matrix, check_files=False)  # MatrixError: exit 2
+    plan = _read_json_object(layout.plan) if layout.plan.is_file() else {}
+    planned = tuple(c.get("id") for c in plan.get("cells", []) if isinstance(c, dict) and c.get("id"))
+    environment = _read_json_object(layout.environment) if layout.environment.is_file() else {}
+    verdict = load_verdicts(root)
+    return RunInputs(root, matrix, verdict, planned, plan, environment)
+
+
+def load_verdicts(root: Path) -> verdicts.RunVerdict:
+    """Recompute from the cell records when they are there; else read verdicts.json."""
+    if RunLayout(root).cells_dir.is_dir():
+        return verdicts.compute(root)
+    saved = root / "verdicts.json"
+    if saved.is_file():
+        try:
+            return verdicts.RunVerdict.from_dict(_read_json_object(saved))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RunDirError(f"verdicts.json cannot be read: {exc}", path=str(saved)) from None
+    raise RunDirError("no cells/ and no verdicts.json: nothing to judge", path=str(root),
+                      hint="did `shadowlab run` finish writing this directory?")
+
+
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunDirError(f"cannot read: {exc}", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise RunDirError("not a JSON object", path=str(path))
+    return data
+
+
+__all__ = [
+    "EXIT_QUALIFIED", "EXIT_CHECK_FAILED", "EXIT_USAGE", "EXIT_INFRASTRUCTURE", "GATE_HELP",
+    "GateResult", "RunInputs", "evaluate", "evaluate_inputs", "exit_code_for", "load_run", "load_verdicts", "main",
+]

@@ -1,0 +1,535 @@
+"""The report: report.html, report.md and junit.xml, a pure function of a run directory.
+
+    render_run(run_dir) -> ReportPaths      writes the three files next to the cell records
+
+- ``report.html`` — one self-contained page (inline CSS and SVG; no script, no network, no
+  font): verdict banner, the matrix grid (configurations × sequences), the turn table, a turn
+  timeline per cell on a token axis, identity with every mismatch expanded, the cold-vs-cold
+  controls, expectations, parser notes and provenance. Rendered by Jinja2 with autoescape on:
+  every string that came from an engine (completions, log lines, failure reasons) is data and is
+  escaped; control characters and unpaired surrogates are shown as visible escapes.
+- ``report.md`` — the verdict and compact tables, for a pull-request comment or a CI step summary.
+- ``junit.xml`` — one test case per cell and one per check; failures carry the message.
+
+Numbers come from `shadowlab.gate.load_run` (verdicts recomputed from the records) and the gate's
+checks, so the report, the gate and CI never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from shadowlab import gate as gate_mod
+from shadowlab.expectations import CheckResult, CheckStatus
+from shadowlab.gate import GateResult, RunInputs
+from shadowlab.records import CellMeta, read_cell_metas, write_bytes_atomic, write_json_atomic
+from shadowlab.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outcome, RunVerdict, TurnVerdict
+
+HTML_NAME = "report.html"
+MARKDOWN_NAME = "report.md"
+JUNIT_NAME = "junit.xml"
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    html: Path
+    markdown: Path
+    junit: Path
+
+    def __iter__(self) -> Iterator[Path]:
+        return iter((self.html, self.markdown, self.junit))
+
+
+def render_run(run_dir: str | Path) -> ReportPaths:
+    """Write report.html, report.md and junit.xml into `run_dir`. Raises RunDirError/MatrixError
+    when the directory cannot be read (the CLI maps those to exit 2)."""
+    root = Path(run_dir)
+    inputs = gate_mod.load_run(root)
+    result = gate_mod.evaluate_inputs(inputs)
+    metas = read_cell_metas(root)
+    saved = root / "verdicts.json"
+    if not saved.exists():
+        write_json_atomic(saved, inputs.verdict.to_dict())
+    paths = ReportPaths(root / HTML_NAME, root / MARKDOWN_NAME, root / JUNIT_NAME)
+    write_bytes_atomic(paths.html, _encode(render_html(inputs, result, metas)))
+    write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result)))
+    write_bytes_atomic(paths.junit, render_junit(inputs, result))
+    return paths
+
+
+def _encode(text: str) -> bytes:
+    return text.encode("utf-8", errors="backslashreplace")
+
+
+# ---------------------------------------------------------------- text from engines
+
+
+_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_XML_INVALID = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def visible(text: Any) -> str:
+    """Engine text made safe to show: control bytes and lone surrogates as `\\xNN` / `\\udcNN`.
+    (HTML escaping itself is Jinja's autoescape; this only makes invisible bytes visible.)"""
+    if text is None:
+        return ""
+    return _INVISIBLE.sub(lambda m: _escape_char(m.group()), str(text))
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def xml_text(text: Any) -> str:
+    """Text allowed in XML 1.0 (ElementTree escapes markup but writes control bytes raw)."""
+    return _XML_INVALID.sub(lambda m: _escape_char(m.group()), "" if text is None else str(text))
+
+
+def md_cell(text: Any) -> str:
+    """One markdown table cell: no raw HTML (GitHub renders it), no pipes, one line."""
+    value = visible(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return value.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+# ---------------------------------------------------------------- view model
+
+
+OUTCOME_CLASS = {
+    Outcome.COLD: "cold", Outcome.EXTENDED: "ext", Outcome.RESTORED: "rest",
+    Outcome.FORCED: "forced", Outcome.SILENT_RESET: "silent", Outcome.ERROR: "err",
+}
+IDENTITY_MARK = {
+    IdentityStatus.IDENTICAL: ("=", "id-ok", "identical to cold after reuse"),
+    IdentityStatus.IDENTICAL_NO_REUSE: ("≈", "id-weak", "identical, but nothing was reused: no evidence"),
+    IdentityStatus.MISMATCH: ("≠", "id-bad", "differs from cold"),
+    IdentityStatus.NO_REFERENCE: ("?", "id-none", "no cold reference"),
+    IdentityStatus.ERROR: ("!", "id-bad", "comparison failed"),
+}
+
+
+@dataclass(frozen=True)
+class GridRow:
+    configuration: str
+    description: str
+    delta: str
+    cells: tuple[CellVerdict | None, ...]  # one per sequence; None: not in the matrix's selection
+
+
+@dataclass(frozen=True)
+class Grid:
+    engine: str
+    sequences: tuple[str, ...]
+    rows: tuple[GridRow, ...]
+
+
+def build_grids(inputs: RunInputs) -> list[Grid]:
+    m = inputs.matrix
+    warm = {(c.engine, c.configuration, c.sequence): c for c in inputs.verdict.cells if c.kind == "warm"}
+    grids = []
+    for engine in m.engines:
+        sequences = tuple(s for s in m.sequences if any(k[0] == engine and k[2] == s for k in warm))
+        rows = []
+        for name, conf in m.configurations.items():
+            cells = tuple(warm.get((engine, name, s)) for s in sequences)
+            if any(cells):
+                delta = " ".join([*conf.flags, *(f"{k}={v}" for k, v in conf.env.items())])
+                rows.append(GridRow(name, conf.description, delta, cells))
+        if rows:
+            grids.append(Grid(engine, sequences, tuple(rows)))
+    return grids
+
+
+# -- timelines: one SVG per cell, one row per turn, x = token position -----------------------
+
+TL_LEFT = 150  # label column
+TL_PLOT = 1020
+TL_RIGHT = 170  # outcome column
+TL_ROW = 46
+TL_TOP = 26
+TL_BAR_H = 12
+
+
+@dataclass(frozen=True)
+class Mark:
+    kind: str  # created | restored | erased | evicted | missed | alive | alive_below
+    x: float
+    y: float
+    title: str
+
+
+@dataclass(frozen=True)
+class TimelineRow:
+    turn: TurnVerdict
+    y: float
+    bar_w: float
+    reused_w: float
+    divergence_x: float | None
+    re_entry_x: float | None
+    marks: tuple[Mark, ...]
+    label: str
+    title: str
+
+
+@dataclass(frozen=True)
+class Timeline:
+    cell: CellVerdict
+    width: int
+    height: int
+    plot_left: int
+    plot_width: int
+    ticks: tuple[tuple[float, str], ...]
+    rows: tuple[TimelineRow, ...]
+    axis_y: float
+
+
+def nice_step(span: int, target_ticks: int = 8) -> int:
+    raw = max(span / target_ticks, 1)
+    power = 10 ** math.floor(math.log10(raw))
+    for mult in (1, 2, 2.5, 5, 10):
+        if raw <= mult * power:
+            return max(int(mult * power), 1)
+    return int(10 * power)
+
+
+def build_timeline(cell: CellVerdict) -> Timeline:
+    span = max([t.prompt_tokens or 0 for t in cell.turns] + [t.cached_tokens or 0 for t in cell.turns] + [1])
+    scale = TL_PLOT / span
+
+    def x(pos: float) -> float:
+        return round(TL_LEFT + min(max(pos, 0), span) * scale, 1)
+
+    step = nice_step(span)
+    ticks = tuple((x(v), f"{v:,}") for v in range(0, span + 1, step))
+    rows = tuple(_timeline_row(t, TL_TOP + i * TL_ROW, x, scale) for i, t in enumerate(cell.turns))
+    height = TL_TOP + len(rows) * TL_ROW + 6
+    return Timeline(cell, TL_LEFT + TL_PLOT + TL_RIGHT, height, TL_LEFT, TL_PLOT, ticks, rows, height - 4)
+
+
+def _timeline_row(turn: TurnVerdict, y: float, x: Any, scale: float) -> TimelineRow:
+    length = turn.prompt_tokens or 0
+    bar_y = y + 16
+    marks: list[Mark] = []
+    restored_key = _ckpt_key(turn.restored) if turn.restored else None
+    gone = {_ckpt_key(c) for c in (*turn.erased_cascade, *turn.erased_other)}
+    missed = {_ckpt_key(c) for c in turn.cascade_missed}
+    below = {_ckpt_key(c) for c in turn.alive_below_divergence}
+    for c in turn.alive_at_start:
+        key = _ckpt_key(c)
+        if key in gone or key == restored_key or key in missed:
+            continue
+        kind = "alive_below" if key in below else "alive"
+        marks.append(Mark(kind, x(c.n_tokens), bar_y - 7, _ckpt_title("alive at turn start", c)))
+    for c in turn.erased_cascade:
+        marks.append(Mark("erased", x(c.n_tokens), bar_y - 7, _ckpt_title("erased by the cascade", c)))
+    for c in turn.erased_other:
+        marks.append(Mark("evicted", x(c.n_tokens), bar_y - 7, _ckpt_title("erased (ring full / too close)", c)))
+    for c in turn.cascade_missed:
+        marks.append(Mark("missed", x(c.n_tokens), bar_y - 7,
+                          _ckpt_title("NOT erased although above the re-entry point (stale)", c)))
+    if turn.restored:
+        extra = f"; took {turn.restore_ms:.2f} ms" if turn.restore_ms is not None else ""
+        marks.append(Mark("restored", x(turn.restored.n_tokens), bar_y + TL_BAR_H / 2,
+                          _ckpt_title("restored", turn.restored) + extra))
+    for c in turn.created:
+        marks.append(Mark("created", x(c.n_tokens), bar_y + TL_BAR_H + 7, _ckpt_title("created", c)))
+    re_entry = turn.re_entry_point
+    reused = re_entry if re_entry is not None else (turn.reused_tokens or 0)
+    label = f"t{turn.index} {turn.prompt_id}"
+    title = (f"turn {turn.index} ({turn.prompt_id}): {length:,} prompt tokens, outcome "
+             f"{turn.outcome.value}, reused {turn.reused_tokens}, processed {turn.processed_tokens}")
+    return TimelineRow(
+        turn=turn, y=y, bar_w=round(length * scale, 1), reused_w=round(min(reused, length) * scale, 1),
+        divergence_x=x(turn.divergence_point) if turn.divergence_point is not None and turn.index > 0 else None,
+        re_entry_x=x(re_entry) if re_entry is not None and turn.index > 0 else None,
+        marks=tuple(marks), label=label, title=title)
+
+
+def _ckpt_key(c: CheckpointRef) -> tuple[int, int, int]:
+    return (c.pos_min, c.pos_max, c.n_tokens)
+
+
+def _ckpt_title(what: str, c: CheckpointRef) -> str:
+    parts = [f"checkpoint {what}: pos_max {c.pos_max}, n_tokens {c.n_tokens}"]
+    if c.created_turn is not None:
+        parts.append(f"created in turn {c.created_turn}")
+    if c.size_mib is not None:
+        parts.append(f"{c.size_mib:.3f} MiB")
+    if c.took_ms is not None:
+        parts.append(f"{c.took_ms:.2f} ms")
+    if c.line is not None:
+        parts.append(f"engine.log line {c.line}")
+    return "; ".join(parts)
+
+
+# -- identity and provenance ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IdentityRow:
+    cell: CellVerdict
+    turn: TurnVerdict
+    check: Any  # IdentityCheck
+
+
+def identity_rows(run: RunVerdict) -> list[IdentityRow]:
+    return [IdentityRow(c, t, t.identity) for c in run.cells if c.kind == "warm"
+            for t in c.turns if t.identity is not None]
+
+
+def diff_split(text: str | None, byte_offset: int | None) -> tuple[str, str]:
+    """Split text at the first differing UTF-8 byte (for highlighting)."""
+    if text is None:
+        return "", ""
+    if byte_offset is None:
+        return text, ""
+    data = text.encode("utf-8", errors="surrogatepass")
+    head = data[:byte_offset].decode("utf-8", errors="ignore")
+    return head, text[len(head):]
+
+
+@dataclass(frozen=True)
+class EngineProvenance:
+    name: str
+    kind: str
+    version: str
+    binary: str
+    binary_sha256: str
+    model: str
+    model_sha256: str
+    device: str
+    cells: int
+
+
+def engine_provenance(metas: dict[str, CellMeta]) -> list[EngineProvenance]:
+    seen: dict[tuple[str, str, str], list[CellMeta]] = {}
+    for meta in metas.values():
+        e = meta.engine
+        if e is None:
+            continue
+        seen.setdefault((e.name, e.binary_sha256, e.model_sha256), []).append(meta)
+    out = []
+    for (_, _, _), group in seen.items():
+        e = group[0].engine
+        assert e is not None
+        device = group[0].gpu.reported_device if group[0].gpu else None
+        out.append(EngineProvenance(e.name, e.kind, e.version, e.binary_path, e.binary_sha256, e.model_path,
+                                    e.model_sha256, device or "—", len(group)))
+    return out
+
+
+# ---------------------------------------------------------------- HTML
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("shadowlab", "templates"),
+        autoescape=True,  # every template, whatever its extension: engine text is untrusted
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(visible=visible, pct=_pct, num=_num, ms=_ms, short_sha=_short_sha)
+    return env
+
+
+def render_html(inputs: RunInputs, result: GateResult, metas: dict[str, CellMeta]) -> str:
+    run = inputs.verdict
+    warm = [c for c in run.cells if c.kind == "warm"]
+    context = dict(
+        inputs=inputs, matrix=inputs.matrix, run=run, result=result, metas=metas,
+        env=inputs.environment, grids=build_grids(inputs), warm=warm,
+        timelines=[build_timeline(c) for c in warm if c.turns],
+        identity_rows=identity_rows(run), controls=[c for c in run.cells if c.kind == "control"],
+        expectation_checks=[c for c in result.checks if c.source != "default"],
+        default_checks=[c for c in result.checks if c.source == "default"],
+        engines=engine_provenance(metas), failures=result.failures,
+        counts=_status_counts(result.checks), totals=_totals(warm),
+        outcome_class=OUTCOME_CLASS, identity_mark=IDENTITY_MARK, diff_split=diff_split,
+        Outcome=Outcome, IdentityStatus=IdentityStatus, CheckStatus=CheckStatus,
+        TL_BAR_H=TL_BAR_H,
+    )
+    return _environment().get_template("report.html.j2").render(**context)
+
+
+def _status_counts(checks: Sequence[CheckResult]) -> dict[str, int]:
+    return {s.value: sum(1 for c in checks if c.status is s) for s in CheckStatus}
+
+
+@dataclass(frozen=True)
+class Totals:
+    turns: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+def _totals(warm: Sequence[CellVerdict]) -> Totals:
+    turns = [t for c in warm for t in c.turns]
+    outcomes: dict[str, int] = {}
+    for t in turns:
+        outcomes[t.outcome.value] = outcomes.get(t.outcome.value, 0) + 1
+    return Totals(len(turns), sum(t.prompt_tokens or 0 for t in turns),
+                  sum(t.reused_tokens or 0 for t in turns), outcomes)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}%"
+
+
+def _num(value: int | float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _short_sha(value: str | None) -> str:
+    return "—" if not value else value[:12]
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def render_markdown(inputs: RunInputs, result: GateResult) -> str:
+    run = inputs.verdict
+    icon = "✅" if result.qualified else "❌"
+    lines = [f"## {icon} shadowlab `{md_cell(inputs.matrix.name)}` — {result.verdict_text} "
+             f"(exit {result.exit_code})", ""]
+    counts = _status_counts(result.checks)
+    lines.append(f"run `{md_cell(run.run_id)}` · {len(run.cells)} cells · checks: "
+                 + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    lines.append("")
+    if result.failures:
+        lines += ["### Failed checks", "", "| status | check | subject | expected | actual | message |",
+                  "|---|---|---|---|---|---|"]
+        for c in result.failures:
+            lines.append(f"| {c.status.value} | {md_cell(c.check)} | {md_cell(c.subject)} | "
+                         f"{md_cell(c.expected)} | {md_cell(c.actual)} | {md_cell(c.message)} |")
+        lines.append("")
+    for grid in build_grids(inputs):
+        lines += [f"### Matrix — engine `{md_cell(grid.engine)}`", "",
+                  "| configuration | " + " | ".join(md_cell(s) for s in grid.sequences) + " |",
+                  "|---|" + "---|" * len(grid.sequences)]
+        for row in grid.rows:
+            cells = [_md_grid_cell(c) for c in row.cells]
+            lines.append(f"| {md_cell(row.configuration)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["### Turns", "", "| cell | turn | prompt | tokens | divergence | re-entry | reused | saved | "
+              "outcome | identity |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for cell in (c for c in run.cells if c.kind == "warm"):
+        for t in cell.turns:
+            ident = t.identity.status.value if t.identity else ""
+            lines.append(
+                f"| {md_cell(cell.cell_id)} | {t.index} | {md_cell(t.prompt_id)} | {_num(t.prompt_tokens)} | "
+                f"{_num(t.divergence_point)} | {_num(t.re_entry_point)} | {_num(t.reused_tokens)} | "
+                f"{_pct(t.saved_fraction)} | {t.outcome.value} | {ident} |")
+    lines.append("")
+    declared = [c for c in result.checks if c.source != "default"]
+    if declared:
+        passed = sum(1 for c in declared if c.passed)
+        lines += [f"### Expectations — {passed}/{len(declared)} passed", "",
+                  "| status | check | subject | expected | actual |", "|---|---|---|---|---|"]
+        for c in declared:
+            lines.append(f"| {'pass' if c.passed else '**' + c.status.value + '**'} | {md_cell(c.check)} | "
+                         f"{md_cell(c.subject)} | {md_cell(c.expected)} | {md_cell(c.actual)} |")
+        lines.append("")
+    env = inputs.environment
+    sl = env.get("shadowlab", {}) if isinstance(env.get("shadowlab"), dict) else {}
+    lines.append(f"<sub>shadowlab {md_cell(sl.get('version'))} @ {md_cell(_short_sha(sl.get('commit')))}"
+                 f"{' (dirty)' if sl.get('dirty') else ''} · host {md_cell(env.get('host'))} · "
+                 f"full report: report.html</sub>")
+    return "\n".join(lines) + "\n"
+
+
+def _md_grid_cell(cell: CellVerdict | None) -> str:
+    if cell is None:
+        return "—"
+    if cell.status != "ok":
+        return f"**{md_cell(cell.status)}**"
+    parts = []
+    for t in cell.turns:
+        text = f"{md_cell(t.prompt_id)}:{t.outcome.value}"
+        if t.index > 0 and t.saved_fraction is not None:
+            text += f" {_pct(t.saved_fraction)}"
+        if t.identity is not None and t.identity.status is IdentityStatus.MISMATCH:
+            text += " ≠cold"
+        parts.append(text)
+    return " → ".join(parts)
+
+
+# ---------------------------------------------------------------- JUnit XML
+
+
+def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
+    """<testsuites> with a `cells` suite (one case per cell) and a `checks` suite (one per check)."""
+    root = ET.Element("testsuites", name=xml_text(f"shadowlab {inputs.matrix.name}"))
+    cells = ET.SubElement(root, "testsuite", name="cells")
+    by_cell: dict[str, list[CheckResult]] = {}
+    for c in result.checks:
+        if c.cell_id:
+            by_cell.setdefault(c.cell_id, []).append(c)
+    cell_ids = list(dict.fromkeys([*inputs.planned, *(c.cell_id for c in inputs.verdict.cells)]))
+    known = {c.cell_id: c for c in inputs.verdict.cells}
+    for cell_id in cell_ids:
+        case = ET.SubElement(cells, "testcase", classname=xml_text(f"shadowlab.cells.{_kind(known, cell_id)}"),
+                             name=xml_text(cell_id))
+        ran = [c for c in by_cell.get(cell_id, []) if c.check == "ran"]
+        failed = [c for c in by_cell.get(cell_id, []) if c.status.failed and c.check != "ran"]
+        if any(c.status is CheckStatus.ERROR for c in ran):
+            _fail(case, "error", ran[0].message, "\n".join(c.message for c in ran))
+        elif failed:
+            _fail(case, "failure", f"{len(failed)} check(s) failed on this cell",
+                  "\n".join(f"{c.check}: {c.subject}: {c.message}" for c in failed))
+        if cell_id in known:
+            ET.SubElement(case, "system-out").text = xml_text(_cell_summary(known[cell_id]))
+    checks = ET.SubElement(root, "testsuite", name="checks")
+    for c in result.checks:
+        if c.check == "ran":
+            continue  # it is the cell's own test case
+        case = ET.SubElement(checks, "testcase", classname=xml_text(f"shadowlab.checks.{c.check}"),
+                             name=xml_text(f"{c.subject} [{c.source}]"))
+        if c.status.failed:
+            detail = f"expected: {c.expected}\nactual: {c.actual}\n{c.message}"
+            if c.description:
+                detail += f"\nwhy expected: {c.description}"
+            _fail(case, "error" if c.status is CheckStatus.ERROR else "failure",
+                  f"{c.status.value}: {c.message}", detail)
+    for suite in (cells, checks):
+        cases = suite.findall("testcase")
+        suite.set("tests", str(len(cases)))
+        suite.set("failures", str(sum(1 for k in cases if k.find("failure") is not None)))
+        suite.set("errors", str(sum(1 for k in cases if k.find("error") is not None)))
+        suite.set("skipped", "0")
+    for attr in ("tests", "failures", "errors"):
+        root.set(attr, str(sum(int(s.get(attr, "0")) for s in (cells, checks))))
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def _fail(case: ET.Element, tag: str, message: str, text: str) -> None:
+    element = ET.SubElement(case, tag, message=xml_text(message), type=tag)
+    element.text = xml_text(text)
+
+
+def _kind(known: dict[str, CellVerdict], cell_id: str) -> str:
+    return known[cell_id].kind if cell_id in known else "missing"
+
+
+def _cell_summary(cell: CellVerdict) -> str:
+    parts = [f"{cell.kind} {cell.engine}/{cell.configuration}/{cell.sequence}: {cell.status}"]
+    for t in cell.turns:
+        parts.append(f"turn {t.index} {t.prompt_id}: {t.outcome.value}, reused {t.reused_tokens} of "
+                     f"{t.prompt_tokens}")
+    return "\n".join(parts)
