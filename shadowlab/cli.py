@@ -49,10 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="reuse --out: skip cells whose meta.json says ok, rerun the rest")
     run.add_argument("--dry-run", action="store_true", help="print the planned cells; start nothing")
-    run.add_argument("--jobs", type=int, default=1,
-                     help="cells run at once (each needs its own cores; default 1)")
+    run.add_argument("--jobs", type=int, default=None,
+                     help="cells run at once, each on its own cores (default: the matrix's isolation.jobs)")
     run.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
                      help="pass --fault to every reference-engine cell (repeatable)")
+    run.add_argument("--request-timeout", type=float, default=None, metavar="S",
+                     help="seconds a turn may take before its cell fails (default: the engine's "
+                          "request_timeout_s, else 300)")
     run.add_argument("--no-report", action="store_true",
                      help="skip verdicts/report/gate after the run (exit 0 if every cell ran, else 3)")
 
@@ -101,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from shadowlab import run
 
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         print("shadowlab: --jobs must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     options = run.RunOptions(
@@ -111,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         jobs=args.jobs,
         faults=tuple(args.fault),
+        request_timeout_s=args.request_timeout,
     )
     outcome = run.run(options)  # run.Interrupted -> exit 130/143 in main()
     if outcome.run_dir is None:  # dry run

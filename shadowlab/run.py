@@ -72,6 +72,7 @@ class RunOptions:
     dry_run: bool = False
     jobs: int | None = None  # None: the matrix's isolation.jobs
     faults: tuple[str, ...] = ()  # --fault for every reference-engine cell
+    request_timeout_s: float | None = None  # overrides the engine's request_timeout_s
     reports_dir: Path = Path("reports")
     model_cache: Path = Path("models")
     progress: Callable[[str], None] | None = None  # default: a line on stderr
@@ -362,6 +363,7 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
             with contextlib.suppress(isolation.ProcessSurvived):
                 live.close()
             if not retry:
+                exc.failed_start = live  # type: ignore[attr-defined] - for the cell's record
                 raise exc from None
         except BaseException:
             with contextlib.suppress(isolation.ProcessSurvived):
@@ -539,6 +541,7 @@ class CellRunner:
             self._run_turns(live)
             self.meta.status = CellStatus.OK
         except EngineError as exc:
+            live = live or getattr(exc, "failed_start", None)
             self._fail(exc.reason, live)
         except Exception as exc:  # noqa: BLE001 - one cell's surprise must not stop the run
             traceback.print_exc(file=sys.stderr)
@@ -620,6 +623,10 @@ class CellRunner:
         self.meta.status = CellStatus.FAILED
         self.meta.reason = reason
         self.meta.log_tail = isolation.read_log_tail(self.ctx.layout.engine_log(self.cell.id), 4000)
+        if live is not None and not self.meta.command:  # it never became ready
+            m = self.meta
+            m.command, m.env_delta, m.port = live.command, live.env_delta, live.port.port
+            m.port_attempts, m.pid, m.started_at = live.attempts, live.proc.pid, live.started_at
 
     def _stop(self, live: LiveEngine | None) -> None:
         if live is None:
@@ -711,7 +718,9 @@ class TurnExchange:
         )
 
     def _timeout(self) -> float:
-        return float(getattr(self.engine.spec, "request_timeout_s", None) or DEFAULT_REQUEST_TIMEOUT_S)
+        return float(self.ctx.options.request_timeout_s
+                     or getattr(self.engine.spec, "request_timeout_s", None)
+                     or DEFAULT_REQUEST_TIMEOUT_S)
 
     def _post(self, path: str, body: dict) -> tuple[int, bytes, float, float]:
         """(status, raw body, ms to first byte, ms to whole answer), client-side."""

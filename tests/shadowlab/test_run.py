@@ -1,0 +1,308 @@
+"""The run stage against the real reference engine (python -m shadowlab_engine).
+
+Every test starts real engine processes on loopback. Engine start-up is seconds (torch
+import), so matrices here are small: short prompts, few cells, cores_per_cell 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shadowlab import records, run
+from shadowlab.errors import RunDirError
+from shadowlab.records import CellStatus
+
+MATRIX = """\
+version: 1
+name: {name}
+engines:
+  reference:
+    kind: reference
+    model: {{preset: tiny, seed: 0}}
+    flags: [-c, 1024, -b, 64, -ub, 32, --ctx-checkpoints, 8, -cram, 0, -np, 1]
+    threads: 1
+    ready_timeout_s: {ready_timeout}
+configurations:
+{configurations}
+prompts:
+  A: {{kind: random, tokens: 120, seed: 1}}
+  C: {{kind: diverge, from: A, shared: 70, tokens: 130, seed: 2}}
+sequences:
+{sequences}
+generation: {{n_predict: 4, temperature: 0}}
+isolation: {{cores_per_cell: 1}}
+identity: {{control: {control}}}
+"""
+
+
+def write_matrix(path: Path, *, name: str = "t", configurations: str = "  defaults: {}",
+                 sequences: str = "  A-C: [A, C]", control: bool = False,
+                 ready_timeout: float = 60) -> Path:
+    path.write_text(MATRIX.format(name=name, configurations=configurations, sequences=sequences,
+                                  control=str(control).lower(), ready_timeout=ready_timeout))
+    return path
+
+
+def options(tmp_path: Path, matrix: Path, repo_root: Path, **kwargs) -> run.RunOptions:
+    lines: list[str] = []
+    kwargs.setdefault("out", tmp_path / "run")
+    return run.RunOptions(matrix_path=matrix, model_cache=repo_root / "models",
+                          progress=lines.append, **kwargs)
+
+
+def metas(run_dir: Path) -> dict[str, records.CellMeta]:
+    return records.read_cell_metas(run_dir)
+
+
+def assert_no_engine_alive(metas_by_id: dict[str, records.CellMeta]) -> None:
+    for meta in metas_by_id.values():
+        if meta.pid is not None and psutil.pid_exists(meta.pid):
+            assert psutil.Process(meta.pid).status() == psutil.STATUS_ZOMBIE, meta.cell_id
+
+
+def test_run_records_every_cell(tmp_path, repo_root):
+    matrix = write_matrix(tmp_path / "m.yaml")
+    outcome = run.run(options(tmp_path, matrix, repo_root))
+    assert outcome.all_ran
+    layout = records.RunLayout(outcome.run_dir)
+    for path in (layout.matrix, layout.plan, layout.environment, layout.prompts("reference")):
+        assert path.exists(), path
+    prompts = json.loads(layout.prompts("reference").read_text())
+    assert len(prompts["A"]["tokens"]) == 120 and len(prompts["C"]["tokens"]) == 130
+
+    by_id = metas(outcome.run_dir)
+    assert list(by_id) == ["reference.defaults.A-C", "reference.defaults.cold.C"]
+    warm = by_id["reference.defaults.A-C"]
+    assert warm.status is CellStatus.OK
+    # Pinned and verified from the running process; GPU hidden and verified from /props.
+    assert warm.cores.observed_affinity == warm.cores.leased and len(warm.cores.leased) == 1
+    assert warm.env_delta["CUDA_VISIBLE_DEVICES"] == "" and warm.env_delta["OMP_NUM_THREADS"] == "1"
+    assert warm.gpu.reported_device == "cpu" and warm.gpu.verified is True
+    assert warm.engine.props["pid"] == warm.pid
+    assert warm.engine.model_sha256 == warm.engine.props["model_sha256"]
+    assert warm.stop.survivors == [] and warm.stop.port_free
+    assert 0 < warm.health_ms <= warm.startup_ms < warm.elapsed_ms
+    # Turns: exact prompts, API reuse counts, the log span of each turn.
+    log = layout.engine_log(warm.cell_id).read_bytes()
+    assert [t.prompt_id for t in warm.turns] == ["A", "C"]
+    for turn in warm.turns:
+        assert turn.prompt_token_ids == prompts[turn.prompt_id]["tokens"]
+        assert turn.prompt_sha256 == prompts[turn.prompt_id]["sha256"]
+        assert turn.reused_tokens + turn.processed_tokens == turn.prompt_tokens
+        assert turn.completion.sha256 == records.sha256_text(turn.completion.text)
+        assert len(turn.completion.tokens) == 4
+        start, end = turn.log_offsets
+        span = log[start:end]
+        assert turn.log_complete and b"prompt eval time" in span
+        assert span.count(b"prompt eval time") == 1  # exactly this turn's
+        assert turn.task_ids == [turn.index]
+        raw = json.loads((layout.cell_dir(warm.cell_id) / turn.response_file).read_text())
+        assert raw["tokens"] == turn.completion.tokens
+    assert warm.turns[0].log_offsets[1] == warm.turns[1].log_offsets[0]  # contiguous spans
+    assert not layout.scratch(warm.cell_id).exists()  # keep_scratch: false
+    assert_no_engine_alive(by_id)
+
+
+def test_reused_run_directory_is_refused(tmp_path, repo_root):
+    matrix = write_matrix(tmp_path / "m.yaml")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "something").write_text("x")
+    with pytest.raises(RunDirError, match="already exists") as err:
+        run.run(options(tmp_path, matrix, repo_root))
+    assert "--resume" in str(err.value)
+
+
+def test_engine_that_never_starts_fails_its_cell_only(tmp_path, repo_root):
+    matrix = write_matrix(
+        tmp_path / "m.yaml",
+        configurations="  broken: {flags: [--no-such-flag]}\n  defaults: {}",
+        sequences="  A: [A]",
+    )
+    outcome = run.run(options(tmp_path, matrix, repo_root))
+    by_id = metas(outcome.run_dir)
+    broken, good = by_id["reference.broken.A"], by_id["reference.defaults.A"]
+    assert broken.status is CellStatus.FAILED
+    assert "exited with code 2 during start-up" in broken.reason
+    assert "--no-such-flag" in broken.log_tail  # the engine's own complaint, kept
+    assert broken.stop.signal == "none" and broken.stop.returncode == 2
+    assert good.status is CellStatus.OK
+    assert not outcome.all_ran
+
+
+def test_engine_that_is_never_ready_fails_with_its_log(tmp_path, repo_root):
+    matrix = write_matrix(
+        tmp_path / "m.yaml",
+        configurations="  slow: {flags: [--fault, slow-start=600]}\n  defaults: {}",
+        sequences="  A: [A]", ready_timeout=10,
+    )
+    outcome = run.run(options(tmp_path, matrix, repo_root))
+    by_id = metas(outcome.run_dir)
+    slow, good = by_id["reference.slow.A"], by_id["reference.defaults.A"]
+    assert slow.status is CellStatus.FAILED
+    assert "not ready after 10 s" in slow.reason
+    assert "slow-start" in slow.log_tail
+    assert slow.pid and "--fault" in slow.command  # what was started is on record
+    assert slow.stop.signal == "TERM" and slow.stop.survivors == [] and slow.stop.port_free
+    assert good.status is CellStatus.OK
+    assert_no_engine_alive(by_id)
+
+
+def test_crashing_engine_fails_its_cell_only(tmp_path, repo_root):
+    # Each process crashes after answering its first completion: the warm cell's second
+    # turn finds it dead; the cold cell needs one answer only and succeeds.
+    matrix = write_matrix(tmp_path / "m.yaml")
+    outcome = run.run(options(tmp_path, matrix, repo_root, faults=("crash-after-requests=1",)))
+    by_id = metas(outcome.run_dir)
+    warm, cold = by_id["reference.defaults.A-C"], by_id["reference.defaults.cold.C"]
+    assert warm.status is CellStatus.FAILED, warm.reason
+    assert "during turn 1" in warm.reason and "exited with code" in warm.reason
+    assert warm.turns[0].completion is not None and warm.turns[1].error
+    assert warm.log_tail
+    assert cold.status is CellStatus.OK
+    assert_no_engine_alive(by_id)
+
+
+def test_hanging_engine_fails_its_cell_only(tmp_path, repo_root):
+    matrix = write_matrix(tmp_path / "m.yaml")
+    started = time.monotonic()
+    outcome = run.run(options(tmp_path, matrix, repo_root, faults=("hang-on-request=2",),
+                              request_timeout_s=3))
+    by_id = metas(outcome.run_dir)
+    warm, cold = by_id["reference.defaults.A-C"], by_id["reference.defaults.cold.C"]
+    assert warm.status is CellStatus.FAILED
+    assert "no answer within 3 s" in warm.reason
+    assert warm.stop.survivors == [] and warm.stop.port_free
+    assert cold.status is CellStatus.OK
+    assert time.monotonic() - started < 120
+    assert_no_engine_alive(by_id)
+
+
+# ---------------------------------------------------------------- shadowlab as a process
+
+
+def shadowlab_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "shadowlab", *args]
+
+
+def engine_descendants(pid: int) -> list[psutil.Process]:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [c for c in children if "shadowlab_engine" in " ".join(_cmdline(c))]
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_interrupted_run_leaves_no_engine_and_resumes(tmp_path, repo_root, sig):
+    matrix = write_matrix(tmp_path / "m.yaml", sequences="  A: [A]\n  C: [C]\n  A-C: [A, C]")
+    out = tmp_path / "run"
+    args = shadowlab_cmd("run", str(matrix), "--out", str(out), "--no-report")
+    shadowlab = subprocess.Popen(args, cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Wait until the first cell finished and the second cell's engine is running.
+        wait_for(lambda: (out / "cells" / "reference.defaults.A" / "meta.json").exists(), 120, "first cell")
+        engines = wait_for(lambda: engine_descendants(shadowlab.pid), 60, "second cell's engine")
+        shadowlab.send_signal(sig)
+        _, stderr = shadowlab.communicate(timeout=60)
+    finally:
+        if shadowlab.poll() is None:
+            shadowlab.kill()
+    assert shadowlab.returncode == 128 + sig, stderr
+    assert not [e.pid for e in engines if alive(e)], "an engine survived shadowlab's interruption"
+    first = records.read_meta(out / "cells" / "reference.defaults.A" / "meta.json")
+    assert first.status is CellStatus.OK
+    interrupted = out / "cells" / "reference.defaults.C" / "meta.json"
+    if interrupted.exists():  # written as aborted, never as ok
+        assert records.read_meta(interrupted).status is CellStatus.ABORTED
+
+    if sig == signal.SIGINT:
+        return  # the resume path is the same; one run of it is enough on a 2-core machine
+    done = subprocess.run(shadowlab_cmd("run", str(matrix), "--out", str(out), "--resume", "--no-report"),
+                          cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "reference.defaults.A ok (kept from the resumed run)" in done.stderr.replace("[", "").replace("]", "")
+    by_id = metas(out)
+    assert {m.status for m in by_id.values()} == {CellStatus.OK}
+    assert by_id["reference.defaults.A"].pid == first.pid  # not rerun
+    assert_no_engine_alive(by_id)
+
+
+def test_two_runs_at_once_never_share_a_core_or_port(tmp_path, repo_root):
+    """Two shadowlab processes, one machine, one lock directory: sample live engines."""
+    sequences = "  A: [A]\n  C: [C]"
+    runs = []
+    for name in ("one", "two"):
+        matrix = write_matrix(tmp_path / f"{name}.yaml", name=name, sequences=sequences)
+        runs.append(subprocess.Popen(
+            shadowlab_cmd("run", str(matrix), "--out", str(tmp_path / name), "--no-report"),
+            cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    overlaps = 0
+    try:
+        while any(p.poll() is None for p in runs):
+            live = [e for p in runs for e in engine_descendants(p.pid) if alive(e)]
+            cores: list[int] = []
+            for engine in live:
+                try:
+                    cores += engine.cpu_affinity()
+                except psutil.NoSuchProcess:
+                    continue
+            assert len(cores) == len(set(cores)), f"engines share a core: {cores}"
+            overlaps += len({p.pid for p in runs if engine_descendants(p.pid)}) == 2
+            time.sleep(0.05)
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert [p.returncode for p in runs] == [0, 0]
+    one, two = metas(tmp_path / "one"), metas(tmp_path / "two")
+    assert overlaps > 0, "the two runs never had engines alive at the same time"
+    for a in one.values():
+        for b in two.values():
+            if _overlap(a, b):
+                assert not set(a.cores.leased) & set(b.cores.leased)
+                assert a.port != b.port
+
+
+def _overlap(a: records.CellMeta, b: records.CellMeta) -> bool:
+    import datetime as dt
+
+    def span(m: records.CellMeta) -> tuple[float, float]:
+        start = dt.datetime.fromisoformat(m.started_at).timestamp()
+        return start, start + m.elapsed_ms / 1000.0
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
