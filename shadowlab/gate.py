@@ -148,8 +148,9 @@ def main(run_dir: str | Path, out: TextIO | None = None) -> int:
 # ---------------------------------------------------------------- reading the run directory
 
 
-def load_run(run_dir: str | Path) -> RunInputs:
-    """Matrix, plan, verdicts and environment of a run. Raises RunDirError / MatrixError."""
+def load_run(run_dir: str | Path, *, write_verdicts: bool = False) -> RunInputs:
+    """Matrix, plan, verdicts and environment of a run. Raises RunDirError / MatrixError.
+    `write_verdicts` (the report) refreshes verdicts.json; the gate only reads."""
     root = Path(run_dir)
     layout = RunLayout(root)
     if not root.is_dir():
@@ -161,14 +162,14 @@ def load_run(run_dir: str | Path) -> RunInputs:
     plan = _read_json_object(layout.plan) if layout.plan.is_file() else {}
     planned = tuple(c.get("id") for c in plan.get("cells", []) if isinstance(c, dict) and c.get("id"))
     environment = _read_json_object(layout.environment) if layout.environment.is_file() else {}
-    verdict = load_verdicts(root)
+    verdict = load_verdicts(root, write=write_verdicts)
     return RunInputs(root, matrix, verdict, planned, plan, environment)
 
 
-def load_verdicts(root: Path) -> verdicts.RunVerdict:
+def load_verdicts(root: Path, *, write: bool = False) -> verdicts.RunVerdict:
     """Recompute from the cell records when they are there; else read verdicts.json."""
     if RunLayout(root).cells_dir.is_dir():
-        return verdicts.compute(root)
+        return verdicts.compute(root, write=write)
     saved = root / "verdicts.json"
     if saved.is_file():
         try:

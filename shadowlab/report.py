@@ -30,7 +30,7 @@ import jinja2
 from shadowlab import gate as gate_mod
 from shadowlab.expectations import CheckResult, CheckStatus
 from shadowlab.gate import GateResult, RunInputs
-from shadowlab.records import CellMeta, read_cell_metas, write_bytes_atomic, write_json_atomic
+from shadowlab.records import CellMeta, read_cell_metas, write_bytes_atomic
 from shadowlab.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outcome, RunVerdict, TurnVerdict
 
 HTML_NAME = "report.html"
@@ -52,12 +52,9 @@ def render_run(run_dir: str | Path) -> ReportPaths:
     """Write report.html, report.md and junit.xml into `run_dir`. Raises RunDirError/MatrixError
     when the directory cannot be read (the CLI maps those to exit 2)."""
     root = Path(run_dir)
-    inputs = gate_mod.load_run(root)
+    inputs = gate_mod.load_run(root, write_verdicts=True)
     result = gate_mod.evaluate_inputs(inputs)
-    metas = read_cell_metas(root)
-    saved = root / "verdicts.json"
-    if not saved.exists():
-        write_json_atomic(saved, inputs.verdict.to_dict())
+    metas = read_cell_metas(root) if (root / "cells").is_dir() else {}
     paths = ReportPaths(root / HTML_NAME, root / MARKDOWN_NAME, root / JUNIT_NAME)
     write_bytes_atomic(paths.html, _encode(render_html(inputs, result, metas)))
     write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result)))
