@@ -406,6 +406,8 @@ _TIMESTAMP_HEAD = re.compile(
     r"(?:[\s\d\-:.,/+|\[\]TZ]|\b[IWEDN]\b|\b(?:INFO|WARN|ERROR|DEBUG|TRACE)\b)*"
     r"(?:(?:srv|slot|main|server)?\s*[A-Za-z_][\w ()]{0,30}:)?[\s\-]*"
 )
+_INFO_LINE = re.compile(r"\s*(?:INFO|VERB|WARN|ERR|ERROR|DEBUG)\s*\[[^\]]*\]\s*(.*?)(?:\s\|\s(.*))?\s*$")
+_INFO_KV = re.compile(r"(\w+)=(-?\d+)\b")
 _ANSI = re.compile(r"\x1b\[[\d;]*m")
 
 
@@ -546,6 +548,8 @@ class _Scanner:
             if pos is None:
                 return None, False
             head = msg[:pos]
+            if "perf" in head:
+                return None, True  # llama_perf_context_print / common_perf_print: process totals
             if head and (len(head) > 160 or not (_TIMESTAMP_HEAD.fullmatch(head) or head.rstrip().endswith("|"))):
                 return None, False  # the phrase stands inside other text (a prompt dump)
             msg = msg[pos:]
@@ -652,6 +656,16 @@ def _segments(text: str) -> Iterator[tuple[int | None, int | None, str, bool]]:
     """(slot, task, message, headless) for each message of a physical line."""
     prefixes = list(_PREFIX.finditer(text))
     if not prefixes:
+        m = _INFO_LINE.match(text)
+        if m is not None:  # ik / older upstream stdout: `INFO [ func] message | k=v k=v`
+            kv = dict(_INFO_KV.findall(m.group(2) or ""))
+            message = m.group(1)
+            if "p0" in kv:
+                message = message.replace("[p0, end)", f"[{kv['p0']}, end)")
+            slot = int(kv["id_slot"]) if "id_slot" in kv else None
+            task = int(kv["id_task"]) if "id_task" in kv else None
+            yield slot, (task if task is None or task >= 0 else None), message, False
+            return
         yield None, None, text, True
         return
     head = text[: prefixes[0].start()]
