@@ -193,8 +193,8 @@ SCHEMA: dict[str, Section] = {
         Key("configuration", "glob", "*", "Which cells: configuration name or pattern."),
         Key("sequence", "glob", "*", "Which cells: sequence name or pattern."),
         Key("turn", "int | prompt id", "every turn",
-            "The turn checked: 0-based index or the prompt id; omitted: each turn (and the cell "
-            "for `max_forced`)."),
+            "The turn checked: 0-based index or the prompt id; omitted: every turn of the cell "
+            "(the first one is `cold`), and `max_forced` counts over them."),
         Key("description", "str", "", "Why this is expected (shown in the report)."),
         Key("outcome", "outcome | list of outcomes", None, "Allowed outcomes: " + ", ".join(OUTCOMES) + "."),
         Key("min_reused", "int", None, "At least this many prompt tokens reused."),
@@ -784,6 +784,11 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
     kind = _choice(*f["kind"], ENGINE_KINDS)
     if "model" in f:
         model = _model(*f["model"], ctx)
+        wrong = {"reference": "gguf", "llama-server": "preset"}.get(kind)
+        if model.source == wrong:
+            f["model"][1].fail(f"a {kind} engine cannot load a {wrong} model",
+                               "the reference engine takes {preset, seed} or a safetensors path; "
+                               "llama-server takes {gguf: {preset, seed}} or a .gguf path")
     elif kind == "openai":
         model = None
     else:
@@ -833,7 +838,20 @@ def _model(value: Any, at: _At, ctx: _Context) -> ModelSpec:
         seed = _int(*g["seed"], minimum=0) if "seed" in g else 0
         return ModelSpec("gguf", preset=_str(*g["preset"]), seed=seed)
     seed = _int(*f["seed"], minimum=0) if "seed" in f else 0
-    return ModelSpec("preset", preset=_str(*f["preset"]), seed=seed)
+    preset = _str(*f["preset"])
+    known = _reference_presets()
+    if known and preset not in known:
+        f["preset"][1].fail(f"unknown reference-engine preset {preset!r}", _closest_hint(preset, known, "presets"))
+    return ModelSpec("preset", preset=preset, seed=seed)
+
+
+def _reference_presets() -> tuple[str, ...]:
+    """The reference engine's model presets (a light import: no torch)."""
+    try:
+        from shadowlab_engine.config import PRESETS
+    except ImportError:  # engine not installed: the adapter reports it when the run starts
+        return ()
+    return tuple(PRESETS)
 
 
 def _existing_path(value: Any, at: _At, ctx: _Context, what: str) -> Path:
@@ -914,6 +932,7 @@ def _prompts(value: Any, at: _At) -> dict[str, PromptSpec]:
     entries = _named_map(value, at, "prompt")
     names = [n for n, _, _ in entries]
     raw: dict[str, tuple[Any, _At]] = {n: (b, a) for n, b, a in entries}
+    kinds = {n: b.get("kind") if isinstance(b, dict) else None for n, b, _ in entries}
     prompts: dict[str, PromptSpec] = {}
     # Build in dependency order so lengths of sources are known; cycles are reported.
     visiting: list[str] = []
@@ -925,7 +944,7 @@ def _prompts(value: Any, at: _At) -> dict[str, PromptSpec]:
             cycle = " → ".join(visiting[visiting.index(pid):] + [pid])
             raw[pid][1].fail(f"prompts depend on each other in a cycle: {cycle}")
         visiting.append(pid)
-        prompts[pid] = _prompt(pid, *raw[pid], names, build)
+        prompts[pid] = _prompt(pid, *raw[pid], names, kinds, build)
         visiting.pop()
         return prompts[pid]
 
@@ -934,7 +953,8 @@ def _prompts(value: Any, at: _At) -> dict[str, PromptSpec]:
     return {pid: prompts[pid] for pid in names}
 
 
-def _prompt(pid: str, body: Any, at: _At, names: list[str], build: Callable[[str], PromptSpec]) -> PromptSpec:
+def _prompt(pid: str, body: Any, at: _At, names: list[str], kinds: Mapping[str, Any],
+            build: Callable[[str], PromptSpec]) -> PromptSpec:
     if not isinstance(body, _LineMap):
         at.fail(f"expected a prompt definition (a mapping with `kind`), got {_describe(body)}")
     if "kind" not in body:
@@ -983,16 +1003,18 @@ def _prompt(pid: str, body: Any, at: _At, names: list[str], build: Callable[[str
                             seed=_int(*f["seed"], minimum=0), source_length=src.length)
     if kind == "unrelated":
         return UnrelatedPrompt(**common, tokens=_int(*f["tokens"], minimum=1), seed=_int(*f["seed"], minimum=0),
-                               unrelated_to=_unrelated_to(pid, f, names, build))
+                               unrelated_to=_unrelated_to(pid, f, names, kinds, build))
     return ChatPrompt(**common, messages=_messages(*f["messages"]))
 
 
-def _unrelated_to(pid: str, f: dict[str, tuple[Any, _At]], names: list[str],
+def _unrelated_to(pid: str, f: dict[str, tuple[Any, _At]], names: list[str], kinds: Mapping[str, Any],
                   build: Callable[[str], PromptSpec]) -> tuple[str, ...]:
     if "unrelated_to" not in f:
-        # Earlier random/unrelated prompts: every other token prompt starts like one of them.
+        # Every random prompt and every earlier unrelated one: each other token prompt starts like
+        # one of those (later unrelated prompts avoid this one in turn).
         earlier = names[: names.index(pid)]
-        return tuple(n for n in earlier if isinstance(build(n), (RandomPrompt, UnrelatedPrompt)))
+        return tuple(n for n in names if n != pid and (
+            kinds[n] == "random" or (kinds[n] == "unrelated" and n in earlier)))
     out = []
     for v, a in _list(*f["unrelated_to"]):
         other = _str(v, a)

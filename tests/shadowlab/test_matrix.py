@@ -125,7 +125,25 @@ def test_defaults_are_filled():
     e = m.engines["ref"]
     assert e.binary == "auto" and e.verbosity_flags == ("-lv", "4") and e.ready_timeout_s == 60
     assert m.prompts["A2"].length == 110
-    assert m.prompts["B"].unrelated_to == ("A",)  # earlier random/unrelated prompts
+    assert m.prompts["B"].unrelated_to == ("A",)  # random prompts and earlier unrelated ones
+
+
+def test_unrelated_defaults_to_every_random_prompt_wherever_it_is():
+    text = """\
+version: 1
+name: t
+engines: {ref: {kind: reference, model: {preset: tiny}}}
+prompts:
+  B: {kind: unrelated, tokens: 20, seed: 3}
+  A: {kind: random, tokens: 100, seed: 1}
+  C: {kind: diverge, from: A, shared: 40, tokens: 120, seed: 2}
+  B2: {kind: unrelated, tokens: 20, seed: 5}
+  Z: {kind: random, tokens: 9, seed: 9}
+sequences: {s: [A, B, C, B2, Z]}
+"""
+    m = loads(text, file="m.yaml")
+    assert m.prompts["B"].unrelated_to == ("A", "Z")  # C starts like A
+    assert m.prompts["B2"].unrelated_to == ("B", "A", "Z")
 
 
 def test_no_configurations_means_one_empty_configuration():
@@ -198,6 +216,10 @@ def test_rendering_matches_the_documented_shape():
      "cores_per_cell"),
     ("    model: {preset: tiny, seed: 0}", "    model: {preset: tiny, path: x.gguf}", "model:",
      "engines.ref.model", "exactly one of preset, path, gguf (got preset, path)", None),
+    ("    model: {preset: tiny, seed: 0}", "    model: {gguf: {preset: tiny}}", "model:",
+     "engines.ref.model", "a reference engine cannot load a gguf model", "llama-server takes"),
+    ("    model: {preset: tiny, seed: 0}", "    model: {preset: tine, seed: 0}", "model:",
+     "engines.ref.model.preset", "unknown reference-engine preset 'tine'", "did you mean 'tiny'?"),
     ("    model: {preset: tiny, seed: 0}", "    model: {preset: tiny, seed: -1}", "model:",
      "engines.ref.model.seed", "expected an integer ≥ 0, got -1", None),
     ("    threads: 1", "    threads: 1\n    command: [x, --port, '{prot}']", "command:",
@@ -415,3 +437,14 @@ def test_docs_examples_load(tmp_path):
     assert blocks
     for block in blocks:
         loads(block, file="docs/matrix.md", check_files=False)
+
+
+@pytest.mark.parametrize("path", _bad_files()[:4] + _bad_files()[-2:], ids=lambda p: p.stem)
+def test_cli_prints_the_error_and_exits_2_without_traceback(path, capsys):
+    from shadowlab import cli
+
+    assert cli.main(["run", str(path), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"{path}:" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2  # the error and its hint
