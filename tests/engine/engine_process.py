@@ -7,6 +7,7 @@ polled with a deadline, never slept for.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -50,6 +51,13 @@ class EngineProcess:
 
     def lines(self, needle: str) -> list[str]:
         return [line for line in self.log().splitlines() if needle in line]
+
+    def mark(self) -> int:
+        """Current end of the log, for `lines_since`."""
+        return len(self.log())
+
+    def lines_since(self, mark: int, needle: str) -> list[str]:
+        return [line for line in self.log()[mark:].splitlines() if needle in line]
 
     def task_lines(self, task: int, needle: str = "") -> list[str]:
         return [line for line in self.lines(f"| task {task} |") if needle in line]
@@ -123,3 +131,34 @@ FIELD_RE = re.compile(r"(\w+) = (-?\d+)")
 def fields(line: str) -> dict[str, int]:
     """Integer `name = value` fields of a log line."""
     return {k: int(v) for k, v in FIELD_RE.findall(line)}
+
+
+@functools.lru_cache(maxsize=2)
+def _load(path: str):
+    import torch
+
+    from shadowlab_engine.model import HybridModel
+
+    torch.set_num_threads(1)
+    return HybridModel.load(path)
+
+
+def greedy_reference(model_path: Path, prompt: list[int], n_predict: int) -> list[int]:
+    """Cold greedy completion computed with the model directly (one forward() for the whole
+    prompt, no server, no checkpoints): an oracle independent of the engine's cache code."""
+    import torch
+
+    from shadowlab_engine.tokenizer import STOP_TOKENS
+
+    model = _load(str(model_path))
+    state = model.new_state(len(prompt) + n_predict)
+    logits = model.forward(state, prompt, 0)
+    out: list[int] = []
+    while len(out) < n_predict:
+        token = int(torch.argmax(logits).item())
+        if token in STOP_TOKENS:
+            break
+        out.append(token)
+        if len(out) < n_predict:
+            logits = model.forward(state, [token], state.n_past)
+    return out
