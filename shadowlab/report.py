@@ -423,10 +423,11 @@ def render_markdown(inputs: RunInputs, result: GateResult) -> str:
             cells = [_md_grid_cell(c) for c in row.cells]
             lines.append(f"| {md_cell(row.configuration)} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["### Turns", "", "| cell | turn | prompt | tokens | divergence | re-entry | reused | saved | "
-              "outcome | identity |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["### Turns (after the first, which is cold)", "",
+              "| cell | turn | prompt | tokens | divergence | re-entry | reused | saved | outcome | identity |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for cell in (c for c in run.cells if c.kind == "warm"):
-        for t in cell.turns:
+        for t in cell.turns[1:]:
             ident = t.identity.status.value if t.identity else ""
             lines.append(
                 f"| {md_cell(cell.cell_id)} | {t.index} | {md_cell(t.prompt_id)} | {_num(t.prompt_tokens)} | "
