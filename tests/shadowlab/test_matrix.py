@@ -95,6 +95,7 @@ def test_ckpt_expectations_follow_the_reference_mechanics():
     assert set(by["defaults", "A-C", "A"].checkpoints_created_at) == {L - 4 - ub - 1, L - 4 - 1}
     assert by["defaults", "A-C", "C"].outcome == ("forced",)
     assert by["prompt_end", "A-C", "C"].outcome == ("forced",)
+    assert set(by["prompt_end", "A-C", "A"].checkpoints_created_at) == {L - 4 - ub - 1, L - 4 - 1, L - 1}
     policy0 = by["policy0*", "A-C", "C"]
     assert policy0.outcome == ("restored",) and policy0.min_reused == b
     assert policy0.min_saved_fraction <= b / 4947
