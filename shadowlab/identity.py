@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from shadowlab.verdicts import IdentityCheck, IdentityStatus
 
-__all__ = ["compare", "first_difference", "mark_inconclusive", "missing_reference", "failed"]
+__all__ = ["compare", "compare_control", "first_difference", "mark_inconclusive", "missing_reference", "failed"]
 
 
 def first_difference(a: Sequence[object] | bytes, b: Sequence[object] | bytes) -> int | None:
@@ -81,6 +81,27 @@ def compare(
         detail=f"differs from {reference_cell}: " + ", ".join(parts),
         **common,
     )
+
+
+def compare_control(
+    text: str,
+    tokens: Sequence[int] | None,
+    reference_text: str,
+    reference_tokens: Sequence[int] | None,
+    *,
+    reference_cell: str | None,
+) -> IdentityCheck:
+    """Cold vs cold: IDENTICAL means the engine is deterministic run to run (no reuse involved)."""
+    check = compare(text, tokens, reference_text, reference_tokens, reused_tokens=None, reference_cell=reference_cell)
+    if check.status is IdentityStatus.IDENTICAL_NO_REUSE:
+        return dataclasses.replace(
+            check,
+            status=IdentityStatus.IDENTICAL,
+            detail=f"cold vs cold: identical to {reference_cell} (the engine is deterministic run to run)",
+        )
+    if check.status is IdentityStatus.MISMATCH:
+        return dataclasses.replace(check, detail="cold vs cold: " + check.detail + " (engine nondeterminism)")
+    return check
 
 
 def missing_reference(reused_tokens: int | None, why: str) -> IdentityCheck:

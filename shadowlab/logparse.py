@@ -447,6 +447,7 @@ class _Scanner:
             head, base_offset, base_line = self.pending[:MAX_LINE], self.offset, self.line_no
             self._advance(len(self.pending), 1)
             self.pending, self.skipping = b"", True
+            self.stats.overlong_lines += 1
             yield from self._scan_body(head, base_offset, base_line)
 
     def _advance(self, nbytes: int, lines: int) -> None:

@@ -640,7 +640,7 @@ def _attach_identity(
             continue
         meta = metas[c.cell_id]
         ref_id = (meta.cell or {}).get("control_of")
-        check = _compare_turn(meta, 0, metas.get(ref_id) if ref_id else None, ref_id, reused=0, identity=identity)
+        check = _compare_turn(meta, 0, metas.get(ref_id) if ref_id else None, ref_id, None, identity, control=True)
         controls.append(check)
         by_id[c.cell_id] = dataclasses.replace(c, control=check)
         if check.status is IdentityStatus.MISMATCH:
@@ -669,7 +669,9 @@ def _attach_identity(
     return out, controls, noisy
 
 
-def _compare_turn(meta: Any, index: int, ref_meta: Any, ref_id: str | None, reused: int | None, identity: Any) -> IdentityCheck:
+def _compare_turn(
+    meta: Any, index: int, ref_meta: Any, ref_id: str | None, reused: int | None, identity: Any, control: bool = False
+) -> IdentityCheck:
     turn = next((t for t in meta.turns if t.index == index), None)
     if ref_id is None:
         return identity.missing_reference(reused, "the plan names no cold cell for this turn")
@@ -684,6 +686,14 @@ def _compare_turn(meta: Any, index: int, ref_meta: Any, ref_id: str | None, reus
         return identity.failed(reused, ref_id, f"cold cell {ref_id} has no output: {why}")
     if turn.prompt_sha256 and ref_turn.prompt_sha256 and turn.prompt_sha256 != ref_turn.prompt_sha256:
         return identity.failed(reused, ref_id, f"cold cell {ref_id} ran a different prompt (sha256 differs)")
+    if control:
+        return identity.compare_control(
+            turn.completion.text,
+            turn.completion.tokens,
+            ref_turn.completion.text,
+            ref_turn.completion.tokens,
+            reference_cell=ref_id,
+        )
     return identity.compare(
         turn.completion.text,
         turn.completion.tokens,

@@ -1,0 +1,311 @@
+"""logparse on real engine logs (reference-engine captures), on llama.cpp b11434 / older upstream /
+ik_llama.cpp lines as the BRIEF and the server sources print them, and on hostile input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shadowlab import logparse as lp
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+REF = LOGS / "reference"
+TRANSCRIBED = LOGS / "transcribed"
+REAL_LLAMA = sorted((LOGS / "llama.cpp-b11434").glob("*.log")) if (LOGS / "llama.cpp-b11434").is_dir() else []
+
+
+def kinds(parsed: lp.ParsedLog) -> list[str]:
+    return [e.kind for e in parsed.events]
+
+
+def by_task(parsed: lp.ParsedLog, task: int, kind: str) -> list[lp.Event]:
+    return [e for e in parsed.events if e.task == task and e.kind == kind]
+
+
+# ---------------------------------------------------------------- reference engine (real captures)
+
+
+def test_reference_restore_and_cascade_match_the_engines_own_timings():
+    parsed = lp.parse(REF / "policy0-A-C-B-C.log", "reference")
+    answers = json.loads((REF / "policy0-A-C-B-C.json").read_text())
+    assert parsed.unknown_count == 0
+    # A under POLICY=0: -b boundaries 2048, 4096 and the tail L-4-512, L-4
+    assert [e.n_tokens for e in by_task(parsed, 0, "created")] == [2048, 4044, 4096, 4556]
+    (restored,) = by_task(parsed, 1, "restored")
+    assert (restored.pos_max, restored.n_tokens, restored.n_past) == (2047, 2048, 2048)
+    assert restored.took_ms is not None and restored.size_mib == pytest.approx(0.346)
+    # the cascade erases everything above the re-entry point, each line names pos_next
+    erased = by_task(parsed, 1, "erased_invalidated")
+    assert [e.n_tokens for e in erased] == [4044, 4096, 4556]
+    assert {e.pos_next for e in erased} == {2048}
+    # log figures agree with the API's timings of the same run
+    for task, answer in enumerate(answers):
+        (trim,) = by_task(parsed, task, "cache_trim")
+        (evaluated,) = by_task(parsed, task, "prompt_eval")
+        assert trim.n_past == answer["timings"]["cache_n"]
+        assert evaluated.n_tokens == answer["timings"]["prompt_n"]
+    # B (zero overlap) erases all four of C's checkpoints without a forcing line
+    assert len(by_task(parsed, 2, "erased_invalidated")) == 4 and not by_task(parsed, 2, "forced")
+
+
+def test_reference_forced_line_when_no_checkpoint_is_below_the_divergence():
+    parsed = lp.parse(REF / "defaults-A-C-append.log", "reference")
+    assert [e.n_tokens for e in by_task(parsed, 0, "created")] == [4044, 4556]
+    assert len(by_task(parsed, 1, "forced")) == 1
+    assert by_task(parsed, 1, "cache_trim")[0].n_past == 0
+
+
+def test_reference_stale_restore_fault_is_visible_in_the_restore_line():
+    parsed = lp.parse(REF / "fault-stale-restore.log", "reference")
+    (restored,) = parsed.of("restored")
+    assert restored.n_past == restored.n_tokens + 1
+
+
+def test_reference_skip_cascade_fault_logs_no_erase():
+    parsed = lp.parse(REF / "fault-skip-cascade.log", "reference")
+    assert parsed.counts.get("restored") == 1
+    assert "erased_invalidated" not in parsed.counts
+
+
+# ---------------------------------------------------------------- llama.cpp b11434 (BRIEF §3 lines)
+
+
+def test_b11434_brief_example_line_exactly():
+    line = ("0.03.375.876 I slot create_check: id  0 | task 0 | created context checkpoint 1 of 64 "
+            "(pos_min = 4043, pos_max = 4043, n_tokens = 4044, size = 0.032 MiB)")
+    (ev,) = lp.parse([line], "llama.cpp").events
+    assert isinstance(ev, lp.CheckpointCreated)
+    assert (ev.slot, ev.task, ev.index, ev.capacity) == (0, 0, 1, 64)
+    assert (ev.pos_min, ev.pos_max, ev.n_tokens, ev.n_tokens_derived) == (4043, 4043, 4044, False)
+    assert ev.size_mib == pytest.approx(0.032) and ev.took_ms is None
+
+
+def test_b11434_forced_then_silent_sequence():
+    parsed = lp.parse(TRANSCRIBED / "llama.cpp-b11434-A-C-B-C.log", "llama.cpp")
+    assert parsed.unknown_count == 0
+    assert by_task(parsed, 1, "forced") and not by_task(parsed, 2, "forced") and not by_task(parsed, 3, "forced")
+    assert [e.pos_max for e in by_task(parsed, 1, "erased_invalidated")] == [4043, 4555]
+    # several `cached n_tokens` lines per task (one per batch): the first one is the re-entry
+    assert [e.n_past for e in by_task(parsed, 0, "cache_trim")] == [0, 4044, 4556]
+    selected = parsed.of("slot_selected")
+    assert [s.method for s in selected] == ["lru", "lcp", "lru", "lru"]
+    assert selected[1].similarity == pytest.approx(0.512) and selected[1].f_keep == pytest.approx(0.555)
+    assert selected[0].task is None  # `task -1`: chosen before the task owns the slot
+    (new_prompt,) = by_task(parsed, 2, "new_prompt")
+    assert (new_prompt.n_ctx_slot, new_prompt.n_keep, new_prompt.n_tokens) == (8192, 0, 99)
+    assert [e.n_tokens for e in parsed.of("prompt_eval")] == [4560, 4947, 99, 4947]
+
+
+def test_b11434_restore_and_erase_lines_with_every_field():
+    lines = [
+        "0.05.000.000 I slot   operator(): id  0 | task 2 | restored context checkpoint (pos_min = 2047, pos_max = 2047, "
+        "n_tokens = 2048, n_past = 2048, size = 0.032 MiB)",
+        "0.05.000.001 I slot   operator(): id  0 | task 2 | erased invalidated context checkpoint (pos_min = 4043, "
+        "pos_max = 4043, n_tokens = 4044, n_swa = 0, pos_next = 2048, size = 0.032 MiB)",
+        "0.05.000.002 W slot create_check: id  3 | task 9 | erasing old context checkpoint (pos_min = 10, pos_max = 10, "
+        "n_tokens = 11, size = 0.032 MiB)",
+        "0.05.000.003 I slot create_check: id  3 | task 9 | erasing context checkpoint too close to an earlier one "
+        "(pos_min = 20, pos_max = 20, n_tokens = 21, size = 0.032 MiB)",
+        "0.05.000.004 I slot create_check: id  3 | task 9 | superseding context checkpoint at n_tokens = 21",
+    ]
+    restored, erased, old, close, superseded = lp.parse(lines, "llama.cpp").events
+    assert restored.n_past == 2048 and erased.pos_next == 2048 and erased.n_swa == 0
+    assert isinstance(old, lp.CheckpointErasedOld) and old.slot == 3 and old.task == 9
+    assert isinstance(close, lp.CheckpointErasedTooClose) and close.n_tokens == 21
+    assert superseded.kind == "erased_superseded" and superseded.n_tokens == 21
+
+
+@pytest.mark.skipif(not REAL_LLAMA, reason="no real llama-server capture under tests/fixtures/logs/llama.cpp-b11434/")
+@pytest.mark.parametrize("path", REAL_LLAMA, ids=lambda p: p.name)
+def test_real_llama_server_captures_parse_without_unknown_checkpoint_lines(path):
+    parsed = lp.parse(path, "llama.cpp")
+    text = path.read_bytes().decode("utf-8", "replace")
+    assert parsed.counts.get("created", 0) == text.count("created context checkpoint")
+    assert parsed.counts.get("prompt_eval", 0) == text.count("prompt eval time") - text.count("perf_context_print")
+    assert parsed.unknown_count == 0, parsed.unknown_samples
+
+
+# ---------------------------------------------------------------- older upstream and ik_llama.cpp
+
+
+def test_legacy_lines_with_fewer_fields():
+    parsed = lp.parse(TRANSCRIBED / "llama.cpp-legacy-A-C.log", "llama.cpp-legacy")
+    assert parsed.unknown_count == 0
+    created = parsed.of("created")
+    assert all(c.n_tokens_derived and c.n_tokens == c.pos_max + 1 for c in created)
+    (restored,) = parsed.of("restored")
+    assert restored.n_past is None and restored.n_tokens == 2048
+    (erased,) = parsed.of("erased_invalidated")
+    assert erased.pos_next is None and erased.n_swa == 0
+    assert [e.n_past for e in parsed.of("cache_trim")] == [0, 2048]  # `n_past = N, memory_seq_rm`
+    assert [e.n_tokens for e in parsed.of("new_prompt")] == [4560, 4947]  # `n_prompt_tokens`
+    assert parsed.of("slot_selected")[1].method == "lcs"
+    # multi-line print_timing: the timings line takes the slot/task of its header line;
+    # llama_perf_context_print's process total is not a turn
+    assert [(e.task, e.n_tokens) for e in parsed.of("prompt_eval")] == [(0, 4560), (5, 2899)]
+
+
+def test_ik_lines_took_before_fields_and_interleaved_stdout():
+    parsed = lp.parse(TRANSCRIBED / "ik_llama.cpp-A-C.log", "ik_llama.cpp")
+    (restored,) = parsed.of("restored")
+    assert restored.took_ms == pytest.approx(0.21) and restored.task == 21
+    assert restored.n_tokens == 2048 and restored.n_tokens_derived
+    first = parsed.of("created")[0]
+    assert (first.task, first.took_ms, first.n_tokens) == (1, pytest.approx(0.12), 2048)
+    # an INFO line between the print_timing header and the timings does not steal them
+    assert [(e.task, e.n_tokens) for e in parsed.of("prompt_eval")] == [(1, 4560), (21, 2899), (30, 99)]
+    # stdout `kv cache rm [p0, end) | ... id_task=21 p0=2048`
+    (trim,) = parsed.of("cache_trim")
+    assert (trim.slot, trim.task, trim.n_past) == (0, 21, 2048)
+    assert [e.task for e in parsed.of("forced")] == [30]
+    assert [e.kind for e in by_task(parsed, 30, "erased_old")] == ["erased_old"]
+
+
+def test_ik_prompt_dumps_are_never_events():
+    """`cache :` / `prompt:` dumps hold engine text with control bytes, newlines and even the
+    event phrases; they must not become events, and are reported as unknown lines."""
+    parsed = lp.parse(TRANSCRIBED / "ik_llama.cpp-A-C.log", "ik_llama.cpp")
+    assert all(e.pos_min != 1 for e in parsed.of("created"))  # the phrase inside `cache :`
+    assert [e.task for e in parsed.of("forced")] == [30]  # the phrase inside `prompt:`
+    assert parsed.unknown_count == 2
+    assert any("cache :" in text for _, text in parsed.unknown_samples)
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+def test_unknown_lines_are_counted_with_samples_not_fatal():
+    lines = [f"slot update_slots: id  0 | task {i} | restored context checkpoint in a new fork format {i}" for i in range(9)]
+    lines.append("slot update_slots: id  0 | task 9 | cached n_tokens = 5, memory_seq_rm [5, end)")
+    parsed = lp.parse(lines, "llama.cpp")
+    assert parsed.unknown_count == 9
+    assert len(parsed.unknown_samples) == lp.MAX_SAMPLES
+    assert parsed.unknown_samples[0][0] == 1 and "new fork format 0" in parsed.unknown_samples[0][1]
+    assert kinds(parsed) == ["cache_trim"]
+
+
+def test_truncated_lines_are_unknown_not_wrong():
+    lines = [
+        "slot create_check: id  0 | task 1 | created context checkpoint 1 of 64 (pos_min = 2047, pos_m",
+        "slot print_timing: id  0 | task 1 | prompt eval time =    12.",
+        "slot create_check: id  0 | task 1 | created context checkpoint 2 of 64 (pos_min = 9, pos_max = 9, n_tokens = 10, size = 0.1 MiB)",
+    ]
+    parsed = lp.parse(lines, "llama.cpp")
+    assert [(e.kind, e.n_tokens) for e in parsed.events] == [("created", 10)]
+    assert parsed.unknown_count == 2
+
+
+def test_control_bytes_nul_cr_and_invalid_utf8(tmp_path):
+    data = (
+        b"\x00\x00garbage \xff\xfe\x80 bytes\r\n"
+        b"0.01.000.000 I slot create_check: id  0 | task 4 | created context checkpoint 1 of 64 "
+        b"(pos_min = 7, pos_max = 7, n_tokens = 8, size = 0.1 MiB)\r\n"
+        b"\x1b[34m0.01.000.001\x1b[0m \x1b[32mI \x1b[0mslot   operator(): id  0 | task 4 | cached n_tokens = 8, memory_seq_rm [8, end)\r\n"
+        b"slot create_check: id  0 | task 4 | created \x00context checkpoint 2 of 64 (pos_min = 9, pos_max = 9, n_tokens = 10, size = 0.1 MiB)\n"
+        b"\xc3\x28 slot x: id  0 | task 4 | restored context checkpoint (pos_min = 7, pos_max = 7, n_tokens = 8, n_past = 8, size = 0.1 MiB)\n"
+    )
+    path = tmp_path / "engine.log"
+    path.write_bytes(data)
+    parsed = lp.parse(path, "llama.cpp")
+    assert [(e.kind, e.line) for e in parsed.events] == [
+        ("created", 2), ("cache_trim", 3), ("created", 4), ("restored", 5)
+    ]
+    assert parsed.events[2].n_tokens == 10  # the NUL inside the phrase is dropped
+    assert parsed.lines == 5
+
+
+def test_two_lines_interleaved_into_one_yield_both_events():
+    line = (
+        "0.01.0 I slot create_check: id  0 | task 3 | created context checkpoint 1 of 64 (pos_min = 1, pos_max = 1, "
+        "n_tokens = 2, size = 0.1 MiB)0.01.1 I slot update_slots: id  1 | task 7 | cached n_tokens = 0, memory_seq_rm [0, end)"
+    )
+    created, trim = lp.parse([line], "llama.cpp").events
+    assert (created.task, created.n_tokens) == (3, 2)
+    assert (trim.slot, trim.task, trim.n_past) == (1, 7, 0)
+
+
+def test_slot_prefix_split_across_lines():
+    lines = [
+        "0.02.0 I slot create_check: id  0 | ta",
+        "sk 3 | created context checkpoint 2 of 64 (pos_min = 5, pos_max = 5, n_tokens = 6, size = 0.1 MiB)",
+    ]
+    (ev,) = lp.parse(lines, "llama.cpp").events
+    assert ev.n_tokens == 6 and ev.task is None and ev.line == 2
+
+
+def test_ten_megabyte_line_is_survived_and_offsets_stay_exact(tmp_path):
+    head = b"0.00.1 I slot create_check: id  0 | task 1 | created context checkpoint 1 of 64 (pos_min = 1, pos_max = 1, n_tokens = 2, size = 0.1 MiB)\n"
+    big = b"cache : " + b"x" * (10 << 20) + b" created context checkpoint 5 of 5 (pos_min = 3, pos_max = 3)\n"
+    tail = b"0.00.2 I slot update_slots: id  0 | task 2 | cached n_tokens = 4, memory_seq_rm [4, end)\n"
+    path = tmp_path / "big.log"
+    path.write_bytes(head + big + tail)
+    parsed = lp.parse(path, "llama.cpp")
+    assert kinds(parsed) == ["created", "cache_trim"]
+    assert parsed.events[1].offset == len(head) + len(big)
+    assert parsed.events[1].line == 3
+    assert parsed.overlong_lines == 1
+    assert parsed.bytes == len(head + big + tail) and parsed.lines == 3
+
+
+def test_offsets_are_byte_offsets_of_line_starts(tmp_path):
+    path = tmp_path / "engine.log"
+    lines = [
+        "héllo wörld (not an event)\n",
+        "slot a: id  0 | task 1 | cached n_tokens = 3, memory_seq_rm [3, end)\n",
+        "x\n",
+        "slot a: id  0 | task 1 | prompt eval time =      1.00 ms /     3 tokens (    0.33 ms per token,  3000.00 tokens per second)\n",
+    ]
+    raw = "".join(lines).encode()
+    path.write_bytes(raw)
+    trim, ev = lp.parse(path, "llama.cpp").events
+    assert raw[trim.offset:].startswith(b"slot a: id  0 | task 1 | cached")
+    assert raw[ev.offset:].startswith(b"slot a: id  0 | task 1 | prompt eval")
+    # the same events from an iterable of lines, and from a path split into tiny blocks
+    assert [e.offset for e in lp.parse(lines, "llama.cpp").events] == [trim.offset, ev.offset]
+
+
+def test_block_boundaries_do_not_change_the_result(monkeypatch):
+    path = REF / "policy0-A-C-B-C.log"
+    whole = lp.parse(path, "reference").events
+    monkeypatch.setattr(lp, "BLOCK_SIZE", 97)  # split lines everywhere
+    assert lp.parse(path, "reference").events == whole
+
+
+def test_memory_stays_bounded_by_the_block_size_not_the_file(tmp_path, monkeypatch):
+    import tracemalloc
+
+    monkeypatch.setattr(lp, "BLOCK_SIZE", 1 << 20)
+    path = tmp_path / "long.log"
+    event = b"0.1 I slot update_slots: id  0 | task 1 | cached n_tokens = 5, memory_seq_rm [5, end)\n"
+    filler = b"0.1 I srv  log_server_r: done request: POST /completion 127.0.0.1 200\n" * 2000
+    with open(path, "wb") as fh:
+        for _ in range(150):  # ~21 MB
+            fh.write(filler + event)
+    tracemalloc.start()
+    n = sum(1 for _ in lp.iter_events(path, "llama.cpp"))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert n == 150
+    assert path.stat().st_size > 20 << 20
+    assert peak < 5 << 20, f"peak {peak} bytes while streaming a {path.stat().st_size}-byte file"
+
+
+def test_family_none_and_unknown_family():
+    assert lp.parse(REF / "policy0-A-C-B-C.log", "none").events == []
+    with pytest.raises(ValueError):
+        lp.parse([], "vllm")
+
+
+def test_extra_pattern_for_another_fork():
+    pattern = lp.ExtraPattern.from_regex(
+        r"(?P<restored>)ckpt-restore slot=(?P<slot>\d+) task=(?P<task>\d+) range=(?P<pos_min>\d+)\.\.(?P<pos_max>\d+) reentry=(?P<n_past>\d+)"
+    )
+    lines = ["[fork] ckpt-restore slot=1 task=44 range=100..199 reentry=200", "[fork] ckpt-restore garbled"]
+    parsed = lp.parse(lines, "llama.cpp", [pattern])
+    (ev,) = parsed.events
+    assert isinstance(ev, lp.CheckpointRestored)
+    assert (ev.slot, ev.task, ev.pos_min, ev.pos_max, ev.n_tokens, ev.n_past) == (1, 44, 100, 199, 200, 200)
+    with pytest.raises(ValueError):
+        lp.ExtraPattern.from_regex(r"no kind group (?P<pos_max>\d+)")
