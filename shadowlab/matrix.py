@@ -592,12 +592,12 @@ def _closest_hint(word: str, known: Iterable[str], what: str = "") -> str:
     return label + (", ".join(known) if known else "(none)")
 
 
-def _fields(value: Any, at: _At, section: str, extra_known: tuple[str, ...] = ()) -> dict[str, tuple[Any, _At]]:
+def _fields(value: Any, at: _At, section: str) -> dict[str, tuple[Any, _At]]:
     """Check a mapping against a schema section; return key → (value, where)."""
     if not isinstance(value, _LineMap):
         at.fail(f"expected a mapping, got {_describe(value)}")
     sec = SCHEMA[section]
-    known = sec.names() + extra_known
+    known = sec.names()
     for key in value:
         if key not in known:
             at.key(key, value.key_lines[key]).fail(
@@ -1087,19 +1087,18 @@ def _check_chat_turns(matrix: Matrix, at: _At, raw: _LineMap) -> None:
                         "from_turn must name an earlier turn (0-based) of every sequence using the prompt")
 
 
-def _selection(value: Any, at: _At, section: str, names: dict[str, Iterable[str]]) -> dict[str, str]:
-    f = _fields(value, at, section)
-    out = {}
+def _selection(f: dict[str, tuple[Any, _At]], names: Mapping[str, Iterable[str]]) -> Selection:
+    """The engine/configuration/sequence patterns among checked fields; each must match a name."""
+    patterns = {}
     for key, known in names.items():
         if key not in f:
             continue
         pattern = _str(*f[key])
         known = list(known)
         if not any(fnmatch.fnmatchcase(n, pattern) for n in known):
-            what = {"engine": "engines", "configuration": "configurations", "sequence": "sequences"}[key]
-            f[key][1].fail(f"{pattern!r} matches no {key}", _closest_hint(pattern, known, what))
-        out[key] = pattern
-    return out
+            f[key][1].fail(f"{pattern!r} matches no {key}", _closest_hint(pattern, known, f"{key}s"))
+        patterns[key] = pattern
+    return Selection(**patterns)
 
 
 def _cells(value: Any, at: _At, engines: Mapping, configurations: Mapping, sequences: Mapping) -> CellsSpec:
@@ -1107,7 +1106,7 @@ def _cells(value: Any, at: _At, engines: Mapping, configurations: Mapping, seque
     names = {"engine": engines, "configuration": configurations, "sequence": sequences}
 
     def selections(key: str) -> tuple[Selection, ...]:
-        return tuple(Selection(**_selection(v, a, "selection", names)) for v, a in _list(*f[key]))
+        return tuple(_selection(_fields(v, a, "selection"), names) for v, a in _list(*f[key]))
 
     include = selections("include") if "include" in f else (Selection(),)
     exclude = selections("exclude") if "exclude" in f else ()
@@ -1157,10 +1156,7 @@ def _identity(value: Any, at: _At) -> Identity:
 def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, str, str]]) -> Expectation:
     f = _fields(value, at, "expectation")
     names = {"engine": matrix.engines, "configuration": matrix.configurations, "sequence": matrix.sequences}
-    sel_keys = {k: v for k, v in value.items() if k in names}
-    sel_map = _LineMap(sel_keys)
-    sel_map.line, sel_map.key_lines, sel_map.value_lines = value.line, value.key_lines, value.value_lines
-    selection = Selection(**_selection(sel_map, at, "selection", names))
+    selection = _selection(f, names)
     cells = [c for c in selected if selection.matches(*c)]
     if not cells:
         at.fail("this expectation selects no planned cell", "check its engine/configuration/sequence "
