@@ -133,7 +133,7 @@ def _judge(run_dir: Path, *, all_ran: bool) -> int:
     gate = optional_stage("shadowlab.gate")
     if gate is None:
         return EXIT_QUALIFIED if all_ran else EXIT_INFRASTRUCTURE
-    return int(gate.evaluate(run_dir))
+    return _gate(run_dir)
 
 
 def _report(run_dir: Path) -> int:
@@ -150,6 +150,8 @@ def _gate(run_dir: Path) -> int:
     if gate is None:
         print("shadowlab: the gate stage is not available in this build", file=sys.stderr)
         return EXIT_INFRASTRUCTURE
+    if hasattr(gate, "main"):  # prints its summary
+        return int(gate.main(run_dir))
     return int(gate.evaluate(run_dir))
 
 

@@ -1,0 +1,99 @@
+"""The command line: exit codes, clear errors without tracebacks, README and CI agreeing."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shadowlab import cli
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "matrices"
+
+
+def shadowlab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shadowlab", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_documents_the_exit_codes(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for text in ("0  qualified", "1  a check failed", "2  usage/matrix error", "3  infrastructure failure",
+                 "--resume", "--dry-run", "--jobs", "--fault"):
+        assert text in out
+
+
+@pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_bad_matrix_is_one_clear_error_and_exit_2(fixture, tmp_path, capsys):
+    expected_line = fixture.read_text().splitlines()[0].split("|")[0].removeprefix("# expect:").strip()
+    code = cli.main(["run", str(fixture), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"shadowlab: {fixture}")
+    if expected_line:
+        assert f"{fixture}:{expected_line}:" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # nothing was started or written
+
+
+def test_bad_matrix_from_a_real_process_has_no_traceback(repo_root, tmp_path):
+    done = shadowlab("run", str(FIXTURES / "unknown_engine_key.yaml"), cwd=repo_root)
+    assert done.returncode == 2
+    assert "engines.ref.thread" in done.stderr and "hint:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_missing_matrix_file_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(repo_root, tmp_path):
+    out = tmp_path / "run"
+    done = shadowlab("run", "matrices/ckpt.yaml", "--dry-run", "--out", str(out), cwd=repo_root)
+    assert done.returncode == 0, done.stderr
+    assert "reference.defaults.A-C" in done.stdout and "cold" in done.stdout and "control" in done.stdout
+    assert not out.exists()
+
+
+def test_reused_output_directory_is_refused(repo_root, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "meta.json").write_text("{}")
+    done = shadowlab("run", "matrices/ckpt.yaml", "--out", str(out), cwd=repo_root)
+    assert done.returncode == 2
+    assert "already exists" in done.stderr and "--resume" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_resume_without_a_run_is_refused(tmp_path, capsys):
+    code = cli.main(["run", "matrices/ckpt.yaml", "--resume", "--out", str(tmp_path / "empty")])
+    assert code == 2
+    assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_report_and_gate_on_a_non_run_directory_are_usage_errors(tmp_path):
+    assert cli.main(["gate", str(tmp_path)]) == 2
+    assert cli.main(["report", str(tmp_path)]) == 2
+
+
+def test_ci_runs_the_readme_test_command(repo_root):
+    ci = (repo_root / ".ci" / "run").read_text()
+    pattern = re.search(r'grep -E "([^"]+)" README\.md', ci).group(1)
+    readme = (repo_root / "README.md").read_text()
+    matches = [line for line in readme.splitlines() if re.search(pattern, line)]
+    assert len(matches) == 1
+    assert matches[0].endswith("python -m pytest -q")
+    assert "torch==2.13.0" in matches[0] and "LLAMA_CPP_BUILD_JOBS=2" in matches[0]
+    assert "set -euo pipefail" in ci and "CI=true" in ci
+
+
+def test_readme_run_command_runs_the_case_study(repo_root):
+    readme = (repo_root / "README.md").read_text()
+    assert "pip install torch==2.13.0 && pip install -e . && shadowlab run matrices/ckpt.yaml" in readme
