@@ -482,14 +482,16 @@ class _Scanner:
                 stop = start + MAX_LINE
             raw = body[start:stop]
             self.stats.candidate_lines += 1
-            m = _FAST_CHECKPOINT.search(raw)
-            if m is not None and m.end() == len(raw):
-                ev = _fast_checkpoint(m, line_no + 1, base_offset + start)
+            ev = _fast_line(raw, line_no + 1, base_offset + start)
+            if ev is not None:
+                if ev is _IGNORED:
+                    self.stats.ignored_count += 1
+                    continue
+                if ev.task is None and ev.kind == "prompt_eval":
+                    slot, task = self.timing_owner(body, start)
+                    ev = PromptEval(line=ev.line, offset=ev.offset, slot=slot, task=task, ms=ev.ms, n_tokens=ev.n_tokens)
                 self.stats.kinds[ev.kind] += 1
                 yield ev
-                continue
-            if _BENIGN_FAST.search(raw) is not None and raw.count(b"| task") <= 1:
-                self.stats.ignored_count += 1  # e.g. `checking checkpoint with [a, b] against n`
                 continue
             yield from self._line(raw, line_no + 1, base_offset + start, body, start)
 
@@ -576,45 +578,81 @@ class _Scanner:
         return (int(m.group(1)), int(m.group(2))) if m else (None, None)
 
 
-# The common b11434 / reference-engine checkpoint lines, whole, in one match: the fast path.
-# Anything else (older builds, forks, damaged lines) goes through the tolerant path.
+# The fast path: the common b11434 / reference-engine lines, whole, each in one anchored match
+# on the undecoded bytes. Anything else (older builds, forks, damaged or interleaved lines) goes
+# through the tolerant path, which gives the same events for these lines, only slower.
+_FAST_PREFIX = re.compile(rb"\bid +(\d+) \| task (-?\d+) \| ")
 _FAST_CHECKPOINT = re.compile(
-    rb"\bid +(\d+) \| task (\d+) \| (created|restored|erased invalidated|erasing old) context checkpoint "
+    rb"(created|restored|erased invalidated|erasing old) context checkpoint "
     rb"(?:(\d+) of (\d+) )?\(pos_min = (\d+), pos_max = (\d+), n_tokens = (\d+)"
     rb"(?:, n_past = (\d+))?(?:, n_swa = (\d+), pos_next = (\d+))?, size = (\d+\.\d+) MiB"
-    rb"(?:, took (\d+\.\d+) ms)?\)[ \t\r]*"
+    rb"(?:, took (\d+\.\d+) ms)?\)[ \t\r]*\Z"
 )
+_FAST_MISC = re.compile(
+    rb"(?:new prompt, n_ctx_slot = (\d+), n_keep = (-?\d+), task\.n_tokens = (\d+)"
+    rb"|cached n_tokens = (\d+), memory_seq_rm \[(\d+), end\)"
+    rb"|prompt eval time = +(\d+(?:\.\d+)?) ms / +(\d+) tokens \([^)\n]*\))[ \t\r]*\Z"
+)
+# Benign trace lines frequent enough to deserve a reject before decoding.
+_FAST_BENIGN = (b"checking checkpoint with [", b"Checking checkpoint with [")
+_IGNORED: Any = object()
 
 
-# Benign trace lines that are frequent enough to deserve a reject before decoding.
-_BENIGN_FAST = re.compile(rb"\| (?:[Cc]hecking checkpoint with \[|\d+ tokens since last checkpoint)")
+def _fast_line(raw: bytes, line_no: int, offset: int) -> Event | None:
+    p = _FAST_PREFIX.search(raw)
+    if p is None:
+        if raw.startswith(b"prompt eval time"):  # the multi-line print_timing form
+            m = _FAST_MISC.match(raw)
+            if m is not None and m.group(7) is not None:
+                return PromptEval(line=line_no, offset=offset, ms=float(m.group(6)), n_tokens=int(m.group(7)))
+        return None
+    pos = p.end()
+    if raw.find(b"| task ", pos) != -1:
+        return None  # two messages on one line: the tolerant path splits them
+    slot, task = int(p.group(1)), int(p.group(2))
+    if task < 0:
+        return None
+    m = _FAST_CHECKPOINT.match(raw, pos)
+    if m is not None:
+        return _fast_checkpoint(m, slot, task, line_no, offset)
+    m = _FAST_MISC.match(raw, pos)
+    if m is not None:
+        g = m.groups()
+        if g[2] is not None:
+            return NewPrompt(line=line_no, offset=offset, slot=slot, task=task, n_ctx_slot=int(g[0]), n_keep=int(g[1]), n_tokens=int(g[2]))
+        if g[3] is not None:
+            return CacheTrim(line=line_no, offset=offset, slot=slot, task=task, n_past=int(g[3]), p0=int(g[4]))
+        return PromptEval(line=line_no, offset=offset, slot=slot, task=task, ms=float(g[5]), n_tokens=int(g[6]))
+    if raw.startswith(_FAST_BENIGN, pos):
+        return _IGNORED
+    return None
 
 
-def _fast_checkpoint(m: re.Match[bytes], line_no: int, offset: int) -> Event:
-    slot, task, what, index, capacity, pos_min, pos_max, n_tokens, n_past, n_swa, pos_next, size, took = m.groups()
+def _fast_checkpoint(m: re.Match[bytes], slot: int, task: int, line_no: int, offset: int) -> Event:
+    what, index, capacity, pos_min, pos_max, n_tokens, n_past, n_swa, pos_next, size, took = m.groups()
     took_ms = float(took) if took is not None else None
     if what == b"created":
         return CheckpointCreated(
-            line=line_no, offset=offset, slot=int(slot), task=int(task), pos_min=int(pos_min),
+            line=line_no, offset=offset, slot=slot, task=task, pos_min=int(pos_min),
             pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
             index=int(index) if index is not None else None,
             capacity=int(capacity) if capacity is not None else None,
         )
     if what == b"restored":
         return CheckpointRestored(
-            line=line_no, offset=offset, slot=int(slot), task=int(task), pos_min=int(pos_min),
+            line=line_no, offset=offset, slot=slot, task=task, pos_min=int(pos_min),
             pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
             n_past=int(n_past) if n_past is not None else None,
         )
     if what == b"erased invalidated":
         return CheckpointErased(
-            line=line_no, offset=offset, slot=int(slot), task=int(task), pos_min=int(pos_min),
+            line=line_no, offset=offset, slot=slot, task=task, pos_min=int(pos_min),
             pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
             n_swa=int(n_swa) if n_swa is not None else None,
             pos_next=int(pos_next) if pos_next is not None else None,
         )
     return CheckpointErasedOld(
-        line=line_no, offset=offset, slot=int(slot), task=int(task), pos_min=int(pos_min),
+        line=line_no, offset=offset, slot=slot, task=task, pos_min=int(pos_min),
         pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
     )
 
