@@ -115,6 +115,8 @@ def test_mismatch_is_expanded_with_both_outputs_and_the_first_difference(nasty_r
     # the first 3 bytes are common; the rest is highlighted
     assert '<pre class="out">x&lt;s<mark class="diff">cript&gt;' in section
     assert '<pre class="out">x&lt;b<mark class="diff">&gt;x&lt;script' in section
+    assert 'tokens: 1 <mark class="diff" title="first differing token (#1)">2</mark>' in section
+    assert 'tokens: 1 <mark class="diff" title="first differing token (#1)">3</mark>' in section
 
 
 def test_markdown_is_compact_and_escaped(nasty_run, good_run):
