@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import threading
 import time
@@ -69,6 +70,8 @@ def _int_field(body: dict, key: str, default: int, minimum: int | None = None) -
         raise RequestError(400, f"'{key}' must be an integer")
     if minimum is not None and value < minimum:
         raise RequestError(400, f"'{key}' must be >= {minimum}, got {value}")
+    if value >= 2**63:
+        raise RequestError(400, f"'{key}' is out of range")
     return value
 
 
@@ -81,8 +84,8 @@ def _bool_field(body: dict, key: str, default: bool) -> bool:
 
 def _float_field(body: dict, key: str, default: float) -> float:
     value = body.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(400, f"'{key}' must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(400, f"'{key}' must be a finite number")
     return float(value)
 
 
@@ -266,7 +269,7 @@ class Engine:
         return Generation(
             n_predict=n_predict,
             temperature=_float_field(body, "temperature", 0.0),
-            seed=_int_field(body, "seed", 0),
+            seed=_int_field(body, "seed", 0, minimum=0),
             cache_prompt=_bool_field(body, "cache_prompt", True),
             id_slot=id_slot,
         )
@@ -531,8 +534,8 @@ class Handler(BaseHTTPRequestHandler):
             return {}
         try:
             return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise RequestError(400, f"malformed JSON: {err}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
+            raise RequestError(400, f"malformed JSON: {err!s:.200}") from None
 
     def _send(self, status: int, payload: Any) -> None:
         data = json.dumps(payload, ensure_ascii=False).encode("utf-8")

@@ -361,3 +361,20 @@ def test_restore_gives_the_cold_state_at_every_checkpoint(prompt):
         reuse = run(slot, variant, 1)
         assert reuse.re_entry <= n_tokens
         assert slot.state.digest == cold_digest(variant)
+
+
+def test_two_slots_selected_by_lcp_similarity_then_lru():
+    out = io.StringIO()
+    log = EngineLog(verbosity=4, stream=out)
+    cfg = CacheConfig(**SEED_FLAGS)
+    slots = [Slot(i, DigestModel(), cfg, log) for i in range(2)]
+    pool = SlotPool(slots, None, log)
+    _, s_a = pooled(pool, A, 0)
+    _, s_b = pooled(pool, B, 1)
+    assert (s_a.id, s_b.id) == (0, 1)  # B shares nothing with slot 0: the idle LRU slot
+    reuse, s_c = pooled(pool, C, 2)
+    assert s_c.id == 0 and reuse.lcp == 2531  # C is > 10% similar to A
+    assert "selected slot by LCP similarity, sim_best = 0.512 (> 0.100 thold)" in out.getvalue()
+    held = pool.acquire(A, 1, 3)  # explicit id_slot
+    assert held.id == 1
+    pool.release(held)

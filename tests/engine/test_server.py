@@ -69,6 +69,10 @@ def test_completion_shape_and_cache_accounting(engine):
 BAD_REQUESTS = [
     ("/completion", b"{not json", 400),
     ("/completion", b"[1, 2]", 400),
+    ("/completion", b'{"prompt": "abc", "temperature": NaN}', 400),
+    ("/completion", b"[" * 100000, 400),
+    ("/completion", b'{"prompt": "abc", "n_predict": 1e400}', 400),
+    ("/completion", {"prompt": "abc", "seed": 2**70}, 400),
     ("/completion", {"prompt": [1, 2, 100000]}, 400),
     ("/completion", {"prompt": [1, -1]}, 400),
     ("/completion", {"prompt": [1, 2.5]}, 400),
