@@ -129,6 +129,10 @@ def evaluate(run_dir: str | Path) -> GateResult:
         inputs = load_run(run_dir)
     except ShadowlabError as exc:
         return GateResult(EXIT_USAGE, run_dir, error=str(exc))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # A record shaped unlike any this shadowlab writes. Never let it escape as a traceback:
+        # Python's exit status 1 would read as "a check failed".
+        return GateResult(EXIT_USAGE, run_dir, error=f"cannot read the run records: {type(exc).__name__}: {exc}")
     return evaluate_inputs(inputs)
 
 

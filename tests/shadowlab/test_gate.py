@@ -94,6 +94,15 @@ def test_a_newer_verdicts_schema_exits_2(tmp_path):
     assert gate.evaluate(run).exit_code == EXIT_USAGE
 
 
+def test_a_corrupt_cell_record_exits_2(tmp_path):
+    run = write_run(tmp_path / "run", ckpt_verdict())
+    cell = run / "cells" / "reference.defaults.A-C"
+    cell.mkdir(parents=True)
+    (cell / "meta.json").write_text("{not json")
+    result = gate.evaluate(run)
+    assert result.exit_code == EXIT_USAGE and "meta.json" in result.error
+
+
 def test_main_prints_a_compact_summary(tmp_path):
     out = io.StringIO()
     code = gate.main(write_run(tmp_path / "run", ckpt_verdict(stale_restore=True)), out)
