@@ -1,0 +1,304 @@
+"""A tiny seeded-random `qwen35` hybrid model as a GGUF file, for the real llama-server.
+
+No model can be downloaded where shadowlab runs, yet llama.cpp's checkpoint mechanics only
+engage for a hybrid (attention + recurrent) model. This module writes one from nothing, with
+the PyPI `gguf` package: the keys and tensor shapes are the ones llama.cpp b11434 reads for
+architecture `qwen35` (`src/models/qwen35.cpp`, `src/llama-model.cpp`):
+
+- every `full_attention_interval`-th layer (4: three gated-delta-net layers, then one
+  full-attention layer, like Qwen3.5) is gated full attention with q/k RMSNorm and MRoPE;
+  the others are gated delta net layers (`ssm_*` tensors, conv state + recurrent state);
+- a byte-level BPE vocabulary: the 256 byte tokens (id = byte value, spelled with GPT-2's
+  byte-to-unicode map), a few ASCII merges, and the ChatML specials `<|endoftext|>`,
+  `<|im_start|>`, `<|im_end|>`; a ChatML chat template.
+
+Weights are seeded random: each tensor draws from its own generator, seeded from
+`(seed, tensor name)`, so the same preset and seed always give the same bytes (and sha256).
+The model answers nonsense, but deterministic nonsense, which is all a cache experiment needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "GGUFPreset",
+    "PRESETS",
+    "SPECIAL_TOKENS",
+    "CHATML_TEMPLATE",
+    "byte_to_unicode",
+    "ensure_gguf",
+    "gguf_filename",
+    "invalid_utf8_token_ids",
+    "vocab",
+    "write_gguf",
+]
+
+ARCH = "qwen35"
+GENERATOR_VERSION = 1  # bump when the bytes written for a (preset, seed) change
+
+# Merged tokens after the 256 byte tokens (pairs of GPT-2 byte-unicode spellings; `Ġ` is space).
+MERGES = ("Ġ t", "h e", "Ġ a", "i n", "e r", "o n", "Ġ s", "r e", "a n", "e s")
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+# ChatML, as Qwen renders it: `<|im_start|>{role}\n{content}<|im_end|>\n` per message.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_CONTROL = 3
+
+
+@dataclass(frozen=True)
+class GGUFPreset:
+    """Shape of a generated qwen35 model (names as in llama.cpp's hparams)."""
+
+    name: str
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int             # full-attention query heads
+    n_head_kv: int
+    head_dim: int
+    n_rot: int              # rotary dims per head (Qwen3.5: a quarter of the head)
+    rope_sections: tuple[int, int, int, int]  # MRoPE sections, summing to n_rot / 2
+    ssm_d_state: int        # gated delta net head size (keys and values)
+    ssm_n_group: int        # key heads
+    ssm_dt_rank: int        # value heads
+    ssm_d_conv: int = 4
+    full_attention_interval: int = 4
+    context_length: int = 32768
+    rope_freq_base: float = 10_000_000.0
+    rms_eps: float = 1e-6
+    logit_gain: float = 4.0  # makes the greedy argmax well separated (no near-ties)
+
+    @property
+    def ssm_d_inner(self) -> int:
+        return self.ssm_d_state * self.ssm_dt_rank
+
+    def is_recurrent(self, layer: int) -> bool:
+        return (layer + 1) % self.full_attention_interval != 0
+
+
+PRESETS: dict[str, GGUFPreset] = {
+    # The shape BRIEF §3 observed on b11434: 8 layers (attention every 4th), n_embd 128,
+    # 269-token vocab, ~1.2M parameters.
+    "tiny": GGUFPreset(
+        name="tiny", n_embd=128, n_layer=8, n_ff=256, n_head=4, n_head_kv=2, head_dim=32,
+        n_rot=8, rope_sections=(2, 1, 1, 0), ssm_d_state=32, ssm_n_group=2, ssm_dt_rank=4,
+    ),
+    # The reference engine's `small` shape (d_model 256, 8 layers, 4 GDN heads of 64, 8/2
+    # attention heads of 32, d_ff 768), so benchmarks compare like with like.
+    "small": GGUFPreset(
+        name="small", n_embd=256, n_layer=8, n_ff=768, n_head=8, n_head_kv=2, head_dim=32,
+        n_rot=8, rope_sections=(2, 1, 1, 0), ssm_d_state=64, ssm_n_group=4, ssm_dt_rank=4,
+    ),
+}
+
+
+def preset(name: str) -> GGUFPreset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown GGUF preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Vocabulary.
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte → printable character map (bytes 0..255)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+def vocab() -> tuple[list[str], list[int]]:
+    """(token strings, token types): byte tokens (id = byte), merged tokens, then specials."""
+    b2u = byte_to_unicode()
+    tokens = [b2u[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + list(SPECIAL_TOKENS)
+    types = [TOKEN_TYPE_NORMAL] * (256 + len(MERGES)) + [TOKEN_TYPE_CONTROL] * len(SPECIAL_TOKENS)
+    return tokens, types
+
+
+def special_token_id(text: str) -> int:
+    return 256 + len(MERGES) + SPECIAL_TOKENS.index(text)
+
+
+def invalid_utf8_token_ids() -> list[int]:
+    """Tokens that are a lone non-ASCII byte: generated alone they are invalid UTF-8.
+
+    llama-server answers HTTP 400 (`invalid UTF-8 byte`) when a completion ends in one, so
+    a caller biases these away (`logit_bias`) for models made here.
+    """
+    return list(range(128, 256))
+
+
+# --------------------------------------------------------------------------------------------
+# Tensors.
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    digest = hashlib.sha256(f"shadowlab-gguf/{GENERATOR_VERSION}/{seed}/{name}".encode()).digest()
+    return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
+
+
+def _tensor_specs(p: GGUFPreset, n_vocab: int) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """(name, numpy shape, init) for every tensor; numpy shape is ggml's ne reversed."""
+    yield "token_embd.weight", (n_vocab, p.n_embd), "embed"
+    yield "output_norm.weight", (p.n_embd,), "norm"
+    yield "output.weight", (n_vocab, p.n_embd), "output"
+    key_dim = p.ssm_d_state * p.ssm_n_group
+    value_dim = p.ssm_d_inner
+    for il in range(p.n_layer):
+        blk = f"blk.{il}"
+        yield f"{blk}.attn_norm.weight", (p.n_embd,), "norm"
+        yield f"{blk}.post_attention_norm.weight", (p.n_embd,), "norm"
+        if p.is_recurrent(il):
+            yield f"{blk}.attn_qkv.weight", (key_dim * 2 + value_dim, p.n_embd), "linear"
+            yield f"{blk}.attn_gate.weight", (value_dim, p.n_embd), "linear"
+            yield f"{blk}.ssm_conv1d.weight", (key_dim * 2 + value_dim, p.ssm_d_conv), "conv"
+            yield f"{blk}.ssm_dt.bias", (p.ssm_dt_rank,), "ones"
+            yield f"{blk}.ssm_a", (p.ssm_dt_rank,), "ssm_a"
+            yield f"{blk}.ssm_beta.weight", (p.ssm_dt_rank, p.n_embd), "linear"
+            yield f"{blk}.ssm_alpha.weight", (p.ssm_dt_rank, p.n_embd), "linear"
+            yield f"{blk}.ssm_norm.weight", (p.ssm_d_state,), "norm"
+            yield f"{blk}.ssm_out.weight", (p.n_embd, value_dim), "linear"
+        else:
+            # The query projection carries query and gate (2 × head_dim per head).
+            yield f"{blk}.attn_q.weight", (p.head_dim * p.n_head * 2, p.n_embd), "linear"
+            yield f"{blk}.attn_k.weight", (p.head_dim * p.n_head_kv, p.n_embd), "linear"
+            yield f"{blk}.attn_v.weight", (p.head_dim * p.n_head_kv, p.n_embd), "linear"
+            yield f"{blk}.attn_output.weight", (p.n_embd, p.head_dim * p.n_head), "linear"
+            yield f"{blk}.attn_q_norm.weight", (p.head_dim,), "norm"
+            yield f"{blk}.attn_k_norm.weight", (p.head_dim,), "norm"
+        yield f"{blk}.ffn_gate.weight", (p.n_ff, p.n_embd), "linear"
+        yield f"{blk}.ffn_up.weight", (p.n_ff, p.n_embd), "linear"
+        yield f"{blk}.ffn_down.weight", (p.n_embd, p.n_ff), "linear"
+
+
+def _init(rng: np.random.Generator, shape: tuple[int, ...], kind: str, p: GGUFPreset) -> np.ndarray:
+    if kind == "norm":
+        data = 1.0 + 0.05 * rng.standard_normal(shape)
+    elif kind == "ones":
+        data = np.ones(shape)
+    elif kind == "ssm_a":  # A = -exp(A_log), A_log ~ log U(1, 16) as in Qwen3-Next's init
+        data = -rng.uniform(1.0, 16.0, shape)
+    elif kind == "embed":
+        data = rng.standard_normal(shape)
+    elif kind == "output":
+        data = p.logit_gain * rng.standard_normal(shape) / np.sqrt(shape[-1])
+    elif kind == "conv":
+        data = rng.standard_normal(shape) / np.sqrt(shape[-1])
+    else:  # linear: [out, in]
+        data = rng.standard_normal(shape) / np.sqrt(shape[-1])
+    return data.astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# Writing.
+
+
+def gguf_filename(preset_name: str, seed: int) -> str:
+    return f"{ARCH}-{preset_name}-s{seed}.gguf"
+
+
+def write_gguf(preset_name: str, seed: int, path: str | Path) -> Path:
+    """Write the model atomically (temp file + rename); same preset + seed → same bytes."""
+    import gguf  # optional dependency: only the llama-server path needs it
+
+    p = preset(preset_name)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokens, types = vocab()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, ARCH)
+        _write_metadata(writer, p, seed, tokens, types)
+        for name, shape, kind in _tensor_specs(p, len(tokens)):
+            writer.add_tensor(name, _init(_rng(seed, name), shape, kind, p))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _write_metadata(writer, p: GGUFPreset, seed: int, tokens: list[str], types: list[int]) -> None:
+    writer.add_name(f"shadowlab {ARCH} {p.name} seed {seed}")
+    writer.add_string("shadowlab.generator", f"shadowlab.gguf_model v{GENERATOR_VERSION}")
+    writer.add_uint32("shadowlab.seed", seed)
+    writer.add_string("shadowlab.preset", p.name)
+    writer.add_context_length(p.context_length)
+    writer.add_embedding_length(p.n_embd)
+    writer.add_block_count(p.n_layer)
+    writer.add_feed_forward_length(p.n_ff)
+    writer.add_head_count(p.n_head)
+    writer.add_head_count_kv(p.n_head_kv)
+    writer.add_key_length(p.head_dim)
+    writer.add_value_length(p.head_dim)
+    writer.add_layer_norm_rms_eps(p.rms_eps)
+    writer.add_rope_freq_base(p.rope_freq_base)
+    writer.add_rope_dimension_count(p.n_rot)
+    writer.add_rope_dimension_sections(list(p.rope_sections))
+    writer.add_ssm_conv_kernel(p.ssm_d_conv)
+    writer.add_ssm_state_size(p.ssm_d_state)
+    writer.add_ssm_group_count(p.ssm_n_group)
+    writer.add_ssm_time_step_rank(p.ssm_dt_rank)
+    writer.add_ssm_inner_size(p.ssm_d_inner)
+    writer.add_full_attention_interval(p.full_attention_interval)
+    writer.add_file_type(0)  # all f32
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(list(MERGES))
+    writer.add_bos_token_id(special_token_id("<|endoftext|>"))
+    writer.add_eos_token_id(special_token_id("<|im_end|>"))
+    writer.add_pad_token_id(special_token_id("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+
+def ensure_gguf(preset_name: str, seed: int = 0, cache_dir: str | Path = Path("models")) -> Path:
+    """The path of the model in cache_dir, generated once under a file lock."""
+    from filelock import FileLock
+
+    preset(preset_name)  # unknown names fail before anything is created
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / gguf_filename(preset_name, seed)
+    with FileLock(str(path) + ".lock"):
+        if not path.exists():
+            write_gguf(preset_name, seed, path)
+    return path
+
+
+def parameter_count(preset_name: str) -> int:
+    p = preset(preset_name)
+    n_vocab = len(vocab()[0])
+    return sum(int(np.prod(shape)) for _, shape, _ in _tensor_specs(p, n_vocab))
