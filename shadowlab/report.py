@@ -145,6 +145,39 @@ def build_grids(inputs: RunInputs) -> list[Grid]:
     return grids
 
 
+def describe_turn(turn: TurnVerdict) -> str:
+    """One sentence on what the engine did with its cache on this turn (the case study's words)."""
+    length = _num(turn.prompt_tokens)
+    created = ", ".join(str(c.pos_max) for c in turn.created)
+    made = f"; checkpoints created at pos_max {created}" if created else ""
+    erased = len(turn.erased_cascade)
+    if turn.outcome is Outcome.COLD:
+        return f"cold: {length} tokens prefilled{made}"
+    if turn.outcome is Outcome.ERROR:
+        return f"failed: {turn.error or 'no detail'}"
+    div = _num(turn.divergence_point)
+    if turn.outcome is Outcome.EXTENDED:
+        return f"extended the cache: reused {_num(turn.reused_tokens)} of {length} tokens{made}"
+    if turn.outcome is Outcome.RESTORED:
+        ckpt = turn.restored.pos_max if turn.restored else "?"
+        cost = f", restore {turn.restore_ms:.1f} ms" if turn.restore_ms is not None else ""
+        return (f"diverged at {div}; restored the checkpoint at pos_max {ckpt}, re-entry "
+                f"{_num(turn.re_entry_point)} → {_num(turn.reused_tokens)} tokens saved = "
+                f"{_pct(turn.saved_fraction)} of the prefill{cost}; cascade erased {erased}{made}")
+    if turn.outcome is Outcome.FORCED:
+        above = turn.alive_above_divergence
+        miss = ""
+        if above and turn.divergence_point is not None:
+            nearest = min(above, key=lambda c: c.pos_max)
+            miss = (f"; the nearest (pos_max {nearest.pos_max}) lies "
+                    f"{nearest.pos_max - turn.divergence_point} tokens above it")
+        return (f"diverged at {div}; {len(turn.alive_below_divergence)} checkpoint(s) below it, "
+                f"{len(above)} above{miss} → forced: all {length} tokens re-processed; cascade "
+                f"erased {erased}{made}")
+    return (f"zero overlap: silent reset (no forcing line), all {length} tokens re-processed; "
+            f"cascade erased {erased}{made}")
+
+
 # -- timelines: one SVG per cell, one row per turn, x = token position -----------------------
 
 TL_LEFT = 150  # label column
@@ -351,6 +384,7 @@ def render_html(inputs: RunInputs, result: GateResult, metas: dict[str, CellMeta
         engines=engine_provenance(metas), failures=result.failures,
         counts=_status_counts(result.checks), totals=_totals(warm),
         outcome_class=OUTCOME_CLASS, identity_mark=IDENTITY_MARK, diff_split=diff_split,
+        describe_turn=describe_turn,
         Outcome=Outcome, IdentityStatus=IdentityStatus, CheckStatus=CheckStatus,
         TL_BAR_H=TL_BAR_H,
     )

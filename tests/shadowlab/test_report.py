@@ -176,6 +176,20 @@ def test_visible_shows_control_bytes_and_keeps_text():
     assert report.xml_text("ok\x01\udc80") == "ok\\x01\\udc80"
 
 
+def test_findings_tell_each_turn_in_the_case_study_words():
+    verdict = ckpt_verdict()
+    (restored,) = verdict.cell("reference.policy0.A-C").turns[1:]
+    text = report.describe_turn(restored)
+    assert "restored the checkpoint at pos_max 2047, re-entry 2,048" in text
+    assert "2,048 tokens saved = 41.4% of the prefill" in text
+    (forced,) = verdict.cell("reference.policy0.first-round").turns[1:]
+    text = report.describe_turn(forced)
+    assert text.startswith("diverged at 1,956; 0 checkpoint(s) below it")
+    assert "the nearest (pos_max 2047) lies 91 tokens above it" in text and "forced" in text
+    silent = verdict.cell("reference.defaults.A-B-C").turns[1]
+    assert report.describe_turn(silent).startswith("zero overlap: silent reset (no forcing line)")
+
+
 def test_nice_step():
     assert nice_step(4947) == 1000
     assert nice_step(99) == 20
