@@ -242,6 +242,7 @@ class Engine:
                     "index": 0,
                     "message": {"role": "assistant", "content": result["content"]},
                     "finish_reason": "stop" if result["stop_type"] == "eos" else "length",
+                    "tokens": result["tokens"],  # not OpenAI's: exact ids for identity checks
                 }
             ],
             "usage": {

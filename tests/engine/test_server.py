@@ -148,6 +148,7 @@ def test_chat_restores_at_a_user_message_start(engine, model):
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == starts[0]
     assert r2["timings"]["cache_n"] == starts[0]
     cold = greedy_reference(model, tokenizer.render_chatml(turn2), 4)
+    assert r2["choices"][0]["tokens"] == cold
     assert r2["choices"][0]["message"]["content"] == tokenizer.decode(cold)
 
 
