@@ -169,3 +169,29 @@ def test_skip_cascade_engine_fails_the_gate_on_the_expectations(tmp_path):
     assert code == result.exit_code == EXIT_CHECK_FAILED, result.summary()
     assert "cascade" in {c.check for c in result.failures}
     assert "identity" not in {c.check for c in result.failures}
+
+
+TINY_MATRIX = """
+version: 1
+name: tiny
+engines:
+  reference: {kind: reference, model: {preset: tiny, seed: 0}, flags: [-c, 1024, -np, 1, -cram, 0]}
+prompts:
+  A: {kind: random, tokens: 96, seed: 1}
+  C: {kind: diverge, from: A, shared: 48, tokens: 100, seed: 2}
+sequences:
+  A-C: [A, C]
+generation: {n_predict: 4}
+identity: {control: false}
+"""
+
+
+@pytest.mark.slow
+def test_an_engine_that_dies_mid_cell_is_an_infrastructure_failure(tmp_path):
+    matrix = tmp_path / "tiny.yaml"
+    matrix.write_text(TINY_MATRIX)
+    code = _run(matrix, tmp_path / "run", "crash-after-requests=1")
+    result = gate.evaluate(tmp_path / "run")
+    assert code == result.exit_code == EXIT_INFRASTRUCTURE, result.summary()
+    assert ("ran", "reference.default.A-C") in {(c.check, c.cell_id) for c in result.failures
+                                                 if c.status is CheckStatus.ERROR}
