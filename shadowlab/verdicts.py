@@ -20,12 +20,25 @@ Where each number comes from
   against every erase (``erased invalidated``, ``erasing old``, ``too close``, ``superseding``).
 - engines without a log family (``none``: OpenAI-compatible servers) get reuse from the API only;
   ``CellVerdict.reuse_source`` says ``api`` and every log-derived field is None.
+
+Outcome of a turn (first rule that applies): ``error`` (HTTP error, timeout, no completion);
+``cold`` (turn 0 of a fresh process); ``restored`` (a ``restored context checkpoint`` line);
+``forced`` (the forcing line); ``extended`` (tokens reused without either line); ``silent_reset``
+(nothing reused and no forcing line; a note says so when the prompt did share tokens). Without a
+log, a partial match with nothing reused counts as ``forced`` and partial reuse below the cached
+length as ``restored``, both with a note "API only".
+
+Checks that catch a broken engine: ``cascade_missed`` (checkpoints alive at turn start with
+``pos_max`` above the re-entry point that no erase line removed — llama.cpp erases every
+``pos_max > pos_next``), and ``disagreements`` (API vs log figures, a restore that re-enters
+beyond the tokens its checkpoint covers, a re-entry above the divergence point).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -148,6 +161,7 @@ class CellVerdict:
     unknown_samples: tuple[str, ...] = ()
     event_counts: dict[str, int] = field(default_factory=dict)
     unattributed_events: int = 0  # events outside every turn's span (start-up, shutdown)
+    notes: tuple[str, ...] = ()  # e.g. a matrix log pattern that could not be used
 
     def count(self, outcome: Outcome) -> int:
         return sum(1 for t in self.turns if t.outcome is outcome)
@@ -283,8 +297,10 @@ def _read_prompts(layout: Any) -> dict[str, dict[str, list[int]]]:
     return out
 
 
-def _extra_patterns(layout: Any) -> dict[str, tuple[Any, ...]]:
-    """{engine: ExtraPattern...} from the resolved matrix's `engines.<name>.log_patterns`."""
+def _extra_patterns(layout: Any) -> dict[str, tuple[tuple[Any, ...], tuple[str, ...]]]:
+    """{engine: (ExtraPatterns, problems)} from the resolved matrix's `engines.<name>.log_patterns`.
+    A pattern names its event kind with a group, e.g. ``(?P<restored>)``; one that does not is
+    reported on every cell of its engine, not fatal."""
     from shadowlab import logparse
 
     try:
@@ -298,8 +314,15 @@ def _extra_patterns(layout: Any) -> dict[str, tuple[Any, ...]]:
     out: dict[str, tuple[Any, ...]] = {}
     engines = data.get("engines") if isinstance(data, dict) else None
     for name, spec in (engines or {}).items():
-        if isinstance(spec, dict) and spec.get("log_patterns"):
-            out[name] = tuple(logparse.ExtraPattern.from_regex(p) for p in spec["log_patterns"])
+        if not (isinstance(spec, dict) and spec.get("log_patterns")):
+            continue
+        usable, problems = [], []
+        for text in spec["log_patterns"]:
+            try:
+                usable.append(logparse.ExtraPattern.from_regex(str(text)))
+            except (ValueError, re.error) as exc:
+                problems.append(f"log pattern not used: {exc}")
+        out[name] = (tuple(usable), tuple(problems))
     return out
 
 
@@ -314,8 +337,9 @@ def _cell_verdict(layout: Any, meta: Any, prompts: dict[str, dict[str, list[int]
     family = meta.engine.log_family if meta.engine else "none"
     log_path = layout.engine_log(meta.cell_id)
     parsed = None
+    extra, problems = patterns.get(engine, ((), ()))
     if family != "none" and log_path.exists():
-        parsed = logparse.parse(log_path, family, patterns.get(engine, ()))
+        parsed = logparse.parse(log_path, family, extra)
     engine_prompts = prompts.get(engine, {})
     turns = _turn_verdicts(meta, parsed, engine_prompts)
     spans = [tuple(t.log_offsets) for t in meta.turns if t.log_offsets and len(t.log_offsets) == 2]
@@ -337,6 +361,7 @@ def _cell_verdict(layout: Any, meta: Any, prompts: dict[str, dict[str, list[int]
         unknown_samples=tuple(f"{n}: {t}" for n, t in parsed.unknown_samples) if parsed else (),
         event_counts=dict(parsed.counts) if parsed else {},
         unattributed_events=unattributed,
+        notes=tuple(problems) + (() if family == "none" or log_path.exists() else ("engine.log is missing",)),
     )
 
 

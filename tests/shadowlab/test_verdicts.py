@@ -347,3 +347,57 @@ def test_ik_restore_without_n_past_uses_the_checkpoint_coverage(tmp_path, monkey
     assert c_t.outcome is Outcome.RESTORED and c_t.re_entry_point == 2048 and c_t.restore_ms == pytest.approx(0.21)
     assert ns(c_t.erased_cascade) == [4096, 4555] and c_t.disagreements == ()
     assert cell.unknown_lines == 2  # the `cache :` / `prompt:` dumps, reported
+
+
+# ---------------------------------------------------------------- end to end: the real runner
+
+
+def e2e_matrix(repo_root: Path) -> str:
+    """matrices/ckpt.yaml reduced to its POLICY=0 cells (A→C, A→B→C, cold C and B, control),
+    without its expectations: the verdicts are under test here, not the gate."""
+    text = (repo_root / "matrices" / "ckpt.yaml").read_text()
+    head, rest = text.split("cells:\n", 1)
+    rest = rest[rest.index("generation:"):]
+    rest = rest[: rest.index("expectations:")] if "expectations:" in rest else rest
+    cells = "cells:\n  include:\n    - {configuration: policy0, sequence: A-C}\n    - {configuration: policy0, sequence: A-B-C}\n\n"
+    return head + cells + rest
+
+
+def _real_run(tmp_path: Path, repo_root: Path, faults: tuple[str, ...] = ()) -> RunVerdict:
+    from shadowlab import run
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(e2e_matrix(repo_root))
+    outcome = run.run(run.RunOptions(matrix_path=matrix, out=tmp_path / "run", faults=faults,
+                                     model_cache=repo_root / "models", progress=lambda line: None))
+    assert outcome.all_ran, outcome.statuses
+    return compute(outcome.run_dir)
+
+
+@pytest.mark.slow
+def test_real_run_healthy_then_each_fault_fails_its_check(tmp_path, repo_root):
+    """Runner → run directory → verdicts on the reference engine with the case study's prompts:
+    healthy, then with the engine's stale-restore and skip-cascade faults."""
+    healthy = _real_run(tmp_path / "healthy", repo_root)
+    a, c = healthy.cell("reference.policy0.A-C").turns
+    assert ns(a.created) == [2048, 4044, 4096, 4556]
+    assert c.outcome is Outcome.RESTORED and c.divergence_point == 2531 and c.re_entry_point == 2048
+    assert ns(c.erased_cascade) == [4044, 4096, 4556] and c.cascade_missed == () and c.disagreements == ()
+    assert c.identity.status is IdentityStatus.IDENTICAL
+    _, b, c2 = healthy.cell("reference.policy0.A-B-C").turns
+    assert b.outcome is Outcome.SILENT_RESET and c2.outcome is Outcome.SILENT_RESET
+    assert c2.identity.status is IdentityStatus.IDENTICAL_NO_REUSE
+    assert [x.status for x in healthy.controls] == [IdentityStatus.IDENTICAL]
+
+    stale = _real_run(tmp_path / "stale", repo_root, ("stale-restore",))
+    c = stale.cell("reference.policy0.A-C").turns[1]
+    assert c.re_entry_point == 2049 and any("covers only n_tokens = 2048" in d for d in c.disagreements)
+    assert c.identity.status is IdentityStatus.MISMATCH and c.identity.first_diff_token is not None
+    assert [x.status for x in stale.controls] == [IdentityStatus.IDENTICAL]  # so it is conclusive
+
+    skip = _real_run(tmp_path / "skip", repo_root, ("skip-cascade",))
+    c = skip.cell("reference.policy0.A-C").turns[1]
+    assert c.outcome is Outcome.RESTORED and ns(c.cascade_missed) == [4044, 4096, 4556]
+    b = skip.cell("reference.policy0.A-B-C").turns[1]
+    assert ns(b.cascade_missed) == [2048, 4044, 4096, 4556]
