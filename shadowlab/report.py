@@ -150,7 +150,9 @@ def describe_turn(turn: TurnVerdict) -> str:
     length = _num(turn.prompt_tokens)
     created = ", ".join(str(c.pos_max) for c in turn.created)
     made = f"; checkpoints created at pos_max {created}" if created else ""
-    erased = len(turn.erased_cascade)
+    erased = f"{len(turn.erased_cascade)}"
+    if turn.cascade_missed:
+        erased += f" but KEPT {len(turn.cascade_missed)} stale checkpoint(s) above the re-entry point"
     if turn.outcome is Outcome.COLD:
         return f"cold: {length} tokens prefilled{made}"
     if turn.outcome is Outcome.ERROR:

@@ -188,6 +188,8 @@ def test_findings_tell_each_turn_in_the_case_study_words():
     assert "the nearest (pos_max 2047) lies 91 tokens above it" in text and "forced" in text
     silent = verdict.cell("reference.defaults.A-B-C").turns[1]
     assert report.describe_turn(silent).startswith("zero overlap: silent reset (no forcing line)")
+    kept = ckpt_verdict(skip_cascade=True).cell("reference.policy0.A-C").turns[1]
+    assert "cascade erased 0 but KEPT 3 stale checkpoint(s) above the re-entry point" in report.describe_turn(kept)
 
 
 def test_nice_step():
