@@ -388,6 +388,7 @@ _BENIGN = (
     "checkpoint_min_step",
     "checkpoint-min-step",
     "cache_ram",
+    "tokens, checkpoints:",  # prompt cache state listing: `- prompt 0x...: N tokens, checkpoints: K, X MiB`
 )
 
 _PREFIX = re.compile(r"\bid\s+(-?\d+)\s*\|\s*task\s+(-?\d+)\s*\|")
@@ -408,6 +409,7 @@ _TIMESTAMP_HEAD = re.compile(
 )
 _INFO_LINE = re.compile(r"\s*(?:INFO|VERB|WARN|ERR|ERROR|DEBUG)\s*\[[^\]]*\]\s*(.*?)(?:\s\|\s(.*))?\s*$")
 _INFO_KV = re.compile(r"(\w+)=(-?\d+)\b")
+_CACHE_CANDIDATE = re.compile(rb"prompt with length\s+(\d+), lcp =\s*\d+, f_keep = ([\d.]+), f_sim = ([\d.]+)")
 _ANSI = re.compile(r"\x1b\[[\d;]*m")
 
 
@@ -563,6 +565,18 @@ class _Scanner:
             return None, True
         except (ValueError, KeyError):
             return None, False
+
+    def cache_entry_length(self, body: bytes, start: int, f_keep: str | None, f_sim: str | None) -> int | None:
+        """llama.cpp names the loaded prompt-cache entry only in the candidate lines before
+        `found better prompt` (`- prompt with length N, lcp = L, f_keep = F, f_sim = S`)."""
+        if f_keep is None or f_sim is None:
+            return None
+        window = body[max(0, start - 65536) : start]
+        found = None
+        for m in _CACHE_CANDIDATE.finditer(window):
+            if m.group(2).decode() == f_keep and m.group(3).decode() == f_sim:
+                found = int(m.group(1))
+        return found
 
     def timing_owner(self, body: bytes, start: int) -> tuple[int | None, int | None]:
         """Slot and task of the nearest `print_timing` line before `start`."""
@@ -840,7 +854,11 @@ def _build(msg: str, common: dict[str, Any], scanner: _Scanner, body: bytes, sta
         return PromptCacheSaved(**common, n_tokens=int(m.group(1)) if m else None, size_mib=_opt_float(f, "size"))
     if msg.startswith("found better prompt"):
         f = _fields(msg)
-        return PromptCacheLoaded(**common, f_keep=_opt_float(f, "f_keep"), similarity=_opt_float(f, "f_sim", "sim"))
+        f_keep, f_sim = _opt_float(f, "f_keep"), _opt_float(f, "f_sim", "sim")
+        return PromptCacheLoaded(
+            **common, n_tokens=scanner.cache_entry_length(body, start, f.get("f_keep"), f.get("f_sim")),
+            f_keep=f_keep, similarity=f_sim,
+        )
     low = msg.lower()
     if any(b in low for b in _BENIGN):
         raise _Benign()

@@ -385,15 +385,14 @@ class _Ring:
             return self._remove(lambda c: (c.pos_min, c.pos_max, c.n_tokens) == (ev.pos_min, ev.pos_max, ev.n_tokens), ev)
         if kind == "erased_superseded":
             return self._remove(lambda c: c.n_tokens == ev.n_tokens, ev)
-        if kind == "cache_saved":
+        if kind == "cache_saved":  # a copy: the slot keeps its checkpoints until the cascade
             self.saved[ev.n_tokens] = list(self.alive)
-            self.alive = []
-        elif kind == "cache_loaded":
+        elif kind == "cache_loaded":  # the slot takes the entry's checkpoints instead of its own
             if ev.n_tokens in self.saved:
                 self.alive = self.saved.pop(ev.n_tokens)
             else:
                 self.alive = []
-                self.notes.append(f"line {ev.line}: prompt cache load; its checkpoints are not in the log")
+                self.notes.append(f"line {ev.line}: prompt cache load of an entry saved before the log began")
         return None
 
     def _remove(self, match: Any, ev: Any) -> CheckpointRef | None:
@@ -415,6 +414,28 @@ def _ref(ev: Any, turn: int | None) -> CheckpointRef:
         task=ev.task,
         line=ev.line,
     )
+
+
+_BEFORE_DECISION = frozenset({"slot_selected", "cache_saved", "cache_loaded"})
+
+
+def _slot_cache_for_turn(
+    events: list[Any], cache: list[int] | None, saved: dict[int | None, list[int] | None]
+) -> tuple[list[int] | None, tuple[str, ...]]:
+    """The slot's tokens when this turn's restore decision is made: the records' cache, unless
+    the RAM prompt cache swapped in a saved entry (its tokens: the cache when it was saved)."""
+    notes: tuple[str, ...] = ()
+    for ev in events:
+        if ev.kind == "cache_saved":
+            saved[ev.n_tokens] = cache
+        elif ev.kind == "cache_loaded":
+            if ev.n_tokens in saved and saved[ev.n_tokens] is not None:
+                cache = saved.pop(ev.n_tokens)
+                notes += (f"the prompt cache loaded a saved entry of {ev.n_tokens} tokens into the slot",)
+            else:
+                cache = None
+                notes += ("the prompt cache loaded an entry this run's records do not hold: divergence unknown",)
+    return cache, notes
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
@@ -451,6 +472,7 @@ def _assign_events(meta: Any, parsed: Any) -> list[tuple[Any, int | None]]:
 def _turn_verdicts(meta: Any, parsed: Any, engine_prompts: dict[str, list[int]]) -> list[TurnVerdict]:
     assigned = _assign_events(meta, parsed) if parsed is not None else []
     ring = _Ring()
+    saved_tokens: dict[int | None, list[int] | None] = {}  # prompt-cache entries: n_tokens -> tokens
     cache: list[int] | None = []  # the slot's cached tokens (records); None: unknown
     out = []
     applied: set[int] = set()
@@ -464,19 +486,28 @@ def _turn_verdicts(meta: Any, parsed: Any, engine_prompts: dict[str, list[int]])
             if i not in applied and (earlier or before):
                 ring.apply(ev, turn)
                 applied.add(i)
-        alive = tuple(ring.alive)
+        # Slot selection and the prompt-cache save/load come before the restore decision: the
+        # checkpoints the decision can use are those alive after them.
         notes_before = len(ring.notes)
+        own = [(i, ev) for i, (ev, turn) in enumerate(assigned) if turn == t.index]
+        lead = 0
+        while lead < len(own) and own[lead][1].kind in _BEFORE_DECISION:
+            ring.apply(own[lead][1], t.index)
+            applied.add(own[lead][0])
+            lead += 1
+        alive = tuple(ring.alive)
         erased_by_turn: list[tuple[str, CheckpointRef]] = []
-        for i, (ev, turn) in enumerate(assigned):
-            if turn == t.index:
-                removed = ring.apply(ev, t.index)
-                applied.add(i)
-                if removed is not None:
-                    erased_by_turn.append((ev.kind, removed))
+        for i, ev in own[lead:]:
+            removed = ring.apply(ev, t.index)
+            applied.add(i)
+            if removed is not None:
+                erased_by_turn.append((ev.kind, removed))
+        turn_cache, cache_note = _slot_cache_for_turn(mine, cache, saved_tokens)
         prompt_ids = t.prompt_token_ids if t.prompt_token_ids is not None else engine_prompts.get(t.prompt_id)
-        tv = _judge_turn(t, mine, alive, erased_by_turn, cache, prompt_ids, parsed is not None)
-        if len(ring.notes) > notes_before:
-            tv = dataclasses.replace(tv, notes=tv.notes + tuple(ring.notes[notes_before:]))
+        tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None)
+        extra_notes = tuple(ring.notes[notes_before:]) + cache_note
+        if extra_notes:
+            tv = dataclasses.replace(tv, notes=tv.notes + extra_notes)
         out.append(tv)
         if _turn_ok(t) and prompt_ids is not None and cache is not None:
             cache = list(prompt_ids) + list(t.completion.tokens or [])

@@ -127,6 +127,41 @@ def test_real_llama_server_captures_parse_without_unknown_checkpoint_lines(path)
     assert parsed.unknown_count == 0, parsed.unknown_samples
 
 
+# ---------------------------------------------------------------- llama-server b11434 (real captures)
+
+LLAMA = LOGS / "llama-server"
+
+
+def test_real_llama_server_forced_then_silent():
+    parsed = lp.parse(LLAMA / "cram0-A-C-B-C.log", "llama.cpp")
+    answers = json.loads((LLAMA / "cram0-A-C-B-C.json").read_text())
+    assert parsed.unknown_count == 0, parsed.unknown_samples
+    tasks = [e.task for e in parsed.of("new_prompt")]
+    assert len(tasks) == 4 and tasks[0] == 0  # task ids are not 0, 1, 2, 3: internal tasks count too
+    assert [e.n_tokens for e in by_task(parsed, tasks[0], "created")] == [4044, 4556]
+    assert by_task(parsed, tasks[1], "forced") and not by_task(parsed, tasks[2], "forced")
+    assert [e.n_tokens for e in by_task(parsed, tasks[1], "erased_invalidated")] == [4044, 4556]
+    assert {e.pos_next for e in parsed.of("erased_invalidated")} == {0}
+    for task, answer in zip(tasks, answers):
+        assert by_task(parsed, task, "cache_trim")[0].n_past == answer["timings"]["cache_n"]
+        (evaluated,) = by_task(parsed, task, "prompt_eval")
+        assert evaluated.n_tokens == answer["timings"]["prompt_n"]
+    assert [s.method for s in parsed.of("slot_selected")] == ["lru", "lcp", "lru", "lru"]
+
+
+def test_real_llama_server_prompt_cache_save_load_restore():
+    parsed = lp.parse(LLAMA / "cram8192-A-B-A.log", "llama.cpp")
+    assert parsed.unknown_count == 0, parsed.unknown_samples
+    saved = parsed.of("cache_saved")
+    assert [e.n_tokens for e in saved] == [4567, 106] and saved[0].size_mib == pytest.approx(2.446)
+    (loaded,) = parsed.of("cache_loaded")
+    assert loaded.n_tokens == 4567 and loaded.f_keep == pytest.approx(0.998)  # named by the candidate line
+    (restored,) = parsed.of("restored")
+    assert (restored.n_tokens, restored.n_past) == (4556, 4556)
+    (superseded,) = parsed.of("erased_superseded")
+    assert superseded.n_tokens == 4556 and superseded.task == restored.task
+
+
 # ---------------------------------------------------------------- older upstream and ik_llama.cpp
 
 

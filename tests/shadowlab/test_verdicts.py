@@ -36,7 +36,9 @@ PROMPTS = {"A": CAP.A, "C": CAP.C, "B": CAP.B, "A_PLUS": CAP.A_PLUS}
 
 
 def task_spans(log: bytes) -> dict[int, list[int]]:
-    """[start, end) byte span of each task's lines, as the runner's log_offsets would be."""
+    """[start, end) byte span of each task, as the runner's log_offsets are: contiguous, each
+    turn's span starting where the previous one ended (slot selection and prompt-cache lines,
+    printed before the task owns the slot, fall into the turn that caused them)."""
     spans: dict[int, list[int]] = {}
     offset = 0
     for line in log.splitlines(keepends=True):
@@ -46,6 +48,9 @@ def task_spans(log: bytes) -> dict[int, list[int]]:
             span = spans.setdefault(task, [offset, offset + len(line)])
             span[1] = offset + len(line)
         offset += len(line)
+    ordered = sorted(spans.values())
+    for previous, span in zip(ordered, ordered[1:]):
+        span[0] = previous[1]
     return spans
 
 
@@ -325,6 +330,43 @@ def test_llama_cpp_b11434_forced_and_silent(tmp_path, monkeypatch):
     assert c_t.reused_log == 0 and c_t.processed_log == 4947 and c_t.disagreements == ()
     assert b_t.outcome is Outcome.SILENT_RESET and ns(b_t.erased_cascade) == [4431, 4943]
     assert c2_t.outcome is Outcome.SILENT_RESET and ns(c2_t.alive_at_start) == [95]
+
+
+def _llama_capture_run(tmp_path: Path, name: str, prompt_ids: list[str], monkeypatch) -> RunVerdict:
+    spec = importlib.util.spec_from_file_location("llama_capture", LOGS / "llama-server" / "capture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for pid in set(prompt_ids):
+        monkeypatch.setitem(PROMPTS, pid, getattr(module, pid))
+    log = (LOGS / "llama-server" / f"{name}.log").read_bytes()
+    answers = json.loads((LOGS / "llama-server" / f"{name}.json").read_text())
+    tasks = [int(t) for t in re.findall(rb"\| task (\d+) \| new prompt", log)]
+    run = tmp_path / name
+    make_cell(run, "llama.x.warm", kind="warm", log=log, prompt_ids=prompt_ids, answers=answers,
+              family="llama.cpp", tasks=tasks)
+    return compute(run)
+
+
+def test_real_llama_server_run_forced_then_silent(tmp_path, monkeypatch):
+    a, c, b, c2 = _llama_capture_run(tmp_path, "cram0-A-C-B-C", ["A", "C", "B", "C"], monkeypatch).cell("llama.x.warm").turns
+    assert c.outcome is Outcome.FORCED and c.divergence_point == 2531 and ns(c.alive_above_divergence) == [4044, 4556]
+    assert (c.reused_api, c.reused_log, c.processed_api, c.processed_log) == (0, 0, 4947, 4947)
+    assert c.disagreements == () and ns(c.erased_cascade) == [4044, 4556]
+    assert b.outcome is Outcome.SILENT_RESET and c2.outcome is Outcome.SILENT_RESET and ns(c2.alive_at_start) == [95]
+
+
+def test_real_llama_server_prompt_cache_rescues_a_b_a(tmp_path, monkeypatch):
+    cell = _llama_capture_run(tmp_path, "cram8192-A-B-A", ["A", "B", "A"], monkeypatch).cell("llama.x.warm")
+    a, b, a2 = cell.turns
+    assert b.outcome is Outcome.SILENT_RESET and ns(b.erased_cascade) == [4044, 4556]
+    # the slot saved A (with its checkpoints) to the prompt cache, and loads it back for the third
+    # turn before deciding: A's checkpoints are what the restore can use, and A is what it matches
+    assert any("prompt cache loaded a saved entry of 4567 tokens" in n for n in a2.notes)
+    assert ns(a2.alive_at_start) == [4044, 4556] and ns(a2.alive_below_divergence) == [4044, 4556]
+    assert a2.divergence_point == 4560 and a2.cached_tokens == 4560 + 8
+    assert a2.outcome is Outcome.RESTORED and a2.restored.n_tokens == 4556 and a2.reused_tokens == 4556
+    assert a2.processed_log == 4 and a2.disagreements == () and a2.cascade_missed == ()
+    assert not any("never seen created" in n for t in cell.turns for n in t.notes)
 
 
 def test_ik_restore_without_n_past_uses_the_checkpoint_coverage(tmp_path, monkeypatch):
