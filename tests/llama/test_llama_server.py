@@ -262,3 +262,53 @@ def test_families_read_reuse_their_own_way():
     adapter.log_family = "ik_llama.cpp"
     result = adapter.parse_response(ik | {"content": "x", "tokens": [120], "stop_type": "limit"})
     assert (result.reused_tokens, result.processed_tokens) == (700, 600)
+
+
+# ------------------------------------------------------------------ the harness end to end
+
+
+def test_harness_verdicts_from_log_and_timings_agree(tmp_path, model_cache, llama_binary):
+    """matrices/ckpt-llama.yaml at a quarter of its prompt lengths, run by shadowlab itself.
+
+    On every turn of every cell the reuse the parser reads from the `-lv 4` log equals
+    `timings.cache_n`, and the processed count equals `timings.prompt_n`.
+    """
+    import yaml
+
+    from shadowlab import verdicts
+
+    from .conftest import run_matrix
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "matrices" / "ckpt-llama.yaml").read_text())
+    data["engines"]["llama"]["binary"] = str(llama_binary)
+    data["prompts"] = {k: data["prompts"][k] for k in ("A", "C", "B")}
+    data["prompts"]["A"]["tokens"] = L_A
+    data["prompts"]["C"].update(shared=SHARED_C, tokens=L_C)
+    data["prompts"]["B"]["tokens"] = 60
+    data["sequences"] = {k: data["sequences"][k] for k in ("A-C", "A-B-C", "A-B-A")}
+    data["cells"] = {"include": [{"configuration": "cram0", "sequence": "*"},
+                                 {"configuration": "cram8192", "sequence": "A-B-*"}]}
+    data["identity"]["control"] = False
+    data["expectations"] = []
+    path = tmp_path / "ckpt-llama-short.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    verdict = verdicts.compute(run_matrix(path, tmp_path / "run", model_cache))
+
+    for cell in verdict.cells:
+        assert cell.status == "ok" and cell.reuse_source == "api+log", (cell.cell_id, cell.reason)
+        for turn in cell.turns:
+            where = f"{cell.cell_id} turn {turn.index}"
+            assert turn.reused_api is not None and turn.reused_api == turn.reused_log, where
+            assert turn.processed_api is not None and turn.processed_api == turn.processed_log, where
+            assert not [d for d in turn.disagreements if "API says" in d], (where, turn.disagreements)
+            if turn.reused_tokens and cell.kind == "warm":
+                assert turn.identity.status.value == "identical", (where, turn.identity)
+    outcomes = {c.cell_id: [t.outcome.value for t in c.turns] for c in verdict.cells if c.kind == "warm"}
+    assert outcomes == {
+        "llama.cram0.A-C": ["cold", "forced"],
+        "llama.cram0.A-B-C": ["cold", "silent_reset", "silent_reset"],
+        "llama.cram0.A-B-A": ["cold", "silent_reset", "silent_reset"],
+        "llama.cram8192.A-B-C": ["cold", "silent_reset", "forced"],
+        "llama.cram8192.A-B-A": ["cold", "silent_reset", "restored"],
+    }
+    assert verdict.cell("llama.cram8192.A-B-A").turns[2].reused_tokens == L_A - 4
