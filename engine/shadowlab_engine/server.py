@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -92,10 +92,22 @@ def _float_field(body: dict, key: str, default: float) -> float:
 @dataclass(frozen=True)
 class Generation:
     n_predict: int
+    n_probs: int
     temperature: float
     seed: int
     cache_prompt: bool
     id_slot: int
+
+
+@dataclass
+class Completion:
+    """What generation produced; the stop token (EOS/<|im_end|>) is counted, not returned."""
+
+    tokens: list[int] = field(default_factory=list)
+    stop_type: str = "limit"
+    truncated: bool = False
+    n_decoded: int = 0
+    probs: list[dict] = field(default_factory=list)
 
 
 # --- the engine ------------------------------------------------------------------------------
@@ -216,6 +228,7 @@ class Engine:
             "tokens_cached": result["tokens_cached"],
             "truncated": result["truncated"],
             "timings": result["timings"],
+            **({"completion_probabilities": result["probs"]} if result["probs"] else {}),
         }
 
     def chat(self, body: dict) -> dict:
@@ -230,6 +243,8 @@ class Engine:
         prompt, user_starts = self._render_chat(clean)
         self._check_prompt_length(prompt)
         gen = self._generation(body, n_predict_keys=("max_tokens", "max_completion_tokens", "n_predict"))
+        if _bool_field(body, "logprobs", False):  # OpenAI: logprobs + top_logprobs
+            gen = dataclasses.replace(gen, n_probs=max(1, _int_field(body, "top_logprobs", 1, minimum=0)))
         result = self._run_task(prompt, gen, user_starts=user_starts)
         timings = result["timings"]
         return {
@@ -243,6 +258,7 @@ class Engine:
                     "message": {"role": "assistant", "content": result["content"]},
                     "finish_reason": "stop" if result["stop_type"] == "eos" else "length",
                     "tokens": result["tokens"],  # not OpenAI's: exact ids for identity checks
+                    "logprobs": {"content": result["probs"]} if result["probs"] else None,
                 }
             ],
             "usage": {
@@ -269,6 +285,7 @@ class Engine:
             raise RequestError(400, f"'id_slot' {id_slot} out of range (total_slots = {self.options.n_parallel})")
         return Generation(
             n_predict=n_predict,
+            n_probs=_int_field(body, "n_probs", 0, minimum=0),
             temperature=_float_field(body, "temperature", 0.0),
             seed=_int_field(body, "seed", 0, minimum=0),
             cache_prompt=_bool_field(body, "cache_prompt", True),
@@ -335,21 +352,23 @@ class Engine:
         reuse = slot.begin(task, prompt, cache_prompt=gen.cache_prompt)
         logits = slot.prefill(task, prompt, reuse, user_starts)
         t1 = time.perf_counter()
-        tokens, stop_type, truncated, n_decoded = self._generate(slot, logits, gen)
+        out = self._generate(slot, logits, gen)
+        n_decoded = out.n_decoded
         t2 = time.perf_counter()
         prompt_ms, predicted_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
         prompt_n = len(prompt) - reuse.re_entry
         slot.log.slot(INFO, "print_timing", slot.id, task, slotlog.prompt_eval_time(prompt_ms, prompt_n))
         slot.log.slot(INFO, "print_timing", slot.id, task, slotlog.eval_time(predicted_ms, n_decoded))
         slot.log.slot(INFO, "print_timing", slot.id, task, slotlog.total_time(prompt_ms + predicted_ms, prompt_n + n_decoded))
-        slot.release(task, truncated)
+        slot.release(task, out.truncated)
         return {
             "id_task": task,
             "id_slot": slot.id,
-            "content": self.tokenizer.decode(tokens),
-            "tokens": tokens,
-            "stop_type": stop_type,
-            "truncated": truncated,
+            "content": self.tokenizer.decode(out.tokens),
+            "tokens": out.tokens,
+            "stop_type": out.stop_type,
+            "truncated": out.truncated,
+            "probs": out.probs,
             "tokens_cached": len(slot.tokens),
             "timings": {
                 "cache_n": reuse.re_entry,
@@ -364,27 +383,47 @@ class Engine:
             },
         }
 
-    def _generate(self, slot: Slot, logits: Any, gen: Generation) -> tuple[list[int], str, bool, int]:
+    def _generate(self, slot: Slot, logits: Any, gen: Generation) -> "Completion":
         """Greedy (temperature <= 0) or seeded sampling of up to n_predict tokens.
 
         The last sampled token is not evaluated, like llama-server: the slot caches the prompt
         plus the generated tokens that went through the model."""
         pick = _sampler(gen)
-        stop_ids = self.tokenizer.STOP_TOKENS
-        tokens: list[int] = []
-        n_decoded = 0
-        while n_decoded < gen.n_predict:
+        out = Completion()
+        while out.n_decoded < gen.n_predict:
             token = pick(logits)
-            n_decoded += 1
-            if token in stop_ids:
-                return tokens, "eos", False, n_decoded
-            tokens.append(token)
-            if n_decoded == gen.n_predict:
+            out.n_decoded += 1
+            if gen.n_probs:
+                out.probs.append(self._probabilities(logits, token, gen.n_probs))
+            if token in self.tokenizer.STOP_TOKENS:
+                out.stop_type = "eos"
+                break
+            out.tokens.append(token)
+            if out.n_decoded == gen.n_predict:
                 break
             if len(slot.tokens) >= slot.cfg.n_ctx:
-                return tokens, "limit", True, n_decoded
+                out.truncated = True
+                break
             logits = slot.evaluate(token)
-        return tokens, "limit", False, n_decoded
+        return out
+
+    def _probabilities(self, logits: Any, token: int, n_probs: int) -> dict:
+        """llama-server's `completion_probabilities` entry: the sampled token's logprob and the
+        top n_probs, computed from the float32 logits (exact: compared bit for bit)."""
+        import torch
+
+        logprobs = torch.log_softmax(logits.float().cpu(), dim=-1)
+        top = torch.topk(logprobs, min(n_probs, logprobs.numel()))
+
+        def entry(tok: int) -> dict:
+            return {
+                "id": tok,
+                "token": self.tokenizer.decode([tok]),
+                "bytes": list(self.tokenizer.decode_bytes([tok])),
+                "logprob": float(logprobs[tok]),
+            }
+
+        return {**entry(token), "top_logprobs": [entry(int(t)) for t in top.indices]}
 
     # -- fault hooks -----------------------------------------------------------------------
 

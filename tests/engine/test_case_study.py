@@ -28,6 +28,7 @@ CONFIGS = {
     "both": {"PXA_CKPT_PROMPT_POLICY": "0", "PXA_CKPT_PROMPT_END": "1"},
 }
 N_PREDICT = 16
+N_PROBS = 4  # top logprobs are compared too, bit for bit
 
 _rng = random.Random(20261020)
 A = [_rng.randrange(256) for _ in range(4560)]
@@ -50,7 +51,7 @@ def logdir(tmp_path_factory):
 def run_sequence(model, logdir, prompts, env=None, flags=(), name="cell"):
     """Fresh process, one completion per prompt; returns (responses, engine)."""
     with running(model, [*SEED_FLAGS, *flags], logdir, env=env, name=name) as engine:
-        responses = [engine.complete(p, n_predict=N_PREDICT) for p in prompts]
+        responses = [engine.complete(p, n_predict=N_PREDICT, n_probs=N_PROBS) for p in prompts]
         return responses, engine
 
 
@@ -59,7 +60,8 @@ def created(engine, task):
 
 
 def output(response):
-    return response["content"].encode("utf-8"), response["tokens"]
+    """Everything a warm turn must reproduce: text bytes, token ids, top logprobs."""
+    return response["content"].encode("utf-8"), response["tokens"], response["completion_probabilities"]
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +125,19 @@ def test_append_only_turn_restores_under_defaults(model, logdir, cold):
     assert output(ext) == cold["EXT"]
 
 
-def test_stale_restore_fault_breaks_identity(model, logdir, cold):
-    """The append probe again, with the fault: restored at 4556 but re-entered at 4557."""
-    (a, ext), engine = run_sequence(model, logdir, [A, EXT], flags=["--fault", "stale-restore"],
-                                    name="stale")
+@pytest.mark.parametrize("sequence", ["A-C", "append"])
+def test_stale_restore_fault_breaks_identity(model, logdir, cold, sequence):
+    """The restored turns again, with the fault: re-entry one token after the checkpoint."""
+    prompts, env, n_tokens, key = {
+        "A-C": ([A, C], CONFIGS["policy0"], 2048, "C"),
+        "append": ([A, EXT], {}, 4556, "EXT"),
+    }[sequence]
+    (a, warm), engine = run_sequence(model, logdir, prompts, env=env, flags=["--fault", "stale-restore"],
+                                     name=f"stale-{sequence}")
     (restored,) = engine.task_lines(1, "restored context checkpoint")
-    assert (fields(restored)["n_tokens"], fields(restored)["n_past"]) == (4556, 4557)
-    assert ext["timings"]["cache_n"] == 4557
-    assert output(ext) != cold["EXT"]
+    assert (fields(restored)["n_tokens"], fields(restored)["n_past"]) == (n_tokens, n_tokens + 1)
+    assert warm["timings"]["cache_n"] == n_tokens + 1
+    assert output(warm) != cold[key]
 
 
 def test_cram_rescues_a_b_a(model, logdir):

@@ -58,10 +58,19 @@ def test_completion_shape_and_cache_accounting(engine):
     if r1["stop_type"] == "limit":
         assert t["predicted_n"] == 6
         assert r1["tokens_cached"] == len(P) + 5  # the last sampled token is not evaluated
+    assert "completion_probabilities" not in r1
     # the same prompt again: n_past = L - 1, restored from the L-4 checkpoint
-    r2 = engine.complete(P, n_predict=6)
+    r2 = engine.complete(P, n_predict=6, n_probs=3)
     assert (r2["timings"]["cache_n"], r2["timings"]["prompt_n"]) == (len(P) - 4, 4)
     assert r2["tokens"] == r1["tokens"]
+    probs = r2["completion_probabilities"]
+    assert len(probs) == r2["timings"]["predicted_n"]
+    for tok, p in zip(r2["tokens"], probs):
+        assert p["id"] == tok == p["top_logprobs"][0]["id"]  # greedy: the top-1 token
+        assert len(p["top_logprobs"]) == 3 and p["logprob"] <= 0
+        assert bytes(p["bytes"]) == tokenizer.decode_bytes([tok])
+    # a third time, restored again: the logprobs are bit-identical
+    assert engine.complete(P, n_predict=6, n_probs=3)["completion_probabilities"] == probs
     slots = engine.client.get("/slots").json()
     assert [c["n_tokens"] for c in slots[0]["checkpoints"]] == [len(P) - 4 - 64, len(P) - 4]
 
@@ -84,6 +93,7 @@ BAD_REQUESTS = [
     ("/completion", {"prompt": "abc", "temperature": "hot"}, 400),
     ("/completion", {"prompt": "abc", "cache_prompt": "yes"}, 400),
     ("/completion", {"prompt": "abc", "id_slot": 3}, 400),
+    ("/completion", {"prompt": "abc", "n_probs": -1}, 400),
     ("/v1/chat/completions", {"messages": "hi"}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400),
     ("/detokenize", {"tokens": [99999]}, 400),
@@ -143,7 +153,11 @@ def test_chat_restores_at_a_user_message_start(engine, model):
     starts = tokenizer.message_starts(turn1, "user")
     created = [fields(l)["n_tokens"] for l in engine.lines_since(mark, "created context checkpoint")]
     assert starts[0] in created and starts[1] in created  # --checkpoint-min-step 0
-    r2 = engine.post("/v1/chat/completions", {"messages": turn2, "max_tokens": 4, "temperature": 0}).json()
+    r2 = engine.post("/v1/chat/completions", {"messages": turn2, "max_tokens": 4, "temperature": 0,
+                                               "logprobs": True, "top_logprobs": 2}).json()
+    content = r2["choices"][0]["logprobs"]["content"]
+    assert [c["id"] for c in content][: len(r2["choices"][0]["tokens"])] == r2["choices"][0]["tokens"]
+    assert all(len(c["top_logprobs"]) == 2 for c in content)
     # divergence inside the assistant message: the newest checkpoint below it is u1's start
     assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == starts[0]
     assert r2["timings"]["cache_n"] == starts[0]
