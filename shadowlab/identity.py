@@ -44,6 +44,12 @@ def compare(
 ) -> IdentityCheck:
     byte_diff = first_difference(text.encode("utf-8", "surrogatepass"), reference_text.encode("utf-8", "surrogatepass"))
     token_diff = None
+    # An empty id list next to non-empty text means the engine did not return ids (e.g. a chat
+    # answer without `tokens`), not that it generated nothing: compare the text alone then.
+    if tokens is not None and not tokens and text:
+        tokens = None
+    if reference_tokens is not None and not reference_tokens and reference_text:
+        reference_tokens = None
     if tokens is not None and reference_tokens is not None:
         token_diff = first_difference(list(tokens), list(reference_tokens))
     common = dict(
@@ -56,14 +62,14 @@ def compare(
         reference_tokens=tuple(reference_tokens) if reference_tokens is not None else None,
     )
     if byte_diff is None and token_diff is None:
+        tokens_note = "" if tokens is not None and reference_tokens is not None else " (text only: no token ids)"
         if reused_tokens is not None and reused_tokens > 0:
             return IdentityCheck(
                 IdentityStatus.IDENTICAL,
-                detail=f"identical to {reference_cell} after reusing {reused_tokens} cached tokens",
+                detail=f"identical to {reference_cell}{tokens_note} after reusing {reused_tokens} cached tokens",
                 **common,
             )
         why = "reused no cached tokens" if reused_tokens == 0 else "reuse unknown"
-        tokens_note = "" if tokens is not None and reference_tokens is not None else " (text only: no token ids)"
         return IdentityCheck(
             IdentityStatus.IDENTICAL_NO_REUSE,
             detail=f"identical to {reference_cell}{tokens_note}, but the turn {why}: proves nothing about reuse",
@@ -97,7 +103,9 @@ def compare_control(
         return dataclasses.replace(
             check,
             status=IdentityStatus.IDENTICAL,
-            detail=f"cold vs cold: identical to {reference_cell} (the engine is deterministic run to run)",
+            detail=f"cold vs cold: identical to {reference_cell}"
+            + ("" if check.tokens is not None and check.reference_tokens is not None else " (text only: no token ids)")
+            + " (the engine is deterministic run to run)",
         )
     if check.status is IdentityStatus.MISMATCH:
         return dataclasses.replace(check, detail="cold vs cold: " + check.detail + " (engine nondeterminism)")

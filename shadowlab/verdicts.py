@@ -638,6 +638,8 @@ def _judge_turn(
         notes.append("the turn's `prompt eval time` line was not seen before its log span closed")
     if not has_log:
         notes.append("reuse from the API only: this engine has no parsable log")
+    if divergence is None and t.index > 0 and not any("divergence point unknown" in n for n in notes):
+        notes.append("divergence point unknown: no prompt token ids recorded (chat turn) or the slot's cache is unknown")
 
     return TurnVerdict(
         index=t.index,

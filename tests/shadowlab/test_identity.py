@@ -63,3 +63,13 @@ def test_first_difference():
     assert identity.first_difference([1, 2], [1, 2]) is None
     assert identity.first_difference(b"ab", b"ax") == 1
     assert identity.first_difference([], [5]) == 0
+
+
+def test_missing_token_ids_fall_back_to_text():
+    # a cold chat answer recorded without token ids: the text decides, and says so
+    same = identity.compare("abc", [1, 2, 3], "abc", [], reused_tokens=7, reference_cell="cold")
+    assert same.status is IdentityStatus.IDENTICAL and "text only" in same.detail
+    differ = identity.compare("abc", [1, 2, 3], "abd", [], reused_tokens=7, reference_cell="cold")
+    assert differ.status is IdentityStatus.MISMATCH and differ.first_diff_token is None and differ.first_diff_byte == 2
+    # two genuinely empty completions are identical
+    assert identity.compare("", [], "", [], reused_tokens=7).status is IdentityStatus.IDENTICAL
