@@ -234,10 +234,18 @@ class ExtraPattern:
         return cls(kinds[0], regex)
 
     def trigger(self) -> bytes:
+        """The prefilter literal: `contains`, else the longest plain run of the regex (a run's
+        last character is dropped when a quantifier makes it optional)."""
         if self.contains:
             return self.contains.encode()
-        runs = re.findall(r"(?:[A-Za-z0-9_,:;'\"/-]| (?![*+?{]))+", re.sub(r"\\.|\(\?P?<\w+>|\[[^\]]*\]", "\x00", self.regex))
-        best = max((r.strip() for r in runs), key=len, default="")
+        best = ""
+        text = re.sub(r"\(\?P<\w+>|\(\?:|\\.|\[[^\]]*\]", "\x00", self.regex)
+        for m in re.finditer(r"[^\x00\\.^$|?*+()\[\]{}]+", text):
+            run = m.group(0)
+            if text[m.end() : m.end() + 1] in ("?", "*", "{"):
+                run = run[:-1]
+            if len(run.strip()) > len(best):
+                best = run.strip()
         if len(best) < 3:
             raise ValueError(f"extra log pattern {self.regex!r}: give `contains`, a literal every line holds")
         return best.encode()
