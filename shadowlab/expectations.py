@@ -87,8 +87,10 @@ def evaluate(matrix: Matrix, run: RunVerdict, planned: Sequence[str] = ()) -> tu
         results += identity_checks(run, waived)
     results += control_checks(run)
     results += cascade_checks(run)
+    recorded = {c.cell_id for c in run.cells}
+    incomplete = any(cell_id not in recorded for cell_id in planned)
     for number, expectation in enumerate(matrix.expectations, start=1):
-        results += evaluate_expectation(expectation, number, run)
+        results += evaluate_expectation(expectation, number, run, incomplete=incomplete)
     return tuple(results)
 
 
@@ -218,14 +220,19 @@ def selected_turns(expectation: Expectation, cell: CellVerdict) -> list[TurnVerd
     return [t for t in cell.turns if t.prompt_id == turn]
 
 
-def evaluate_expectation(expectation: Expectation, number: int, run: RunVerdict) -> list[CheckResult]:
-    """All results of one `expectations[i]` entry (`number` is 1-based, as shown to people)."""
+def evaluate_expectation(expectation: Expectation, number: int, run: RunVerdict, *,
+                         incomplete: bool = False) -> list[CheckResult]:
+    """All results of one `expectations[i]` entry (`number` is 1-based, as shown to people).
+    `incomplete`: some planned cell left no record, so a selection that matches nothing may
+    only mean its cells never ran (an ERROR, not a FAIL)."""
     source = f"expectation {number}" + (f" (matrix line {expectation.line})" if expectation.line else "")
     cells = selected_cells(expectation, run)
     if not cells:
-        return [CheckResult("selection", CheckStatus.FAIL, _selection_text(expectation), "≥ 1 warm cell",
-                            "none", "this expectation matched no warm cell of the run", source,
-                            description=expectation.description)]
+        status = CheckStatus.ERROR if incomplete else CheckStatus.FAIL
+        why = ("matched no warm cell that left a record: its cells never ran" if incomplete
+               else "this expectation matched no warm cell of the run")
+        return [CheckResult("selection", status, _selection_text(expectation), "≥ 1 warm cell",
+                            "none", why, source, description=expectation.description)]
     out: list[CheckResult] = []
     for cell in cells:
         out += _expectation_on_cell(expectation, cell, source)

@@ -166,7 +166,12 @@ def load_run(run_dir: str | Path, *, write_verdicts: bool = False) -> RunInputs:
     plan = _read_json_object(layout.plan) if layout.plan.is_file() else {}
     planned = tuple(c.get("id") for c in plan.get("cells", []) if isinstance(c, dict) and c.get("id"))
     environment = _read_json_object(layout.environment) if layout.environment.is_file() else {}
-    verdict = load_verdicts(root, write=write_verdicts)
+    if planned and not layout.cells_dir.is_dir() and not (root / "verdicts.json").is_file():
+        # Planned, yet not one cell left a record (e.g. the engine could not be prepared):
+        # every planned cell is then judged "never ran", an infrastructure failure.
+        verdict = verdicts.RunVerdict(run_id=root.name)
+    else:
+        verdict = load_verdicts(root, write=write_verdicts)
     return RunInputs(root, matrix, verdict, planned, plan, environment)
 
 

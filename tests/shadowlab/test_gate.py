@@ -65,6 +65,15 @@ def test_a_planned_cell_missing_from_the_records_is_an_infrastructure_failure(tm
     assert gate.evaluate(run).exit_code == EXIT_INFRASTRUCTURE
 
 
+def test_a_planned_run_without_any_cell_record_is_an_infrastructure_failure(tmp_path):
+    run = write_run(tmp_path / "run", ckpt_verdict())
+    (run / "verdicts.json").unlink()
+    result = gate.evaluate(run)
+    assert result.exit_code == EXIT_INFRASTRUCTURE
+    assert {c.status for c in result.failures} == {CheckStatus.ERROR}
+    assert len([c for c in result.failures if c.check == "ran"]) == 24
+
+
 def test_usage_errors_exit_2(tmp_path):
     assert gate.evaluate(tmp_path / "missing").exit_code == EXIT_USAGE
     (tmp_path / "empty").mkdir()
