@@ -341,7 +341,8 @@ def _cell_verdict(layout: Any, meta: Any, prompts: dict[str, dict[str, list[int]
     if family != "none" and log_path.exists():
         parsed = logparse.parse(log_path, family, extra)
     engine_prompts = prompts.get(engine, {})
-    turns = _turn_verdicts(meta, parsed, engine_prompts)
+    cell_notes: list[str] = []
+    turns = _turn_verdicts(meta, parsed, engine_prompts, cell_notes)
     spans = [tuple(t.log_offsets) for t in meta.turns if t.log_offsets and len(t.log_offsets) == 2]
     unattributed = 0
     if parsed is not None:
@@ -361,7 +362,9 @@ def _cell_verdict(layout: Any, meta: Any, prompts: dict[str, dict[str, list[int]
         unknown_samples=tuple(f"{n}: {t}" for n, t in parsed.unknown_samples) if parsed else (),
         event_counts=dict(parsed.counts) if parsed else {},
         unattributed_events=unattributed,
-        notes=tuple(problems) + (() if family == "none" or log_path.exists() else ("engine.log is missing",)),
+        notes=tuple(problems)
+        + (() if family == "none" or log_path.exists() else ("engine.log is missing",))
+        + tuple(cell_notes),
     )
 
 
@@ -450,13 +453,15 @@ def _turn_ok(t: Any) -> bool:
     return t.error is None and t.completion is not None and (t.http_status is None or 200 <= t.http_status < 300)
 
 
-def _assign_events(meta: Any, parsed: Any) -> list[tuple[Any, int | None]]:
-    """Every event with the turn it belongs to: by byte span, cross-checked with task ids."""
+def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None) -> list[tuple[Any, int | None]]:
+    """Every event with the turn it belongs to: by byte span, cross-checked with task ids (a
+    task id recorded for another turn wins, and the conflict is noted)."""
     owners: dict[int, int] = {}
     for t in meta.turns:
         for task in t.task_ids or ():
             owners.setdefault(task, t.index)
     out = []
+    conflicts = 0
     for ev in parsed.events:
         turn = None
         for t in meta.turns:
@@ -464,13 +469,21 @@ def _assign_events(meta: Any, parsed: Any) -> list[tuple[Any, int | None]]:
                 turn = t.index
                 break
         if ev.task is not None and ev.task in owners and owners[ev.task] != turn:
+            conflicts += 1
+            if notes is not None and conflicts <= 3:
+                where = f"turn {turn}'s log span" if turn is not None else "no turn's log span"
+                notes.append(f"line {ev.line} ({ev.kind}, task {ev.task}) lies in {where}; its task id belongs to turn {owners[ev.task]}")
             turn = owners[ev.task]  # a late line (span closed early) or a misplaced span
         out.append((ev, turn))
+    if notes is not None and conflicts > 3:
+        notes.append(f"{conflicts} events in all were attributed by task id against their log span")
     return out
 
 
-def _turn_verdicts(meta: Any, parsed: Any, engine_prompts: dict[str, list[int]]) -> list[TurnVerdict]:
-    assigned = _assign_events(meta, parsed) if parsed is not None else []
+def _turn_verdicts(
+    meta: Any, parsed: Any, engine_prompts: dict[str, list[int]], cell_notes: list[str] | None = None
+) -> list[TurnVerdict]:
+    assigned = _assign_events(meta, parsed, cell_notes) if parsed is not None else []
     ring = _Ring()
     saved_tokens: dict[int | None, list[int] | None] = {}  # prompt-cache entries: n_tokens -> tokens
     cache: list[int] | None = []  # the slot's cached tokens (records); None: unknown

@@ -290,8 +290,10 @@ def test_events_follow_their_task_when_a_span_is_misplaced(tmp_path):
         start = meta.turns[1].log_offsets[0]
         meta.turns[1].log_offsets = [start, start + 1]
 
-    c = compute(policy0_run(tmp_path, warm_edit=shift)).cell("reference.policy0.warm").turns[1]
+    cell = compute(policy0_run(tmp_path, warm_edit=shift)).cell("reference.policy0.warm")
+    c = cell.turns[1]
     assert c.outcome is Outcome.RESTORED and c.processed_log == 2899 and ns(c.erased_cascade) == [4044, 4096, 4556]
+    assert any("its task id belongs to turn 1" in n for n in cell.notes)
 
 
 def test_engine_without_log_family_uses_the_api_only(tmp_path):
