@@ -378,3 +378,30 @@ def test_two_slots_selected_by_lcp_similarity_then_lru():
     held = pool.acquire(A, 1, 3)  # explicit id_slot
     assert held.id == 1
     pool.release(held)
+
+
+def test_log_line_shape_and_levels():
+    import re
+
+    slot, out = make_slot(ctx_checkpoints=1)
+    run(slot, A, 0, generated=1)
+    run(slot, C, 1)
+    lines = out.getvalue().splitlines()
+    shape = re.compile(r"^\d+\.\d{2}\.\d{3}\.\d{3} [IWED] slot [ a-z_()]{12}: id  0 \| task [01] \| \S")
+    assert all(shape.match(line) for line in lines), lines
+    forcing = [l for l in lines if "forcing" in l]
+    assert forcing == [l for l in lines if l.endswith(
+        " W slot   operator(): id  0 | task 1 | forcing full prompt re-processing due to lack of cache "
+        "data (likely due to SWA or hybrid/recurrent memory, see "
+        "https://github.com/ggml-org/llama.cpp/pull/13194#issuecomment-2868343055)")]
+    assert len(forcing) == 1
+    # at the default level (3) the TRACE checkpoint lines are not printed; the rest are
+    quiet = io.StringIO()
+    slot = Slot(0, DigestModel(), CacheConfig(**{**SEED_FLAGS, "ctx_checkpoints": 1}),
+                EngineLog(verbosity=3, stream=quiet))
+    run(slot, A, 0, generated=1)
+    run(slot, C, 1)
+    text = quiet.getvalue()
+    assert "created context" not in text and "erased invalidated" not in text
+    assert "erasing old context checkpoint" in text and "forcing full prompt" in text
+    assert "cached n_tokens = 0, memory_seq_rm [0, end)" in text
