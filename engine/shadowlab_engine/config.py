@@ -36,9 +36,6 @@ class ModelConfig:
     # [k*chunk, (k+1)*chunk) always form one fixed-shape tile, which is what makes results
     # independent of how a prompt is split into calls (model.py).
     chunk_size: int = 64
-    # initialisation knobs (weights.py): kept in the config so a file records how it was made
-    init_gain: float = 1.0
-    logit_scale: float = 4.0
 
     def is_attention(self, layer: int) -> bool:
         return (layer + 1) % self.attention_interval == 0

@@ -5,9 +5,8 @@ legacy RandomState (its stream is frozen across numpy versions), so the same pre
 give the same bytes on any machine: tests check the file's sha256 is reproducible.
 
 The scales are chosen so a random model behaves enough like a trained one for identity checks
-to mean something: some GDN heads decay slowly and write sparsely (they remember the start of a
-4k prompt), attention q/k norms are sharp, and the logits are scaled so greedy choices are
-decisive yet still move when the context changes.
+to mean something: activations stay O(1)-O(10), completions are varied, and the greedy
+completion of a 4k prompt changes when one early token does (see `_gdn_heads`).
 """
 from __future__ import annotations
 
@@ -49,34 +48,54 @@ def _normal(seed: int, name: str, shape: tuple[int, ...], std: float = 1.0) -> n
 
 
 def _spread(n: int, lo: float, hi: float) -> np.ndarray:
-    """n values from lo to hi: heads get a range of time scales, from memory to local."""
     return np.linspace(lo, hi, n) if n > 1 else np.array([lo])
+
+
+def _gdn_heads(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A_log, beta_bias, beta gain) per GDN head.
+
+    The first half are memory heads: decay ~1e-5 per token and rare small writes (beta ~0.003),
+    so a 4k prompt's first tokens are still in the state at its end. The rest decay fast and
+    have high-gain beta gates: a small change upstream flips some writes, which the attention
+    layer then turns into a different choice of keys. Together they make the greedy completion
+    depend on the whole prompt (test_model.py: one token changed at position 10 of 4,000).
+    """
+    n_mem = n // 2
+    a_log = np.concatenate([np.full(n_mem, -12.0), _spread(n - n_mem, -2.0, -1.0)])
+    beta_bias = np.concatenate([np.full(n_mem, -6.0), _spread(n - n_mem, -1.0, 0.0)])
+    gain = np.concatenate([np.ones(n_mem), np.full(n - n_mem, 8.0)])
+    return a_log, beta_bias, gain
 
 
 def _draw(c: ModelConfig, seed: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
     leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
-    H = c.gdn_n_heads
-    if name == "tok_embeddings.weight":
-        return _normal(seed, name, shape)
-    if name == "output.weight":
-        w = _normal(seed, name, shape, c.logit_scale / math.sqrt(shape[1]))
-        w[N_TOKENS - 4:N_TOKENS] *= 0.5        # specials (EOS, <|im_end|> stop generation): rarer
+    a_log, beta_bias, beta_gain = _gdn_heads(c.gdn_n_heads)
+    if name == "tok_embeddings.weight":         # small, so the layers' outputs dominate the residual
+        return _normal(seed, name, shape, 0.2 if not c.tie_embeddings else 1.0)
+    if name == "output.weight":                 # logits with std ~4: decisive, yet they move
+        w = _normal(seed, name, shape, 4.0 / math.sqrt(shape[1]))
+        w[N_TOKENS - 4:N_TOKENS] *= 0.5         # specials (EOS, <|im_end|> stop generation): rarer
         return w
     if leaf in ("q_norm", "k_norm"):
-        return np.full(shape, 1.6)             # sharp attention: scores reach well above 1
+        return np.full(shape, 3.0)              # sharp attention: scores with std ~9 pick few keys
     if leaf.endswith("norm"):
         return np.ones(shape)
-    if leaf == "conv":                         # mostly the current token, a little of the last 3
+    if leaf == "conv":                          # mostly the current token, a little of the last 3
         w = _normal(seed, name, shape, 0.3)
         w[:, -1] += 1.0
         return w
-    if leaf == "A_log":                        # per-step decay rates from 1e-4 (memory) to 1
-        return _spread(H, math.log(1e-4), 0.0)
+    if leaf == "A_log":
+        return a_log
+    if leaf == "beta_bias":
+        return beta_bias
     if leaf == "dt_bias":
         return np.zeros(shape)
-    if leaf == "beta_bias":                    # memory heads write rarely, so they are not overwritten
-        return _spread(H, -4.0, 0.0)
-    return _normal(seed, name, shape, c.init_gain / math.sqrt(shape[-1]))   # a linear layer
+    w = _normal(seed, name, shape, 1.0 / math.sqrt(shape[-1]))   # a linear layer
+    if leaf == "in_proj_ba":                    # rows [0, H) make beta, [H, 2H) the decay
+        w[:c.gdn_n_heads] *= beta_gain[:, None]
+    if leaf == "wo":                            # attention output dominates the last residual
+        w *= 3.0
+    return w
 
 
 def generate(c: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
@@ -90,6 +109,8 @@ def write_model(preset_name: str, seed: int, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # One metadata key only: safetensors writes the metadata map in hash order, which varies
+    # between calls, so a second key would make the bytes (and the sha256) unstable.
     save_file(generate(config, seed), str(tmp), metadata={CONFIG_METADATA_KEY: config.to_json()})
     os.replace(tmp, path)
     return path
