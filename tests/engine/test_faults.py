@@ -79,23 +79,20 @@ def test_skip_cascade(model, tmp_path, cold, faults, healthy):
             assert z["tokens"] != cold["Z"]
 
 
-def test_crash_after_requests(model, tmp_path):
-    with running(model, [*FLAGS, "--fault", "crash-after-requests=2"], tmp_path, name="crash") as e:
-        assert e.complete(P[:100], n_predict=2)["timings"]["prompt_n"] == 100
-        assert e.post("/completion", {"prompt": "x", "n_predict": -1}).status_code == 400
+def test_hang_on_request_and_crash_after_requests(model, tmp_path):
+    """Request 2 never answers; the process dies right after answering its 3rd request."""
+    flags = [*FLAGS, "--fault", "hang-on-request=2", "--fault", "crash-after-requests=3"]
+    with running(model, flags, tmp_path, name="hang-crash") as e:
+        e.complete(P[:100], n_predict=2)  # answered: 1
+        with pytest.raises(httpx.ReadTimeout):
+            e.client.post("/completion", json={"prompt": P[:100], "n_predict": 2}, timeout=3.0)
+        assert e.client.get("/health").status_code == 200  # hung, not dead
+        assert e.complete(P[:120], n_predict=2)["timings"]["prompt_n"] > 0  # answered: 2
+        assert e.post("/completion", {"prompt": "x", "n_predict": -1}).status_code == 400  # answered: 3
         assert e.wait_exit() != 0
         with pytest.raises(httpx.TransportError):
             e.complete(P[:100], n_predict=2)
-
-
-def test_hang_on_request(model, tmp_path):
-    with running(model, [*FLAGS, "--fault", "hang-on-request=2"], tmp_path, name="hang") as e:
-        e.complete(P[:100], n_predict=2)
-        with pytest.raises(httpx.ReadTimeout):
-            e.client.post("/completion", json={"prompt": P[:100], "n_predict": 2}, timeout=3.0)
-        assert e.client.get("/health").status_code == 200
-        assert e.complete(P[:120], n_predict=2)["timings"]["prompt_n"] > 0  # request 3 answers
-        assert e.proc.poll() is None
+        assert "fault crash-after-requests: exiting after 3 completion requests" in e.log()
 
 
 def test_slow_start_holds_health_at_503_and_faults_come_from_env(model, tmp_path):
@@ -103,8 +100,17 @@ def test_slow_start_holds_health_at_503_and_faults_come_from_env(model, tmp_path
     env = {"SHADOWLAB_ENGINE_FAULTS": "slow-start=2,skip-cascade"}
     engine = spawn(model, FLAGS, tmp_path, env=env, name="slow")
     try:
+        first = None
+        while first is None and time.monotonic() - t0 < 30:
+            try:
+                first = engine.client.get("/health", timeout=2.0)
+            except httpx.TransportError:
+                time.sleep(0.02)
+        assert first is not None and first.status_code == 503
+        assert first.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+        assert engine.post("/completion", {"prompt": "x"}).status_code == 503
         seen = engine.wait_health()
-        assert seen[0] == 503 and seen[-1] == 200
+        assert seen[-1] == 200 and engine.client.get("/health").json() == {"status": "ok"}
         assert time.monotonic() - t0 >= 2.0
         assert engine.client.get("/props").json()["faults"] == ["skip-cascade", "slow-start=2"]
     finally:

@@ -1,12 +1,13 @@
-"""The HTTP server as a real process on 127.0.0.1: endpoints, bad input, chat, log lines."""
+"""The HTTP server as a real process on 127.0.0.1: endpoints, bad input, chat, log lines.
+
+/health while loading is tested with the slow-start fault in test_faults.py.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import random
-import time
 
-import httpx
 import pytest
 
 from engine_process import fields, greedy_reference, running, spawn, tiny_model
@@ -116,25 +117,6 @@ def test_bad_input_gets_a_4xx_json_error(engine, path, body, status):
 def test_wrong_method_and_unknown_get(engine):
     assert engine.client.get("/completion").status_code == 405
     assert engine.client.get("/nothing").json()["error"]["code"] == 404
-
-
-def test_health_is_503_while_loading_then_200(model, tmp_path):
-    engine = spawn(model, [*FLAGS, "--fault", "slow-start=3"], tmp_path, name="slow")
-    try:
-        first = None
-        deadline = time.monotonic() + 30
-        while first is None and time.monotonic() < deadline:
-            try:
-                first = engine.client.get("/health", timeout=2.0)
-            except httpx.TransportError:
-                time.sleep(0.02)
-        assert first is not None and first.status_code == 503
-        assert first.json() == {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
-        assert engine.post("/completion", {"prompt": "x"}).status_code == 503
-        seen = engine.wait_health()
-        assert seen[-1] == 200 and engine.client.get("/health").json() == {"status": "ok"}
-    finally:
-        engine.stop()
 
 
 def test_chat_restores_at_a_user_message_start(engine, model):
