@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +151,21 @@ def invalid_utf8_token_ids() -> list[int]:
     a caller biases these away (`logit_bias`) for models made here.
     """
     return list(range(128, 256))
+
+
+def describe_token_ids(ids: Sequence[int]) -> str:
+    """`128-255` for the token ids a logit_bias bans (identity records stay readable)."""
+    if not ids:
+        return ""
+    out, start, prev = [], ids[0], ids[0]
+    for t in (*ids[1:], None):
+        if t is not None and t == prev + 1:
+            prev = t
+            continue
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+        if t is not None:
+            start = prev = t
+    return ",".join(out)
 
 
 # --------------------------------------------------------------------------------------------

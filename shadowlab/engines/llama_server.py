@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from shadowlab import gguf_model
 from shadowlab.engines import (
     EngineAdapterBase,
     EngineIdentity,
@@ -195,7 +196,7 @@ class LlamaServerAdapter(EngineAdapterBase):
             model_path=self._model_path,
             model_sha256=sha256_file(model_path),
             extra={"found_by": found_by, "build": self._build, "commit": commit,
-                   "log_family": family, "banned_tokens": list(self._banned_tokens)},
+                   "log_family": family, "banned_tokens": gguf_model.describe_token_ids(self._banned_tokens)},
         )
 
     def _locate_model(self, spec: Any, cache_dir: Path) -> Path:
@@ -203,8 +204,6 @@ class LlamaServerAdapter(EngineAdapterBase):
         if model is None:
             raise ValueError(f"engine {spec.name!r}: llama-server needs a model (gguf or path)")
         if model.source == "gguf":
-            from shadowlab import gguf_model
-
             self._banned_tokens = tuple(gguf_model.invalid_utf8_token_ids())
             return gguf_model.ensure_gguf(model.preset, model.seed or 0, cache_dir).resolve()
         if model.source == "path":

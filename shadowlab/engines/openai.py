@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from shadowlab import gguf_model
 from shadowlab.engines import (
     EngineAdapterBase,
     EngineIdentity,
@@ -73,15 +74,13 @@ class OpenAIAdapter(EngineAdapterBase):
             model_path=self._model_path,
             model_sha256=sha256_file(model_path) if model_path is not None and model_path.is_file() else "",
             extra={"reuse_source": "usage.prompt_tokens_details.cached_tokens",
-                   "banned_tokens": list(self._banned_tokens)},
+                   "banned_tokens": gguf_model.describe_token_ids(self._banned_tokens)},
         )
 
     def _locate_model(self, model: Any, cache_dir: Path) -> Path | None:
         if model is None:
             return None
         if model.source == "gguf":
-            from shadowlab import gguf_model
-
             self._banned_tokens = tuple(gguf_model.invalid_utf8_token_ids())
             return gguf_model.ensure_gguf(model.preset, model.seed or 0, cache_dir).resolve()
         if model.source == "preset":
