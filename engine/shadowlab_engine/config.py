@@ -36,6 +36,9 @@ class ModelConfig:
     # [k*chunk, (k+1)*chunk) always form one fixed-shape tile, which is what makes results
     # independent of how a prompt is split into calls (model.py).
     chunk_size: int = 64
+    # Version of weights.py's drawing recipe: bumped when it changes, so a cached file made by
+    # an older recipe no longer matches its preset and ensure_model regenerates it.
+    weights_recipe: int = 2
 
     def is_attention(self, layer: int) -> bool:
         return (layer + 1) % self.attention_interval == 0

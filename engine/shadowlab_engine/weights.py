@@ -34,12 +34,16 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def read_config(path: str | Path) -> ModelConfig:
+def _stored_config(path: str | Path) -> str | None:
     with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    if CONFIG_METADATA_KEY not in meta:
+        return (f.metadata() or {}).get(CONFIG_METADATA_KEY)
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    text = _stored_config(path)
+    if text is None:
         raise ValueError(f"{path}: no {CONFIG_METADATA_KEY!r} metadata; not a shadowlab model (see scripts/make_ref_model.py)")
-    return ModelConfig.from_json(meta[CONFIG_METADATA_KEY])
+    return ModelConfig.from_json(text)
 
 
 def _normal(seed: int, name: str, shape: tuple[int, ...], std: float = 1.0) -> np.ndarray:
@@ -117,11 +121,19 @@ def write_model(preset_name: str, seed: int, path: str | Path) -> Path:
 
 
 def ensure_model(preset_name: str, seed: int = 0, cache_dir: str | Path = Path("models")) -> Path:
-    """The path of `<preset>-s<seed>.safetensors` in cache_dir, generated once under a file lock."""
+    """The path of `<preset>-s<seed>.safetensors` in cache_dir, generated once under a file lock
+    (and again if the cached file was made from another config or recipe)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{preset_name}-s{seed}.safetensors"
     with FileLock(str(path) + ".lock"):
-        if not path.exists():
+        if not path.exists() or _cached_config(path) != preset(preset_name).to_json():
             write_model(preset_name, seed, path)
     return path
+
+
+def _cached_config(path: Path) -> str | None:
+    try:
+        return _stored_config(path)
+    except Exception:   # truncated or foreign file: regenerate it
+        return None

@@ -49,6 +49,14 @@ def test_ensure_model_generates_once_even_when_raced(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))                                 # no temp files left
 
 
+def test_ensure_model_replaces_a_stale_or_broken_cached_file(tmp_path):
+    path = tmp_path / "tiny-s0.safetensors"
+    save_file({"x": torch.zeros(2)}, str(path), metadata={"shadowlab_config": '{"name": "tiny", "old_knob": 1}'})
+    assert read_config(ensure_model("tiny", 0, tmp_path)) == preset("tiny")
+    path.write_bytes(b"truncated")
+    assert read_config(ensure_model("tiny", 0, tmp_path)) == preset("tiny")
+
+
 def test_script_writes_the_same_file(tmp_path):
     import importlib.util
     from pathlib import Path
