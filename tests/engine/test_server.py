@@ -189,3 +189,18 @@ def test_device_cuda_reported_or_refused(model, tmp_path):
             assert "CUDA" in engine.log()
     finally:
         engine.stop()
+
+
+def test_concurrent_requests_to_one_slot_are_serialized(engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    mark = engine.mark()
+    prompts = [P[:250], P[:250] + [1, 2, 3]]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda p: engine.post("/completion", {"prompt": p, "n_predict": 3}), prompts))
+    assert [r.status_code for r in results] == [200, 200]
+    # one task at a time: each task's lines are contiguous, from `new prompt` to `stop processing`
+    tasks = [int(l.split("| task ")[1].split(" ")[0]) for l in engine.lines_since(mark, "| task ")]
+    assert len(set(tasks)) == 2
+    first_switch = next(i for i, t in enumerate(tasks) if t != tasks[0])
+    assert all(t == tasks[-1] for t in tasks[first_switch:])
