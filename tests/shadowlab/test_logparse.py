@@ -69,6 +69,15 @@ def test_reference_skip_cascade_fault_logs_no_erase():
     assert "erased_invalidated" not in parsed.counts
 
 
+def test_reference_prompt_cache_lines():
+    parsed = lp.parse(REF / "cram8192-A-B-A.log", "reference")
+    saved = parsed.of("cache_saved")
+    assert [(e.n_tokens, e.n_checkpoints) for e in saved] == [(4575, 2), (114, 1)]
+    (loaded,) = parsed.of("cache_loaded")
+    assert (loaded.n_tokens, loaded.n_checkpoints) == (4575, 2) and loaded.similarity == pytest.approx(1.0)
+    assert parsed.unknown_count == 0
+
+
 # ---------------------------------------------------------------- llama.cpp b11434 (BRIEF §3 lines)
 
 
