@@ -25,7 +25,16 @@ and task of the nearest preceding ``print_timing`` line. ``llama_perf_context_pr
 (process totals at exit) are not turn timings and are skipped.
 
 Speed: a block is searched for a handful of trigger words with ``bytes.find`` (C speed); only
-the lines holding one are decoded and matched against regular expressions.
+the lines holding one are looked at. The frequent b11434 / reference-engine lines are matched
+whole, undecoded, by one anchored regex each (the fast path); every other candidate line is
+decoded and read by the tolerant rules above. Per event the cost is Python's (a regex match and
+a frozen dataclass), so throughput depends on how many lines are events: see
+benchmarks/bench_logparse.py.
+
+Other forks: ``extra_patterns`` (a matrix's ``log_patterns``) are regexes whose named groups
+become event fields; the event kind is the name of one more group, e.g.
+``(?P<restored>)ckpt restore pos=(?P<pos_min>\d+)-(?P<pos_max>\d+)``. Their longest literal run
+is the prefilter word.
 
 Unknown lines: a line holding a trigger word (``checkpoint``, ``memory_seq_rm``, ...) that no
 pattern explains, including one cut short, is counted in ``ParsedLog.unknown_count`` with a few
@@ -297,7 +306,7 @@ class ParsedLog:
 def parse(
     source: str | os.PathLike[str] | Iterable[str | bytes],
     family: str = "llama.cpp",
-    extra_patterns: Sequence[ExtraPattern] = (),
+    extra_patterns: Sequence[ExtraPattern | str] = (),
 ) -> ParsedLog:
     stats = ParseStats(family=family)
     events = list(iter_events(source, family, extra_patterns, stats))
@@ -317,7 +326,7 @@ def parse(
 def iter_events(
     source: str | os.PathLike[str] | Iterable[str | bytes],
     family: str = "llama.cpp",
-    extra_patterns: Sequence[ExtraPattern] = (),
+    extra_patterns: Sequence[ExtraPattern | str] = (),
     stats: ParseStats | None = None,
 ) -> Iterator[Event]:
     if family not in FAMILIES:
@@ -326,7 +335,8 @@ def iter_events(
     stats.family = family
     if family == "none":
         return
-    scanner = _Scanner(stats, [(p.trigger(), p, re.compile(p.regex)) for p in extra_patterns])
+    patterns = [ExtraPattern.from_regex(p) if isinstance(p, str) else p for p in extra_patterns]
+    scanner = _Scanner(stats, [(p.trigger(), p, re.compile(p.regex)) for p in patterns])
     for block in _blocks(source):
         yield from scanner.scan(block)
     if scanner.pending:

@@ -353,3 +353,5 @@ def test_extra_pattern_for_another_fork():
     assert (ev.slot, ev.task, ev.pos_min, ev.pos_max, ev.n_tokens, ev.n_past) == (1, 44, 100, 199, 200, 200)
     with pytest.raises(ValueError):
         lp.ExtraPattern.from_regex(r"no kind group (?P<pos_max>\d+)")
+    # a matrix's `log_patterns` entries are plain strings
+    assert lp.parse(lines, "llama.cpp", [pattern.regex]).events == parsed.events
