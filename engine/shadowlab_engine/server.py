@@ -527,7 +527,7 @@ class Handler(BaseHTTPRequestHandler):
                 engine.log.server(ERROR, "handle_compl", f"fault hang-on-request: request {n} never answers")
                 threading.Event().wait()
         try:
-            body = self._read_body() if method in ("POST", "PUT") else {}
+            body = self._read_body(parse=method in ("POST", "PUT"))
             if path == "/health" and method == "GET":
                 status, payload = (200, {"status": "ok"}) if engine.ready.is_set() else _LOADING
             elif not engine.ready.is_set() and path in _ROUTES:
@@ -561,16 +561,23 @@ class Handler(BaseHTTPRequestHandler):
             engine.log.server(ERROR, "handle_compl", f"fault crash-after-requests: exiting after {n} completion requests")
             os._exit(134)
 
-    def _read_body(self) -> Any:
+    def _read_body(self, parse: bool) -> Any:
+        """The JSON body. A body is always consumed (or the connection closed), so that a
+        kept-alive connection never reads leftover bytes as the next request."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True
+            raise RequestError(411, "chunked request bodies are not supported: send Content-Length")
         length = self.headers.get("Content-Length")
         try:
             n = int(length) if length is not None else 0
         except ValueError:
+            self.close_connection = True
             raise RequestError(400, "bad Content-Length") from None
         if n < 0 or n > _MAX_BODY:
+            self.close_connection = True  # the unread body must not be parsed as a request
             raise RequestError(413, "request body too large")
         raw = self.rfile.read(n) if n else b""
-        if not raw:
+        if not raw or not parse:
             return {}
         try:
             return json.loads(raw)

@@ -114,6 +114,17 @@ def test_bad_input_gets_a_4xx_json_error(engine, path, body, status):
     assert err["code"] == status and err["message"] and err["type"]
 
 
+def test_oversized_or_chunked_bodies_are_refused_and_the_server_keeps_serving(engine):
+    import socket
+
+    for head in (b"Content-Length: 999999999999\r\n", b"Transfer-Encoding: chunked\r\n"):
+        with socket.create_connection(("127.0.0.1", engine.port), timeout=10) as s:
+            s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n5\r\nhello\r\n0\r\n\r\n")
+            reply = s.recv(65536)
+        assert reply.split(b"\r\n", 1)[0] in (b"HTTP/1.1 413 Request Entity Too Large", b"HTTP/1.1 411 Length Required")
+    assert engine.client.get("/health").status_code == 200
+
+
 def test_wrong_method_and_unknown_get(engine):
     assert engine.client.get("/completion").status_code == 405
     assert engine.client.get("/nothing").json()["error"]["code"] == 404
