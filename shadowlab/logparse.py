@@ -33,7 +33,7 @@ benchmarks/bench_logparse.py.
 
 Other forks: ``extra_patterns`` (a matrix's ``log_patterns``) are regexes whose named groups
 become event fields; the event kind is the name of one more group, e.g.
-``(?P<restored>)ckpt restore pos=(?P<pos_min>\d+)-(?P<pos_max>\d+)``. Their longest literal run
+``(?P<restored>)ckpt restore pos=(?P<pos_min>\\d+)-(?P<pos_max>\\d+)``. Their longest literal run
 is the prefilter word.
 
 Unknown lines: a line holding a trigger word (``checkpoint``, ``memory_seq_rm``, ...) that no
