@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grep -c        : {grep_s:7.2f} s  {lines / grep_s:14,.0f} lines/s  ({grep_count:,} matching lines)")
     print(f"shadowlab parse: {parse_s:7.2f} s  {lines / parse_s:14,.0f} lines/s  ({n_events:,} events, "
           f"{checkpoint_events:,} checkpoint events, {stats.unknown_count} unknown)")
+    print(f"event density  : {n_events / lines:.1%} of lines are events "
+          f"({checkpoint_events / lines:.1%} checkpoint lines); {1e6 * parse_s / n_events:.2f} us per event, "
+          f"{1e6 * grep_s / lines:.3f} us per line for grep")
     ratio = grep_s / parse_s
     print(f"ratio          : parser speed = {ratio:.3f} x grep ({'meets' if ratio >= 0.25 else 'BELOW'} the 0.25 target)")
     if checkpoint_events != grep_count:
