@@ -480,54 +480,79 @@ def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None) -> li
     return out
 
 
+_SLOT_EVIDENCE = frozenset(
+    {"new_prompt", "cache_trim", "restored", "forced", "created", "erased_invalidated", "prompt_eval", "slot_selected"}
+)
+
+
+def _turn_slot(events: list[Any], fallback: int | None) -> int | None:
+    """The slot a turn ran on, from its own lines (llama-server may pick any of its slots)."""
+    for ev in events:
+        if ev.slot is not None and ev.kind in _SLOT_EVIDENCE:
+            return ev.slot
+    return fallback
+
+
 def _turn_verdicts(
     meta: Any, parsed: Any, engine_prompts: dict[str, list[int]], cell_notes: list[str] | None = None
 ) -> list[TurnVerdict]:
+    """Per-turn verdicts of one cell. State is kept per slot (checkpoint ring and cached tokens):
+    with several slots a turn may land on another slot than the previous turn."""
     assigned = _assign_events(meta, parsed, cell_notes) if parsed is not None else []
-    ring = _Ring()
+    rings: dict[int | None, _Ring] = {}
+    caches: dict[int | None, list[int] | None] = {}  # tokens each slot holds (records); None: unknown
     saved_tokens: dict[int | None, list[int] | None] = {}  # prompt-cache entries: n_tokens -> tokens
-    cache: list[int] | None = []  # the slot's cached tokens (records); None: unknown
+    last_slot: int | None = next((ev.slot for ev, _ in assigned if ev.slot is not None), None)
+    turn_slots: dict[int, int | None] = {}
     out = []
     applied: set[int] = set()
+
+    def apply(i: int, ev: Any, turn: int | None) -> tuple[_Ring, CheckpointRef | None]:
+        slot = ev.slot if ev.slot is not None else turn_slots.get(turn, last_slot) if turn is not None else last_slot
+        ring = rings.setdefault(slot, _Ring())
+        applied.add(i)
+        return ring, ring.apply(ev, turn)
+
     for t in meta.turns:
         mine = [ev for ev, turn in assigned if turn == t.index]
+        slot = _turn_slot(mine, last_slot)
+        turn_slots[t.index] = slot
         start = t.log_offsets[0] if t.log_offsets else min((ev.offset for ev in mine), default=None)
         # Alive at turn start: replay earlier turns' events and unattributed lines before it.
         for i, (ev, turn) in enumerate(assigned):
             earlier = turn is not None and turn < t.index
             before = turn is None and start is not None and ev.offset < start
             if i not in applied and (earlier or before):
-                ring.apply(ev, turn)
-                applied.add(i)
+                apply(i, ev, turn)
+        ring = rings.setdefault(slot, _Ring())
+        notes_before = len(ring.notes)
         # Slot selection and the prompt-cache save/load come before the restore decision: the
         # checkpoints the decision can use are those alive after them.
-        notes_before = len(ring.notes)
         own = [(i, ev) for i, (ev, turn) in enumerate(assigned) if turn == t.index]
         lead = 0
         while lead < len(own) and own[lead][1].kind in _BEFORE_DECISION:
-            ring.apply(own[lead][1], t.index)
-            applied.add(own[lead][0])
+            apply(own[lead][0], own[lead][1], t.index)
             lead += 1
         alive = tuple(ring.alive)
         erased_by_turn: list[tuple[str, CheckpointRef]] = []
         for i, ev in own[lead:]:
-            removed = ring.apply(ev, t.index)
-            applied.add(i)
+            _, removed = apply(i, ev, t.index)
             if removed is not None:
                 erased_by_turn.append((ev.kind, removed))
+        fresh = t.index == 0 or (parsed is not None and slot not in caches)
+        cache = [] if fresh else caches.get(slot)
         turn_cache, cache_note = _slot_cache_for_turn(mine, cache, saved_tokens)
         prompt_ids = t.prompt_token_ids if t.prompt_token_ids is not None else engine_prompts.get(t.prompt_id)
-        tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None)
+        tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None, fresh)
         extra_notes = tuple(ring.notes[notes_before:]) + cache_note
+        if fresh and t.index > 0:
+            extra_notes += (f"ran on slot {slot}, which no earlier turn of this cell used",)
         if extra_notes:
             tv = dataclasses.replace(tv, notes=tv.notes + extra_notes)
         out.append(tv)
-        if _turn_ok(t) and prompt_ids is not None and cache is not None:
-            cache = list(prompt_ids) + list(t.completion.tokens or [])
-        elif not _turn_ok(t):
-            cache = None  # what the slot holds after a failed request is unknown
-        else:
-            cache = None
+        # What the slot holds afterwards: this prompt and its completion; unknown after a failure.
+        caches[slot] = list(prompt_ids) + list(t.completion.tokens or []) if _turn_ok(t) and prompt_ids is not None else None
+        last_slot = slot
     return out
 
 
@@ -539,12 +564,13 @@ def _judge_turn(
     cache: list[int] | None,
     prompt_ids: list[int] | None,
     has_log: bool,
+    fresh: bool,
 ) -> TurnVerdict:
     notes: list[str] = []
     disagreements: list[str] = []
     prompt_len = len(prompt_ids) if prompt_ids is not None else t.prompt_tokens
     divergence = _lcp(cache, prompt_ids) if cache is not None and prompt_ids is not None else None
-    if t.index == 0:
+    if fresh:
         divergence = 0
     usable_limit = None if divergence is None else min(divergence, (prompt_len or 1) - 1)
 
@@ -597,7 +623,7 @@ def _judge_turn(
     if reused_api is not None and processed_api is not None and prompt_len is not None:
         if reused_api + processed_api != prompt_len:
             disagreements.append(f"API: reused {reused_api} + processed {processed_api} != prompt {prompt_len}")
-    if re_entry is not None and divergence is not None and re_entry > divergence and t.index > 0:
+    if re_entry is not None and divergence is not None and re_entry > divergence and not fresh:
         disagreements.append(
             f"re-entry {re_entry} lies above the divergence point {divergence}: tokens that differ were reused"
         )
@@ -608,7 +634,7 @@ def _judge_turn(
     # Outcome.
     if not _turn_ok(t):
         outcome = Outcome.ERROR
-    elif t.index == 0:
+    elif fresh:
         outcome = Outcome.COLD
     elif restored_ev is not None:
         outcome = Outcome.RESTORED
@@ -638,7 +664,7 @@ def _judge_turn(
     if usable_limit is None:
         above = ()
     missed: tuple[CheckpointRef, ...] = ()
-    if has_log and re_entry is not None and t.index > 0 and outcome is not Outcome.ERROR:
+    if has_log and re_entry is not None and not fresh and outcome is not Outcome.ERROR:
         erased_keys = {(c.pos_min, c.pos_max, c.n_tokens) for _, c in erased_by_turn}
         missed = tuple(
             c for c in alive if c.pos_max > re_entry and (c.pos_min, c.pos_max, c.n_tokens) not in erased_keys
@@ -651,7 +677,7 @@ def _judge_turn(
         notes.append("the turn's `prompt eval time` line was not seen before its log span closed")
     if not has_log:
         notes.append("reuse from the API only: this engine has no parsable log")
-    if divergence is None and t.index > 0 and not any("divergence point unknown" in n for n in notes):
+    if divergence is None and not fresh and not any("divergence point unknown" in n for n in notes):
         notes.append("divergence point unknown: no prompt token ids recorded (chat turn) or the slot's cache is unknown")
 
     return TurnVerdict(

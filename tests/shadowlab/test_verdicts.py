@@ -467,3 +467,49 @@ def test_real_run_healthy_then_each_fault_fails_its_check(tmp_path, repo_root):
     assert c.outcome is Outcome.RESTORED and ns(c.cascade_missed) == [4044, 4096, 4556]
     b = skip.cell("reference.policy0.A-B-C").turns[1]
     assert ns(b.cascade_missed) == [2048, 4044, 4096, 4556]
+
+
+def test_several_slots_keep_their_own_checkpoints_and_cache(tmp_path, monkeypatch):
+    """llama-server with -np 2: B lands on the idle slot 1 (a fresh slot: cold), so A's slot 0
+    keeps its checkpoints and C restores there. Lines in b11434's words."""
+    a = list(range(1000, 1000 + 4560))
+    c = _lcp_prompts(2531, 4947, a, 1)
+    monkeypatch.setitem(PROMPTS, "A", a)
+    monkeypatch.setitem(PROMPTS, "C", c)
+    monkeypatch.setitem(PROMPTS, "B", [500 + i for i in range(99)])
+
+    def line(slot: int, task: int, msg: str) -> str:
+        return f"0.01.000.000 I slot   operator(): id  {slot} | task {task} | {msg}"
+
+    def ckpt(verb: str, n: int, extra: str = "") -> str:
+        return f"{verb} context checkpoint{extra} (pos_min = {n - 1}, pos_max = {n - 1}, n_tokens = {n}"
+
+    log = "\n".join([
+        line(0, -1, "selected slot by LRU, t_last = -1"),
+        line(0, 0, "new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 4560"),
+        line(0, 0, "cached n_tokens = 0, memory_seq_rm [0, end)"),
+        *(line(0, 0, ckpt("created", n, f" {k} of 64") + ", size = 0.032 MiB)") for k, n in enumerate((2000, 4044, 4556), 1)),
+        line(0, 0, "prompt eval time =     380.12 ms /  4560 tokens (    0.08 ms per token, 11996.00 tokens per second)"),
+        line(1, -1, "selected slot by LRU, t_last = -1"),
+        line(1, 5, "new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 99"),
+        line(1, 5, "cached n_tokens = 0, memory_seq_rm [0, end)"),
+        line(1, 5, ckpt("created", 95, " 1 of 64") + ", size = 0.032 MiB)"),
+        line(1, 5, "prompt eval time =       9.80 ms /    99 tokens (    0.10 ms per token, 10102.04 tokens per second)"),
+        line(0, -1, "selected slot by LCP similarity, f_sim_best = 0.512 (> 0.100 thold), f_keep = 0.555"),
+        line(0, 9, "new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 4947"),
+        line(0, 9, ckpt("restored", 2000) + ", n_past = 2000, size = 0.032 MiB)"),
+        *(line(0, 9, ckpt("erased invalidated", n) + ", n_swa = 0, pos_next = 2000, size = 0.032 MiB)") for n in (4044, 4556)),
+        line(0, 9, "cached n_tokens = 2000, memory_seq_rm [2000, end)"),
+        line(0, 9, ckpt("created", 4431, " 2 of 64") + ", size = 0.032 MiB)"),
+        line(0, 9, "prompt eval time =     250.00 ms /  2947 tokens (    0.08 ms per token, 11788.00 tokens per second)"),
+    ]) + "\n"
+    answers = [{"timings": {"cache_n": r, "prompt_n": n}, "tokens": [7, 8], "content": "xy"}
+               for r, n in ((0, 4560), (0, 99), (2000, 2947))]
+    run = tmp_path / "run-np2"
+    make_cell(run, "llama.np2.warm", kind="warm", log=log.encode(), prompt_ids=["A", "B", "C"], answers=answers,
+              family="llama.cpp", tasks=[0, 5, 9])
+    a_t, b_t, c_t = compute(run).cell("llama.np2.warm").turns
+    assert b_t.outcome is Outcome.COLD and b_t.alive_at_start == () and any("slot 1" in n for n in b_t.notes)
+    assert c_t.outcome is Outcome.RESTORED and c_t.divergence_point == 2531 and c_t.cached_tokens == 4562
+    assert ns(c_t.alive_at_start) == [2000, 4044, 4556] and ns(c_t.alive_below_divergence) == [2000]
+    assert ns(c_t.erased_cascade) == [4044, 4556] and c_t.cascade_missed == () and c_t.disagreements == ()
