@@ -139,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers:
             s.close()
 
+    load = os.getloadavg()
     print(f"prefill tokens/s (median of {args.reps}), preset {args.preset!r}, -t 1, "
-          f"llama-server on core {core_llama}, reference on core {core_ref}")
+          f"llama-server on core {core_llama}, reference on core {core_ref}; "
+          f"load average {load[0]:.1f} on {os.cpu_count()} cores (others' work slows both)")
     print(f"{'tokens':>7}  {'llama-server':>13}  {'reference':>10}  {'ratio':>6}")
     summary = []
     for length in args.lengths:
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.write_text(json.dumps({
             "preset": args.preset, "seed": args.seed, "reps": args.reps, "summary": summary, "raw": results,
+            "load_average": load,
             "llama_server": {"binary": str(binary), "found_by": found_by, "sha256": sha256_file(binary),
                              "model": str(gguf), "model_sha256": sha256_file(gguf), "core": core_llama},
             "reference": {"model": str(safetensors), "model_sha256": sha256_file(safetensors), "core": core_ref},
