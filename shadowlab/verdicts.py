@@ -566,120 +566,52 @@ def _judge_turn(
     has_log: bool,
     fresh: bool,
 ) -> TurnVerdict:
-    notes: list[str] = []
-    disagreements: list[str] = []
     prompt_len = len(prompt_ids) if prompt_ids is not None else t.prompt_tokens
-    divergence = _lcp(cache, prompt_ids) if cache is not None and prompt_ids is not None else None
     if fresh:
-        divergence = 0
-    usable_limit = None if divergence is None else min(divergence, (prompt_len or 1) - 1)
+        divergence: int | None = 0
+    else:
+        divergence = _lcp(cache, prompt_ids) if cache is not None and prompt_ids is not None else None
 
     by_kind: dict[str, list[Any]] = {}
     for ev in events:
         by_kind.setdefault(ev.kind, []).append(ev)
     restored_ev = by_kind.get("restored", [None])[0]
     forced = "forced" in by_kind
-    trim = by_kind.get("cache_trim", [None])[0]
     evals = by_kind.get("prompt_eval", [])
     created = tuple(_ref(ev, t.index) for ev in by_kind.get("created", []))
-    cascade = tuple(ref for kind, ref in erased_by_turn if kind == "erased_invalidated")
-    other_erased = tuple(ref for kind, ref in erased_by_turn if kind != "erased_invalidated")
 
-    # Re-entry point and the log's reuse figure.
-    re_entry, source, reused_log = None, None, None
-    restored_ref = None
-    if restored_ev is not None:
-        restored_ref = _ref(restored_ev, None)
-        re_entry = restored_ev.n_past if restored_ev.n_past is not None else restored_ev.n_tokens
-        source = "restore"
-        if restored_ev.n_past is not None and restored_ev.n_past > restored_ev.n_tokens:
-            disagreements.append(
-                f"restore re-entered at n_past = {restored_ev.n_past} but the checkpoint covers only "
-                f"n_tokens = {restored_ev.n_tokens}: {restored_ev.n_past - restored_ev.n_tokens} token(s) never processed"
-            )
-    elif trim is not None:
-        re_entry, source = trim.n_past, "cache_trim"
-    elif forced:
-        re_entry, source = 0, "forced"
-    if has_log and events:
-        if trim is not None:
-            reused_log = trim.n_past
-            if re_entry is not None and source == "restore" and trim.n_past != re_entry:
-                disagreements.append(f"restore says re-entry {re_entry}, cache trim says {trim.n_past}")
-        elif re_entry is not None:
-            reused_log = re_entry
+    re_entry, source, reused_log, disagreements = _log_reuse(restored_ev, by_kind.get("cache_trim", [None])[0], forced)
     processed_log = evals[-1].n_tokens if evals else None
-    prefill_log_ms = evals[-1].ms if evals else None
-    if len(evals) > 1:
-        notes.append(f"{len(evals)} `prompt eval time` lines in the turn; the last one is used")
-
     reused_api, processed_api = t.reused_tokens, t.processed_tokens
     if re_entry is None and reused_api is not None:
         re_entry, source = reused_api, "timings"
-    if reused_api is not None and reused_log is not None and reused_api != reused_log:
-        disagreements.append(f"reused: API says {reused_api}, log says {reused_log}")
-    if processed_api is not None and processed_log is not None and processed_api != processed_log:
-        disagreements.append(f"processed: API says {processed_api}, log says {processed_log}")
-    if reused_api is not None and processed_api is not None and prompt_len is not None:
-        if reused_api + processed_api != prompt_len:
-            disagreements.append(f"API: reused {reused_api} + processed {processed_api} != prompt {prompt_len}")
+    disagreements += _cross_check(reused_api, processed_api, reused_log, processed_log, prompt_len)
     if re_entry is not None and divergence is not None and re_entry > divergence and not fresh:
         disagreements.append(
             f"re-entry {re_entry} lies above the divergence point {divergence}: tokens that differ were reused"
         )
-
     reused = reused_api if reused_api is not None else reused_log
     processed = processed_api if processed_api is not None else processed_log
 
-    # Outcome.
-    if not _turn_ok(t):
-        outcome = Outcome.ERROR
-    elif fresh:
-        outcome = Outcome.COLD
-    elif restored_ev is not None:
-        outcome = Outcome.RESTORED
-    elif forced:
-        outcome = Outcome.FORCED
-    elif reused is not None and reused > 0:
-        outcome = Outcome.EXTENDED
-        if has_log and cache is not None and divergence is not None and divergence < len(cache) and trim is not None:
-            notes.append(f"reused {reused} without a restore although the prompt diverges at {divergence}")
-    elif divergence == 0:
-        outcome = Outcome.SILENT_RESET
-    elif divergence is not None and not has_log:
-        outcome = Outcome.FORCED
-        notes.append("no engine log: a partial match with nothing reused is counted as forced (API only)")
-    elif divergence is None:
-        outcome = Outcome.SILENT_RESET if reused == 0 else Outcome.EXTENDED
-        notes.append("divergence point unknown (no prompt token ids)")
-    else:
-        outcome = Outcome.SILENT_RESET
-        notes.append(f"prompt shares {divergence} tokens with the cache but nothing was reused and no forcing line was logged")
-    if not has_log and outcome in (Outcome.EXTENDED,) and cache is not None and divergence is not None and divergence < len(cache) - 1:
-        outcome = Outcome.RESTORED
-        notes.append("no engine log: partial reuse below the cached length is counted as a restore (API only)")
-
-    below = tuple(c for c in alive if usable_limit is not None and c.n_tokens <= usable_limit)
-    above = tuple(c for c in alive if usable_limit is None or c.n_tokens > usable_limit)
-    if usable_limit is None:
-        above = ()
-    missed: tuple[CheckpointRef, ...] = ()
-    if has_log and re_entry is not None and not fresh and outcome is not Outcome.ERROR:
-        erased_keys = {(c.pos_min, c.pos_max, c.n_tokens) for _, c in erased_by_turn}
-        missed = tuple(
-            c for c in alive if c.pos_max > re_entry and (c.pos_min, c.pos_max, c.n_tokens) not in erased_keys
-        )
-
-    create_ms = sum(c.took_ms for c in created if c.took_ms is not None) if any(c.took_ms is not None for c in created) else None
-    create_mib = sum(c.size_mib for c in created if c.size_mib is not None) if any(c.size_mib is not None for c in created) else None
-    saved = reused / prompt_len if reused is not None and prompt_len else None
+    outcome, notes = _outcome(t, fresh, restored_ev is not None, forced, reused, divergence, cache, has_log)
+    if len(evals) > 1:
+        notes.append(f"{len(evals)} `prompt eval time` lines in the turn; the last one is used")
     if t.log_complete is False and has_log:
         notes.append("the turn's `prompt eval time` line was not seen before its log span closed")
     if not has_log:
         notes.append("reuse from the API only: this engine has no parsable log")
-    if divergence is None and not fresh and not any("divergence point unknown" in n for n in notes):
+    if divergence is None and not fresh:
         notes.append("divergence point unknown: no prompt token ids recorded (chat turn) or the slot's cache is unknown")
 
+    # Usable for a restore: covers no token at or past the divergence point, and leaves at least
+    # one prompt token to evaluate.
+    usable_limit = None if divergence is None else min(divergence, (prompt_len or 1) - 1)
+    below = tuple(c for c in alive if usable_limit is not None and c.n_tokens <= usable_limit)
+    above = tuple(c for c in alive if usable_limit is not None and c.n_tokens > usable_limit)
+    missed: tuple[CheckpointRef, ...] = ()
+    if has_log and re_entry is not None and not fresh and outcome is not Outcome.ERROR:
+        missed = _cascade_missed(alive, erased_by_turn, re_entry)
+    restored_ref = _ref(restored_ev, None) if restored_ev is not None else None
     return TurnVerdict(
         index=t.index,
         prompt_id=t.prompt_id,
@@ -696,8 +628,8 @@ def _judge_turn(
         reused_log=reused_log,
         processed_log=processed_log,
         disagreements=tuple(disagreements),
-        saved_fraction=saved,
-        prefill_ms=t.prefill_ms if t.prefill_ms is not None else prefill_log_ms,
+        saved_fraction=reused / prompt_len if reused is not None and prompt_len else None,
+        prefill_ms=t.prefill_ms if t.prefill_ms is not None else (evals[-1].ms if evals else None),
         forcing_line=forced,
         restored=restored_ref,
         restore_ms=restored_ref.took_ms if restored_ref else None,
@@ -706,16 +638,94 @@ def _judge_turn(
         alive_below_divergence=below,
         alive_above_divergence=above,
         created=created,
-        erased_cascade=cascade,
-        erased_other=other_erased,
+        erased_cascade=tuple(ref for kind, ref in erased_by_turn if kind == "erased_invalidated"),
+        erased_other=tuple(ref for kind, ref in erased_by_turn if kind != "erased_invalidated"),
         cascade_missed=missed,
-        create_ms=create_ms,
-        create_mib=create_mib,
+        create_ms=_sum_known(c.took_ms for c in created),
+        create_mib=_sum_known(c.size_mib for c in created),
         task_ids=tuple(t.task_ids or ()),
         log_complete=t.log_complete if has_log else None,
         error=t.error or (None if _turn_ok(t) else f"HTTP {t.http_status}"),
         notes=tuple(notes),
     )
+
+
+def _log_reuse(restored_ev: Any, trim: Any, forced: bool) -> tuple[int | None, str | None, int | None, list[str]]:
+    """(re-entry point, its source, tokens reused per the log, conflicts) from the turn's lines.
+    The first `cached n_tokens` line of a task is the re-entry (later ones follow the batches)."""
+    disagreements: list[str] = []
+    if restored_ev is not None:
+        re_entry = restored_ev.n_past if restored_ev.n_past is not None else restored_ev.n_tokens
+        if restored_ev.n_past is not None and restored_ev.n_past > restored_ev.n_tokens:
+            disagreements.append(
+                f"restore re-entered at n_past = {restored_ev.n_past} but the checkpoint covers only "
+                f"n_tokens = {restored_ev.n_tokens}: {restored_ev.n_past - restored_ev.n_tokens} token(s) never processed"
+            )
+        if trim is not None and trim.n_past != re_entry:
+            disagreements.append(f"restore says re-entry {re_entry}, cache trim says {trim.n_past}")
+        return re_entry, "restore", trim.n_past if trim is not None else re_entry, disagreements
+    if trim is not None:
+        return trim.n_past, "cache_trim", trim.n_past, disagreements
+    if forced:
+        return 0, "forced", 0, disagreements
+    return None, None, None, disagreements
+
+
+def _cross_check(
+    reused_api: int | None, processed_api: int | None, reused_log: int | None, processed_log: int | None,
+    prompt_len: int | None,
+) -> list[str]:
+    out = []
+    if reused_api is not None and reused_log is not None and reused_api != reused_log:
+        out.append(f"reused: API says {reused_api}, log says {reused_log}")
+    if processed_api is not None and processed_log is not None and processed_api != processed_log:
+        out.append(f"processed: API says {processed_api}, log says {processed_log}")
+    if reused_api is not None and processed_api is not None and prompt_len is not None:
+        if reused_api + processed_api != prompt_len:
+            out.append(f"API: reused {reused_api} + processed {processed_api} != prompt {prompt_len}")
+    return out
+
+
+def _outcome(
+    t: Any, fresh: bool, restored: bool, forced: bool, reused: int | None, divergence: int | None,
+    cache: list[int] | None, has_log: bool,
+) -> tuple[Outcome, list[str]]:
+    """The turn's outcome (rules in the module docstring) and the notes that qualify it."""
+    if not _turn_ok(t):
+        return Outcome.ERROR, []
+    if fresh:
+        return Outcome.COLD, []
+    if restored:
+        return Outcome.RESTORED, []
+    if forced:
+        return Outcome.FORCED, []
+    if reused is not None and reused > 0:
+        if not has_log and cache is not None and divergence is not None and divergence < len(cache) - 1:
+            return Outcome.RESTORED, ["no engine log: partial reuse below the cached length is counted as a restore (API only)"]
+        return Outcome.EXTENDED, []
+    if divergence == 0:
+        return Outcome.SILENT_RESET, []
+    if divergence is None:
+        return Outcome.SILENT_RESET, ["nothing reused; with the divergence point unknown this may be a forced reset"]
+    if not has_log:
+        return Outcome.FORCED, ["no engine log: a partial match with nothing reused is counted as forced (API only)"]
+    return Outcome.SILENT_RESET, [
+        f"prompt shares {divergence} tokens with the cache but nothing was reused and no forcing line was logged"
+    ]
+
+
+def _cascade_missed(
+    alive: tuple[CheckpointRef, ...], erased_by_turn: list[tuple[str, CheckpointRef]], re_entry: int
+) -> tuple[CheckpointRef, ...]:
+    """Checkpoints alive at turn start that cover tokens past the re-entry point (llama.cpp
+    erases every `pos_max > pos_next`) and that no erase line removed."""
+    erased = {(c.pos_min, c.pos_max, c.n_tokens) for _, c in erased_by_turn}
+    return tuple(c for c in alive if c.pos_max > re_entry and (c.pos_min, c.pos_max, c.n_tokens) not in erased)
+
+
+def _sum_known(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 # ---------------------------------------------------------------- identity
