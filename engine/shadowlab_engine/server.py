@@ -92,6 +92,7 @@ def _float_field(body: dict, key: str, default: float) -> float:
 @dataclass(frozen=True)
 class Generation:
     n_predict: int
+    stop: tuple[str, ...]
     n_probs: int
     temperature: float
     seed: int
@@ -105,6 +106,8 @@ class Completion:
 
     tokens: list[int] = field(default_factory=list)
     stop_type: str = "limit"
+    stopping_word: str = ""
+    text: str | None = None  # the content, when a stop word cut it short
     truncated: bool = False
     n_decoded: int = 0
     probs: list[dict] = field(default_factory=list)
@@ -224,7 +227,7 @@ class Engine:
             "tokens_predicted": result["timings"]["predicted_n"],
             "tokens_evaluated": len(prompt),
             "stop_type": result["stop_type"],
-            "stopping_word": "",
+            "stopping_word": result["stopping_word"],
             "tokens_cached": result["tokens_cached"],
             "truncated": result["truncated"],
             "timings": result["timings"],
@@ -256,7 +259,7 @@ class Engine:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": result["content"]},
-                    "finish_reason": "stop" if result["stop_type"] == "eos" else "length",
+                    "finish_reason": "length" if result["stop_type"] == "limit" else "stop",
                     "tokens": result["tokens"],  # not OpenAI's: exact ids for identity checks
                     "logprobs": {"content": result["probs"]} if result["probs"] else None,
                 }
@@ -285,6 +288,7 @@ class Engine:
             raise RequestError(400, f"'id_slot' {id_slot} out of range (total_slots = {self.options.n_parallel})")
         return Generation(
             n_predict=n_predict,
+            stop=_stop_words(body.get("stop")),
             n_probs=_int_field(body, "n_probs", 0, minimum=0),
             temperature=_float_field(body, "temperature", 0.0),
             seed=_int_field(body, "seed", 0, minimum=0),
@@ -364,7 +368,8 @@ class Engine:
         return {
             "id_task": task,
             "id_slot": slot.id,
-            "content": self.tokenizer.decode(out.tokens),
+            "content": out.text if out.text is not None else self.tokenizer.decode(out.tokens),
+            "stopping_word": out.stopping_word,
             "tokens": out.tokens,
             "stop_type": out.stop_type,
             "truncated": out.truncated,
@@ -399,6 +404,8 @@ class Engine:
                 out.stop_type = "eos"
                 break
             out.tokens.append(token)
+            if gen.stop and self._stop_word(out, gen.stop):
+                break
             if out.n_decoded == gen.n_predict:
                 break
             if len(slot.tokens) >= slot.cfg.n_ctx:
@@ -406,6 +413,16 @@ class Engine:
                 break
             logits = slot.evaluate(token)
         return out
+
+    def _stop_word(self, out: "Completion", stop: tuple[str, ...]) -> bool:
+        """Cut the content before the first stop word it contains, like llama-server."""
+        text = self.tokenizer.decode(out.tokens)
+        hits = [(text.find(word), word) for word in stop if word and word in text]
+        if not hits:
+            return False
+        at, word = min(hits)
+        out.stop_type, out.stopping_word, out.text = "word", word, text[:at]
+        return True
 
     def _probabilities(self, logits: Any, token: int, n_probs: int) -> dict:
         """llama-server's `completion_probabilities` entry: the sampled token's logprob and the
@@ -450,6 +467,16 @@ def _sampler(gen: Generation) -> Callable[[Any], int]:
         return int(torch.multinomial(probs, 1, generator=rng).item())
 
     return sample
+
+
+def _stop_words(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise RequestError(400, "'stop' must be a string or an array of strings")
 
 
 def _message_text(content: Any, index: int) -> str:

@@ -95,6 +95,7 @@ BAD_REQUESTS = [
     ("/completion", {"prompt": "abc", "cache_prompt": "yes"}, 400),
     ("/completion", {"prompt": "abc", "id_slot": 3}, 400),
     ("/completion", {"prompt": "abc", "n_probs": -1}, 400),
+    ("/completion", {"prompt": "abc", "stop": [1]}, 400),
     ("/v1/chat/completions", {"messages": "hi"}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400),
     ("/detokenize", {"tokens": [99999]}, 400),
@@ -112,6 +113,16 @@ def test_bad_input_gets_a_4xx_json_error(engine, path, body, status):
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["code"] == status and err["message"] and err["type"]
+
+
+def test_stop_word_cuts_the_content(engine):
+    full = engine.complete(P[:200], n_predict=12)
+    text = full["content"]
+    word = next(ch for ch in text[1:] if ch.isascii())  # 12 random-ish bytes: some are ASCII
+    cut = engine.complete(P[:200], n_predict=12, stop=[word])
+    assert (cut["stop_type"], cut["stopping_word"]) == ("word", word)
+    assert cut["content"] == text[: text.find(word)]
+    assert full["tokens"][: len(cut["tokens"])] == cut["tokens"]
 
 
 def test_oversized_or_chunked_bodies_are_refused_and_the_server_keeps_serving(engine):
