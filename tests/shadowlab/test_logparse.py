@@ -171,6 +171,28 @@ def test_real_llama_server_prompt_cache_save_load_restore():
     assert superseded.n_tokens == 4556 and superseded.task == restored.task
 
 
+REAL_EXPECTED = LOGS / "llama.cpp-b11434" / "expected.json"
+REAL_CASES = sorted(json.loads(REAL_EXPECTED.read_text()).items()) if REAL_EXPECTED.exists() else []
+
+
+@pytest.mark.skipif(not REAL_CASES, reason="no tests/fixtures/logs/llama.cpp-b11434/expected.json")
+@pytest.mark.parametrize("name,expected", REAL_CASES, ids=[n for n, _ in REAL_CASES])
+def test_real_llama_server_reuse_per_turn_equals_the_api(name, expected):
+    """The llama-server work's captures (one warm cell's engine.log each) with the API figures
+    its meta.json recorded: the log alone must give the same reuse and prefill per turn."""
+    parsed = lp.parse(LOGS / "llama.cpp-b11434" / name, "llama.cpp")
+    assert parsed.unknown_count == 0, parsed.unknown_samples
+    for turn in expected["turns"]:
+        tasks = set(turn["task_ids"])
+        trims = [e for e in parsed.of("cache_trim") if e.task in tasks]
+        evals = [e for e in parsed.of("prompt_eval") if e.task in tasks]
+        restored = [e for e in parsed.of("restored") if e.task in tasks]
+        assert trims[0].n_past == turn["timings_cache_n"], turn
+        assert evals[-1].n_tokens == turn["timings_prompt_n"], turn
+        if restored:
+            assert restored[0].n_past == turn["timings_cache_n"]
+
+
 # ---------------------------------------------------------------- older upstream and ik_llama.cpp
 
 
