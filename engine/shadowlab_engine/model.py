@@ -94,7 +94,9 @@ class GDNState:
 
 @dataclass
 class KVCache:
-    k: Tensor      # [Hkv, capacity, head_dim]
+    # [capacity, Hkv, head_dim]: position-major, so the keys [0, end) a tile reads are a prefix
+    # of the buffer with the same strides whatever the capacity (n_ctx) is
+    k: Tensor
     v: Tensor
 
 
@@ -238,7 +240,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps)
 
     def new_state(self, capacity: int, device: torch.device) -> KVCache:
-        shape = (self.n_kv_heads, capacity, self.head_dim)
+        shape = (capacity, self.n_kv_heads, self.head_dim)
         return KVCache(torch.zeros(shape, device=device), torch.zeros(shape, device=device))
 
     def forward(self, x: Tensor, kv: KVCache, tile: Tile) -> Tensor:
@@ -248,14 +250,14 @@ class Attention(nn.Module):
         k = _rope(self.k_norm(self.wk(x).view(C, Hkv, hd)), tile.cos, tile.sin)
         v = self.wv(x).view(C, Hkv, hd)
         a, b = tile.start + tile.lo, tile.start + tile.hi
-        kv.k[:, a:b] = k[tile.lo:tile.hi].transpose(0, 1)
-        kv.v[:, a:b] = v[tile.lo:tile.hi].transpose(0, 1)
+        kv.k[a:b] = k[tile.lo:tile.hi]
+        kv.v[a:b] = v[tile.lo:tile.hi]
         end = tile.start + C   # fixed per tile; keys past the call are masked (exact zeros)
         q = (q * hd ** -0.5).view(C, Hkv, G, hd).permute(1, 2, 0, 3).reshape(Hkv, G * C, hd)
-        scores = q @ kv.k[:, :end].transpose(1, 2)
+        scores = q @ kv.k[:end].permute(1, 2, 0)
         # keys before the tile are visible to every row: only the tile's own block needs a mask
         scores[..., tile.start:].masked_fill_(tile.future.repeat(G, 1), float("-inf"))
-        out = torch.softmax(scores, -1) @ kv.v[:, :end]
+        out = torch.softmax(scores, -1) @ kv.v[:end].transpose(0, 1)
         return self.wo(out.view(Hkv, G, C, hd).permute(2, 0, 1, 3).reshape(C, self.n_heads * hd))
 
 

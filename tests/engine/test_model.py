@@ -125,6 +125,8 @@ def test_logits_are_bit_identical_however_the_prompt_is_split(model):
         logits, state = prefill(model, tokens, cuts)
         assert torch.equal(logits, cold), name
         assert greedy(model, state, logits) == want, name
+    for n_ctx in (L + 16, 3000):   # the context size (KV capacity) changes nothing either
+        assert torch.equal(prefill(model, tokens, [500], n_ctx=n_ctx)[0], cold), n_ctx
 
 
 def test_single_token_calls_decode_form_give_the_same_greedy_tokens(model):
