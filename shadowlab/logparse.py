@@ -49,7 +49,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "reference", "none")
