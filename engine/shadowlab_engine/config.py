@@ -38,7 +38,7 @@ class ModelConfig:
     chunk_size: int = 64
     # Version of weights.py's drawing recipe: bumped when it changes, so a cached file made by
     # an older recipe no longer matches its preset and ensure_model regenerates it.
-    weights_recipe: int = 2
+    weights_recipe: int = 3
 
     def is_attention(self, layer: int) -> bool:
         return (layer + 1) % self.attention_interval == 0

@@ -71,6 +71,12 @@ def _gdn_heads(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return a_log, beta_bias, gain
 
 
+# Output-row scale per token: printable ASCII wins most argmaxes, so completions read as text
+# (other bytes still occur, and decode shows invalid UTF-8 as U+FFFD); the specials, two of
+# which stop generation, are rarer still.
+_PRIOR = np.array([1.3 if 32 <= i < 127 or i == 10 else 0.6 for i in range(256)] + [0.5] * (N_TOKENS - 256))
+
+
 def _draw(c: ModelConfig, seed: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
     leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
     a_log, beta_bias, beta_gain = _gdn_heads(c.gdn_n_heads)
@@ -78,7 +84,7 @@ def _draw(c: ModelConfig, seed: int, name: str, shape: tuple[int, ...]) -> np.nd
         return _normal(seed, name, shape, 0.2 if not c.tie_embeddings else 1.0)
     if name == "output.weight":                 # logits with std ~4: decisive, yet they move
         w = _normal(seed, name, shape, 4.0 / math.sqrt(shape[1]))
-        w[N_TOKENS - 4:N_TOKENS] *= 0.5         # specials (EOS, <|im_end|> stop generation): rarer
+        w[:N_TOKENS] *= _PRIOR[:, None]
         return w
     if leaf in ("q_norm", "k_norm"):
         return np.full(shape, 3.0)              # sharp attention: scores with std ~9 pick few keys
