@@ -410,8 +410,12 @@ class SlotPool:
                 self._cond.wait()
             slot.busy = True
         if update_cache and self.prompt_cache is not None and slot.tokens:
-            self.prompt_cache.save(slot, task)
-            self.prompt_cache.load(slot, prompt, task)
+            try:
+                self.prompt_cache.save(slot, task)
+                self.prompt_cache.load(slot, prompt, task)
+            except BaseException:
+                self.release(slot)  # never leave a slot marked busy
+                raise
         return slot
 
     def release(self, slot: Slot) -> None:
