@@ -4,6 +4,11 @@ The socket is bound and answering before torch is imported: `/health` says 503 w
 background thread loads the model, 200 once the slots exist. Requests to one slot are
 serialized by the `SlotPool`; bad input is rejected before a slot is touched, so no request can
 crash the server or corrupt a slot.
+
+Where it differs from llama-server, on purpose: `n_predict` defaults to 16 (not -1, unbounded)
+and `temperature` to 0 (greedy, not 0.8), so a bare request is short and deterministic;
+`tokens` is always returned; chat choices carry `tokens` too; task ids count accepted completion
+tasks only; `print_timing` prints its three lines each with the slot prefix.
 """
 
 from __future__ import annotations
