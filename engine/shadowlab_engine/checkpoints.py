@@ -291,7 +291,7 @@ class Slot:
             "n_tokens": len(self.tokens),
             "checkpoints": [
                 {"pos_min": c.pos_min, "pos_max": c.pos_max, "n_tokens": c.n_tokens,
-                 "size": c.nbytes}
+                 "nbytes": c.nbytes}
                 for c in self.checkpoints
             ],
         }
