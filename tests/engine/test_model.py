@@ -179,6 +179,34 @@ def test_restore_then_diverge_equals_a_cold_run_of_the_new_prompt(model):
     assert greedy(model, state, logits) == want
 
 
+def test_case_study_prompts_give_cold_results_through_the_servers_splits(model):
+    """A (4,560) and C = A[:2531] + other (4,947) as the server runs them with -b 2048 -ub 512:
+    ubatches plus tail checkpoints (L-4-512, L-4) and batch-boundary ones (2048, 4096)."""
+    a = words(20, 4560)
+    c = a[:2531] + words(21, 4947 - 2531)
+    cold_a, state = prefill(model, a, [4560])
+    want_a = greedy(model, state, cold_a)
+    cold_c, state = prefill(model, c, [4947])
+    want_c = greedy(model, state, cold_c)
+
+    def server_cuts(L: int, start: int = 0) -> list[int]:
+        return [*range(start + 512, L, 512), L - 4 - 512, L - 4, 2048, 4096]
+
+    state, snaps = model.new_state(8192), {}
+    prev = 0
+    for cut in sorted({x for x in server_cuts(4560) if x < 4560} | {4560}):
+        logits = model.forward(state, a[prev:cut], prev)
+        snaps[cut], prev = model.snapshot(state), cut
+    assert torch.equal(logits, cold_a) and greedy(model, state, logits) == want_a
+    model.trim_kv(state, 2048)                                # A -> C restores the 2048 checkpoint
+    model.restore(state, snaps[2048])
+    prev = 2048
+    for cut in sorted({x for x in server_cuts(4947, 2048) if 2048 < x < 4947} | {4947}):
+        logits = model.forward(state, c[prev:cut], prev)
+        prev = cut
+    assert torch.equal(logits, cold_c) and greedy(model, state, logits) == want_c
+
+
 def test_state_misuse_is_refused(model):
     state = model.new_state(256)
     with pytest.raises(ValueError):
