@@ -129,6 +129,10 @@ def open_run_dir(options: RunOptions, matrix: Any) -> RunLayout:
             raise RunDirError("--resume needs --out (the run directory to resume)", path=".")
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         root = options.reports_dir / f"{matrix.name}-{stamp}"
+        suffix = 1
+        while root.exists():  # two runs started within the same second
+            suffix += 1
+            root = options.reports_dir / f"{matrix.name}-{stamp}-{suffix}"
     layout = RunLayout(root)
     exists = root.exists() and any(root.iterdir())
     if exists and not options.resume:
@@ -376,6 +380,9 @@ def wait_ready(live: LiveEngine, timeout_s: float) -> None:
     """Ready = /health 200, the engine itself listening on its port, one /tokenize answered."""
     proc, name = live.proc, live.engine.spec.name
     deadline = proc.started_at + timeout_s
+    # Each /health poll costs the engine CPU on its pinned core while it loads: start
+    # fast (a quick engine is ready in ms) and back off to 25 ms (at most ~12 ms late).
+    interval = 0.002
     while True:
         if live.ctx.stop.is_set():
             raise EngineStartError("run interrupted during start-up", engine=name)
@@ -389,7 +396,8 @@ def wait_ready(live: LiveEngine, timeout_s: float) -> None:
         if time.monotonic() >= deadline:
             raise EngineStartError(f"not ready after {timeout_s:g} s (/health never answered 200)",
                                    engine=name, log_tail=_tail_lines(proc))
-        time.sleep(0.01)
+        time.sleep(interval)
+        interval = min(interval * 1.5, 0.025)
     live.health_ms = (time.monotonic() - proc.started_at) * 1000.0
     if not proc.listens_on_port():
         raise EngineStartError(f"port {live.port.port} answers, but not from the engine's process",
@@ -432,10 +440,12 @@ class CellScheduler:
         with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="cell") as pool:
             try:
                 while pending or running:
-                    self._start_ready_cells(pending, running, pool, total)
+                    waiting_for_cores = self._start_ready_cells(pending, running, pool, total)
                     if not running:
-                        if pending:  # cores held by another shadowlab: poll for them
+                        if waiting_for_cores:  # cores held by another shadowlab: poll for them
                             self.ctx.stop.wait(0.1)
+                        else:  # only cells whose dependency can never run are left
+                            self._skip_orphans(pending)
                         continue
                     done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
                     for future in done:
@@ -462,10 +472,11 @@ class CellScheduler:
         return pending
 
     def _start_ready_cells(self, pending: list[Any], running: dict, pool: ThreadPoolExecutor,
-                           total: int) -> None:
+                           total: int) -> bool:
+        """Start what may start now; True when a cell is waiting for free cores."""
         for cell in list(pending):
             if len(running) >= self.jobs:
-                return
+                return False
             blocker = cell.depends_on
             if blocker and blocker not in self.statuses:
                 continue  # its warm cell is still to run
@@ -476,12 +487,18 @@ class CellScheduler:
             try:
                 cores = isolation.lease_cores(self.ctx.matrix.isolation.cores_per_cell)
             except isolation.LeaseUnavailable:
-                return
+                return True
             pending.remove(cell)
             index = total - len(pending) - len(running)
             self.ctx.say(f"[{index}/{total}] start {cell.id} (cores {','.join(map(str, cores.cores))})")
             future = pool.submit(CellRunner(self.ctx, cell, cores).run)
             running[future] = (cell, cores, time.monotonic())
+        return False
+
+    def _skip_orphans(self, pending: list[Any]) -> None:
+        for cell in list(pending):
+            pending.remove(cell)
+            self._record_skipped(cell, f"depends on cell {cell.depends_on}, which did not run")
 
     def _finish(self, future: Future, entry: tuple[Any, isolation.CoreLease, float], total: int,
                 remaining: int) -> None:

@@ -306,3 +306,37 @@ def _overlap(a: records.CellMeta, b: records.CellMeta) -> bool:
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
+
+
+def test_port_taken_between_check_and_bind_is_retried(tmp_path, repo_root, monkeypatch):
+    """Another program binds the port after shadowlab chose it: the engine cannot listen,
+    says so in its log, and shadowlab retries on a fresh port."""
+    import socket
+
+    from shadowlab import isolation
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    real_lease_port = isolation.lease_port
+    handed_out: list[int] = []
+
+    def lease_port(*args, **kwargs):
+        lease = isolation.PortLease(taken) if not handed_out else real_lease_port(*args, **kwargs)
+        handed_out.append(lease.port)
+        return lease
+
+    monkeypatch.setattr(isolation, "lease_port", lease_port)
+    matrix = write_matrix(tmp_path / "m.yaml", sequences="  A: [A]")
+    try:
+        outcome = run.run(options(tmp_path, matrix, repo_root))
+    finally:
+        squatter.close()
+    meta = metas(outcome.run_dir)["reference.defaults.A"]
+    # handed_out[0] went to the prompts' tokenizer engine, which also had to retry.
+    assert handed_out[0] == taken
+    assert meta.status is CellStatus.OK
+    assert meta.port != taken
+    log = records.RunLayout(outcome.run_dir).prompts_dir / "reference.engine.log"
+    assert b"Address already in use" in log.read_bytes()
