@@ -340,3 +340,38 @@ def test_port_taken_between_check_and_bind_is_retried(tmp_path, repo_root, monke
     assert meta.port != taken
     log = records.RunLayout(outcome.run_dir).prompts_dir / "reference.engine.log"
     assert b"Address already in use" in log.read_bytes()
+
+
+CHAT_PROMPTS = """\
+  T1:
+    kind: chat
+    messages:
+      - {role: system, content: You answer briefly.}
+      - {role: user, content: Name a colour.}
+  T2:
+    kind: chat
+    messages:
+      - {role: system, content: You answer briefly.}
+      - {role: user, content: Name a colour.}
+      - {role: assistant, content: {from_turn: 0}}
+      - {role: user, content: And another one?}
+"""
+
+
+def test_chat_turns_splice_the_warm_replies(tmp_path, repo_root):
+    text = write_matrix(tmp_path / "m.yaml", sequences="  chat: [T1, T2]").read_text()
+    text = text.replace("prompts:\n", "prompts:\n" + CHAT_PROMPTS)
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(text)
+    outcome = run.run(options(tmp_path, matrix, repo_root))
+    by_id = metas(outcome.run_dir)
+    warm, cold = by_id["reference.defaults.chat"], by_id["reference.defaults.cold.chat.T2"]
+    assert warm.status is CellStatus.OK and cold.status is CellStatus.OK
+    first, second = warm.turns
+    assert first.endpoint == second.endpoint == "/v1/chat/completions"
+    assert second.messages[2] == {"role": "assistant", "content": first.completion.text}
+    # The cold run is fed exactly the warm turn's messages (with the warm reply spliced in).
+    assert cold.turns[0].messages == second.messages
+    assert cold.turns[0].prompt_sha256 == second.prompt_sha256 == records.sha256_json(second.messages)
+    assert second.prompt_tokens == second.reused_tokens + second.processed_tokens
+    assert second.prompt_token_ids is None
