@@ -317,6 +317,8 @@ class HybridModel:
         net.load_state_dict(tensors, strict=True)
         net.requires_grad_(False).eval()
         dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but torch {torch.__version__} sees no CUDA device; use --device cpu")
         net.to(dev)
         dev = net.norm.weight.device   # the device actually used ("cuda" -> "cuda:0")
         return cls(config, net, dev, sha256_file(path), path)

@@ -34,6 +34,7 @@ def encode(text: str, parse_special: bool = True) -> list[int]:
 
 
 def decode_bytes(ids: Iterable[int], render_special: bool = True) -> bytes:
+    """The bytes of `ids`; specials as their names (or nothing), padding ids as nothing."""
     out = bytearray()
     for i in ids:
         if 0 <= i < 256:

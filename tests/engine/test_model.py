@@ -257,6 +257,12 @@ def test_load_reports_device_and_weights_hash(model):
     assert model.config.name == "tiny"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_cuda_without_a_device_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="no CUDA device"):
+        HybridModel.load(model.path, "cuda")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_matches_cpu_greedy(model):
     gpu = HybridModel.load(model.path, "cuda")
