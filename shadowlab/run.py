@@ -38,12 +38,15 @@ from typing import Any
 import httpx
 import yaml
 
-from shadowlab import environment, isolation, records
+from shadowlab import environment, isolation, prompts, records
+from shadowlab import matrix as matrix_module
+from shadowlab import plan as plan_module
 from shadowlab.engines import EngineAdapter, EngineIdentity, TurnRequest, get_adapter
 from shadowlab.errors import EngineCrashError, EngineError, EngineStartError, ProtocolError, RunDirError
 from shadowlab.isolation import EngineProcess
-from shadowlab.matrix import ChatPrompt
-from shadowlab.prompts import tokens_sha256
+from shadowlab.matrix import ChatPrompt, EngineSpec, Matrix
+from shadowlab.plan import Cell, Plan, Turn
+from shadowlab.prompts import MaterializedPrompt, tokens_sha256
 from shadowlab.records import CellMeta, CellStatus, RunLayout
 
 # Bounds on waiting for the engine's log after an answer (the `prompt eval time` line is
@@ -108,19 +111,15 @@ def run(options: RunOptions) -> RunOutcome:
     return RunOutcome(layout.root, statuses)
 
 
-def load_matrix(path: Path) -> Any:
-    from shadowlab import matrix
-
-    return matrix.load(path)
+def load_matrix(path: Path) -> Matrix:
+    return matrix_module.load(path)
 
 
-def build_plan(matrix: Any) -> Any:
-    from shadowlab import plan
-
-    return plan.build_plan(matrix)
+def build_plan(matrix: Matrix) -> Plan:
+    return plan_module.build_plan(matrix)
 
 
-def open_run_dir(options: RunOptions, matrix: Any) -> RunLayout:
+def open_run_dir(options: RunOptions, matrix: Matrix) -> RunLayout:
     """The run directory: new, or an existing one with --resume; anything else is refused."""
     if options.out is not None:
         root = options.out
@@ -148,7 +147,7 @@ def open_run_dir(options: RunOptions, matrix: Any) -> RunLayout:
     return layout
 
 
-def write_run_records(layout: RunLayout, matrix: Any, plan: Any, *, resume: bool) -> None:
+def write_run_records(layout: RunLayout, matrix: Matrix, plan: Plan, *, resume: bool) -> None:
     resolved = yaml.safe_dump(matrix.to_dict(), sort_keys=False, allow_unicode=True)
     if resume:
         if layout.matrix.read_text(encoding="utf-8") != resolved:
@@ -164,30 +163,44 @@ def write_run_records(layout: RunLayout, matrix: Any, plan: Any, *, resume: bool
 
 
 def prepare_engines(ctx: RunContext) -> None:
-    """Adapter per engine; locate/build/hash binary and model (generated once, cached)."""
+    """Adapter per engine; locate/build/hash binary and model (generated once, cached).
+
+    An engine that cannot be prepared is recorded as unavailable: its cells are skipped
+    with the reason, the other engines' cells still run.
+    """
     for name, spec in ctx.matrix.engines.items():
-        adapter = get_adapter(spec.kind)
-        ctx.engines[name] = PreparedEngine(spec, adapter, adapter.prepare(spec, ctx.options.model_cache))
+        try:
+            adapter = get_adapter(spec.kind)
+            identity = adapter.prepare(spec, ctx.options.model_cache)
+        except Exception as exc:  # noqa: BLE001 - adapters are pluggable; report, go on
+            ctx.unavailable[name] = f"engine {name!r} could not be prepared: {type(exc).__name__}: {exc}"
+            ctx.say(f"shadowlab: {ctx.unavailable[name]}")
+            continue
+        ctx.engines[name] = PreparedEngine(spec, adapter, identity)
 
 
 def materialize_prompts(ctx: RunContext) -> None:
     """Exact token prompts per engine, tokenized by that engine; reused on --resume."""
-    from shadowlab import prompts
-
     for name, engine in ctx.engines.items():
         path = ctx.layout.prompts(name)
         if path.exists():
             engine.prompts = prompts.load(path)
             continue
         log_path = ctx.layout.prompts_dir / f"{name}.engine.log"
-        with ctx.cores(1) as cores, ctx.serving(engine, cores, cell_flags=(), cell_env={},
-                                               log_path=log_path) as live:
-            engine.prompts = prompts.materialize(ctx.matrix.prompts, live.tokenize)
+        try:
+            with ctx.cores(1) as cores, ctx.serving(engine, cores, cell_flags=(), cell_env={},
+                                                   log_path=log_path) as live:
+                engine.prompts = prompts.materialize(ctx.matrix.prompts, live.tokenize)
+        except EngineError as exc:
+            ctx.unavailable[name] = f"prompts could not be tokenized: {exc}"
+            ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
+            continue
+        finally:
+            shutil.rmtree(log_path.parent / "scratch", ignore_errors=True)
         prompts.save(engine.prompts, path)
-        shutil.rmtree(log_path.parent / "scratch", ignore_errors=True)
 
 
-def run_cells(ctx: RunContext, plan: Any) -> dict[str, CellStatus]:
+def run_cells(ctx: RunContext, plan: Plan) -> dict[str, CellStatus]:
     return CellScheduler(ctx, plan).run()
 
 
@@ -196,22 +209,23 @@ def run_cells(ctx: RunContext, plan: Any) -> dict[str, CellStatus]:
 
 @dataclass
 class PreparedEngine:
-    spec: Any
+    spec: EngineSpec
     adapter: EngineAdapter
     identity: EngineIdentity
-    prompts: dict[str, Any] = field(default_factory=dict)
+    prompts: dict[str, MaterializedPrompt] = field(default_factory=dict)
 
 
 class RunContext:
     """What the cells of one run share: matrix, layout, engines, live processes, stop flag."""
 
-    def __init__(self, layout: RunLayout, matrix: Any, options: RunOptions,
+    def __init__(self, layout: RunLayout, matrix: Matrix, options: RunOptions,
                  say: Callable[[str], None]) -> None:
         self.layout = layout
         self.matrix = matrix
         self.options = options
         self.say = say
         self.engines: dict[str, PreparedEngine] = {}
+        self.unavailable: dict[str, str] = {}  # engine name -> why its cells cannot run
         self.stop = threading.Event()
         self._live: set[EngineProcess] = set()
         self._live_lock = threading.Lock()
@@ -318,7 +332,7 @@ class LiveEngine:
         return self.stop_report
 
 
-def controlled_env_names(matrix: Any) -> set[str]:
+def controlled_env_names(matrix: Matrix) -> set[str]:
     """Variables the matrix sets somewhere: a cell gets them only from its own delta."""
     names = {"SHADOWLAB_ENGINE_FAULTS", *isolation.GPU_VISIBILITY_VARS, *isolation.THREAD_COUNT_VARS}
     for spec in matrix.engines.values():
@@ -426,7 +440,7 @@ def _tail_lines(proc: EngineProcess, count: int = 20) -> list[str]:
 class CellScheduler:
     """Runs the plan's cells, ``jobs`` at a time, each on its own leased cores."""
 
-    def __init__(self, ctx: RunContext, plan: Any) -> None:
+    def __init__(self, ctx: RunContext, plan: Plan) -> None:
         self.ctx = ctx
         self.plan = plan
         self.jobs = ctx.options.jobs or ctx.matrix.isolation.jobs
@@ -436,7 +450,7 @@ class CellScheduler:
     def run(self) -> dict[str, CellStatus]:
         pending = self._pending()
         total = len(self.plan.cells)
-        running: dict[Future[CellStatus], tuple[Any, isolation.CoreLease, float]] = {}
+        running: dict[Future[CellStatus], tuple[Cell, isolation.CoreLease, float]] = {}
         with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="cell") as pool:
             try:
                 while pending or running:
@@ -460,7 +474,7 @@ class CellScheduler:
                 raise
         return self.statuses
 
-    def _pending(self) -> list[Any]:
+    def _pending(self) -> list[Cell]:
         pending = []
         for cell in self.plan.cells:
             meta = self.ctx.layout.meta(cell.id)
@@ -471,12 +485,16 @@ class CellScheduler:
             pending.append(cell)
         return pending
 
-    def _start_ready_cells(self, pending: list[Any], running: dict, pool: ThreadPoolExecutor,
+    def _start_ready_cells(self, pending: list[Cell], running: dict, pool: ThreadPoolExecutor,
                            total: int) -> bool:
         """Start what may start now; True when a cell is waiting for free cores."""
         for cell in list(pending):
             if len(running) >= self.jobs:
                 return False
+            if cell.engine in self.ctx.unavailable:
+                pending.remove(cell)
+                self._record_skipped(cell, self.ctx.unavailable[cell.engine])
+                continue
             blocker = cell.depends_on
             if blocker and blocker not in self.statuses:
                 continue  # its warm cell is still to run
@@ -495,12 +513,12 @@ class CellScheduler:
             running[future] = (cell, cores, time.monotonic())
         return False
 
-    def _skip_orphans(self, pending: list[Any]) -> None:
+    def _skip_orphans(self, pending: list[Cell]) -> None:
         for cell in list(pending):
             pending.remove(cell)
             self._record_skipped(cell, f"depends on cell {cell.depends_on}, which did not run")
 
-    def _finish(self, future: Future, entry: tuple[Any, isolation.CoreLease, float], total: int,
+    def _finish(self, future: Future, entry: tuple[Cell, isolation.CoreLease, float], total: int,
                 remaining: int) -> None:
         cell, cores, started = entry
         cores.release()
@@ -512,7 +530,7 @@ class CellScheduler:
         done = len(self.statuses)
         self.ctx.say(f"[{done}/{total}] {status.value:<7} {cell.id} {elapsed:.1f}s  ETA {eta:.0f}s")
 
-    def _record_skipped(self, cell: Any, reason: str) -> None:
+    def _record_skipped(self, cell: Cell, reason: str) -> None:
         meta = empty_meta(self.ctx, cell)
         meta.status, meta.reason = CellStatus.SKIPPED, reason
         records.write_meta(self.ctx.layout, meta)
@@ -527,7 +545,7 @@ def _status_of(meta_path: Path) -> CellStatus | None:
         return None
 
 
-def empty_meta(ctx: RunContext, cell: Any) -> CellMeta:
+def empty_meta(ctx: RunContext, cell: Cell) -> CellMeta:
     return CellMeta(
         schema_version=records.SCHEMA_VERSION, run_id=ctx.layout.run_id, cell_id=cell.id,
         cell=cell.to_dict(), status=CellStatus.FAILED, reason=None, log_tail=None, command=[],
@@ -540,7 +558,7 @@ def empty_meta(ctx: RunContext, cell: Any) -> CellMeta:
 class CellRunner:
     """One cell, start to finish. Never raises for an engine failure: it records it."""
 
-    def __init__(self, ctx: RunContext, cell: Any, cores: isolation.CoreLease) -> None:
+    def __init__(self, ctx: RunContext, cell: Cell, cores: isolation.CoreLease) -> None:
         self.ctx = ctx
         self.cell = cell
         self.cores = cores
@@ -678,7 +696,7 @@ class TurnExchange:
     """Send one turn, keep the raw answer, find the turn's span in engine.log."""
 
     def __init__(self, ctx: RunContext, engine: PreparedEngine, live: LiveEngine, cell_dir: Path,
-                 turn: Any, replies: Mapping[int, str]) -> None:
+                 turn: Turn, replies: Mapping[int, str]) -> None:
         self.ctx, self.engine, self.live, self.cell_dir = ctx, engine, live, cell_dir
         self.turn = turn
         self.replies = replies
@@ -704,8 +722,6 @@ class TurnExchange:
         return self._close_span(record, start)
 
     def _request(self) -> TurnRequest:
-        from shadowlab import prompts
-
         spec = self.ctx.matrix.prompts[self.turn.prompt_id]
         extra = {"message_delimiters": [dict(d) for d in prompts.CHATML_MESSAGE_DELIMITERS]} \
             if spec.message_delimiters else {}

@@ -375,3 +375,29 @@ def test_chat_turns_splice_the_warm_replies(tmp_path, repo_root):
     assert cold.turns[0].prompt_sha256 == second.prompt_sha256 == records.sha256_json(second.messages)
     assert second.prompt_tokens == second.reused_tokens + second.processed_tokens
     assert second.prompt_token_ids is None
+
+
+def test_engine_that_cannot_be_prepared_skips_its_cells_only(tmp_path, repo_root, monkeypatch):
+    """An adapter's prepare() fails for one engine (say, its binary cannot be built)."""
+    from shadowlab.engines.reference import ReferenceAdapter
+
+    real_prepare = ReferenceAdapter.prepare
+
+    def prepare(self, spec, cache_dir):
+        if spec.name == "broken":
+            raise FileNotFoundError("llama-server: not built")
+        return real_prepare(self, spec, cache_dir)
+
+    monkeypatch.setattr(ReferenceAdapter, "prepare", prepare)
+    text = write_matrix(tmp_path / "m.yaml", sequences="  A: [A]").read_text()
+    bad_engine = "  broken:\n    kind: reference\n    model: {preset: tiny, seed: 0}\n    threads: 1\n"
+    text = text.replace("configurations:\n", bad_engine + "configurations:\n", 1)
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(text)
+    outcome = run.run(options(tmp_path, matrix, repo_root))
+    by_id = metas(outcome.run_dir)
+    assert by_id["reference.defaults.A"].status is CellStatus.OK
+    broken = by_id["broken.defaults.A"]
+    assert broken.status is CellStatus.SKIPPED
+    assert "could not be prepared" in broken.reason and "not built" in broken.reason
+    assert not outcome.all_ran
