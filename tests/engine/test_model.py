@@ -138,6 +138,19 @@ def test_single_token_calls_decode_form_give_the_same_greedy_tokens(model):
     assert greedy(model, state, stepped) == want
 
 
+def test_an_extended_turn_after_decoding_matches_its_cold_run(model):
+    """Turn 2 = turn 1's prompt + its completion + new text, continued on the warm state (the
+    server's `extended` path: the completion went through decode calls, cold prefills it)."""
+    prompt, more = words(12, 700), words(13, 150)
+    logits, state = prefill(model, prompt)
+    completion = greedy(model, state, logits)              # evaluates all 16 generated tokens
+    warm = model.forward(state, more, state.n_past)
+    turn2 = prompt + completion + more
+    cold, cold_state = prefill(model, turn2, [512])
+    torch.testing.assert_close(warm, cold, rtol=0, atol=1e-4)
+    assert greedy(model, state, warm) == greedy(model, cold_state, cold)
+
+
 def test_snapshot_restore_at_any_position_reproduces_the_cold_run(model):
     L = 1000
     a = words(3, L)
