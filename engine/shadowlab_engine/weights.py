@@ -85,6 +85,7 @@ def _draw(c: ModelConfig, seed: int, name: str, shape: tuple[int, ...]) -> np.nd
     if name == "output.weight":                 # logits with std ~4: decisive, yet they move
         w = _normal(seed, name, shape, 4.0 / math.sqrt(shape[1]))
         w[:N_TOKENS] *= _PRIOR[:, None]
+        w[N_TOKENS:] *= 0.1                     # padding ids of a padded vocab: next to never
         return w
     if leaf in ("q_norm", "k_norm"):
         return np.full(shape, 3.0)              # sharp attention: scores with std ~9 pick few keys
