@@ -401,3 +401,19 @@ def test_engine_that_cannot_be_prepared_skips_its_cells_only(tmp_path, repo_root
     assert broken.status is CellStatus.SKIPPED
     assert "could not be prepared" in broken.reason and "not built" in broken.reason
     assert not outcome.all_ran
+
+
+@pytest.mark.parametrize(
+    ("requested", "reported", "verified"),
+    [(None, "cpu", True), (None, "cuda:0", False), (0, "cuda:0", True), (0, "cpu", False), (None, None, None)],
+)
+def test_gpu_visibility_is_checked_against_what_the_engine_reports(requested, reported, verified):
+    from types import SimpleNamespace
+
+    from shadowlab.engines.reference import ReferenceAdapter
+
+    props = {} if reported is None else {"device": reported}
+    live = SimpleNamespace(engine=SimpleNamespace(adapter=ReferenceAdapter()), props=props)
+    record = run.gpu_record(requested, live)
+    assert record.verified is verified
+    assert record.visibility_env["CUDA_VISIBLE_DEVICES"] == ("" if requested is None else str(requested))
