@@ -789,7 +789,9 @@ class TurnExchange:
     def _close_span(self, record: records.TurnRecord, start: int) -> records.TurnRecord:
         """Wait (bounded) for this turn's `prompt eval time` line; the span ends after it."""
         log = self.live.proc.log_path
-        deadline = time.monotonic() + (LOG_SPAN_WAIT_S if record.error is None else 0.2)
+        # No line to wait for when the turn failed or the engine's log format is unknown.
+        expect_line = record.error is None and self.engine.spec.log_family != "none"
+        deadline = time.monotonic() + (LOG_SPAN_WAIT_S if expect_line else 0.0)
         while True:
             end = _line_boundary(log)
             if _set_span(record, log, start, end) or time.monotonic() >= deadline \
