@@ -7,6 +7,7 @@ Layout of one run (DESIGN.md §4)::
       plan.json              the cells, in order
       environment.json       host, CPU, cores, Python + packages, shadowlab version + commit
       prompts/<engine>.json  {prompt_id: {"kind", "tokens": [...], "sha256", "text_seed"}}
+      prompts/<engine>.engine.log            log of the engine process that tokenized them
       cells/<cell-id>/meta.json              this module's CellMeta
       cells/<cell-id>/engine.log             the engine's full output (stdout + stderr)
       cells/<cell-id>/responses/turn-<i>.json   raw HTTP response bodies
