@@ -285,8 +285,12 @@ class EngineProcess:
             raise
         self.pid = self.popen.pid
         self.pgid = self.pid  # start_new_session: the child leads a new session and group
-        self._members: set[int] = {self.pid}
+        # Descendants ever seen, as psutil handles: they check the process's creation
+        # time, so a recycled pid is never mistaken for (or signalled as) one of ours.
+        self._members: dict[int, psutil.Process] = {}
+        self._remember(self.pid)
         self._stopped: StopReport | None = None
+        self._stop_lock = threading.Lock()
 
     # -- observation -----------------------------------------------------------
 
@@ -302,7 +306,18 @@ class EngineProcess:
             children = psutil.Process(self.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return
-        self._members.update(child.pid for child in children)
+        for child in children:
+            self._members.setdefault(child.pid, child)
+
+    def _remember(self, pid: int) -> None:
+        try:
+            self._members[pid] = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            pass
+
+    def _is_member(self, pid: int) -> bool:
+        known = self._members.get(pid)
+        return known is not None and known.is_running()
 
     def group_members(self) -> list[int]:
         """Live processes in the engine's group, or that were ever seen as its descendants."""
@@ -313,7 +328,7 @@ class EngineProcess:
                 in_group = os.getpgid(pid) == self.pgid
             except (ProcessLookupError, PermissionError):
                 continue
-            if in_group or pid in self._members:
+            if in_group or self._is_member(pid):
                 try:
                     if proc.status() != psutil.STATUS_ZOMBIE:
                         alive.append(pid)
@@ -328,9 +343,9 @@ class EngineProcess:
         check and the engine's bind.
         """
         self.remember_members()
-        for pid in self._members:
+        for member in list(self._members.values()):
             try:
-                conns = psutil.Process(pid).net_connections(kind="tcp")
+                conns = member.net_connections(kind="tcp")
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in conns):
@@ -345,11 +360,27 @@ class EngineProcess:
     def stop(self, grace_s: float = 5.0, port_wait_s: float = 5.0) -> StopReport:
         """TERM the group, wait up to grace_s, KILL what is left, then verify.
 
-        Idempotent. Raises ProcessSurvived when a member is still alive after KILL or
-        the port is still bound after port_wait_s; the report is kept either way.
+        Idempotent and thread-safe (an interrupted run stops every engine from the main
+        thread while the cells' threads stop their own): a second caller waits for the
+        first and gets its report. Raises ProcessSurvived when a member is still alive
+        after KILL or the port is still bound after port_wait_s; the report is kept.
         """
-        if self._stopped is not None:
+        with self._stop_lock:
+            if self._stopped is None:
+                self._stop(grace_s, port_wait_s)
+            assert self._stopped is not None
+            if self._stopped.survivors or not self._stopped.port_free:
+                raise ProcessSurvived(
+                    f"engine pid {self.pid}: survivors {self._stopped.survivors}, port {self.port} "
+                    f"{'free' if self._stopped.port_free else 'still bound'}"
+                )
             return self._stopped
+
+    @property
+    def stop_report(self) -> StopReport | None:
+        return self._stopped
+
+    def _stop(self, grace_s: float, port_wait_s: float) -> None:
         t0 = time.monotonic()
         self.remember_members()
         signal_used = "none"
@@ -374,12 +405,6 @@ class EngineProcess:
             survivors=survivors,
             port_free=port_free,
         )
-        if survivors or not port_free:
-            raise ProcessSurvived(
-                f"engine pid {self.pid}: survivors {survivors}, port {self.port} "
-                f"{'free' if port_free else 'still bound'}"
-            )
-        return self._stopped
 
     def _signal_group(self, sig: signal.Signals) -> None:
         try:
@@ -387,10 +412,12 @@ class EngineProcess:
         except ProcessLookupError:
             pass
         # Descendants that left the group (setsid) still get the signal.
-        for pid in self._members - {self.pid}:
+        for pid, member in list(self._members.items()):
+            if pid == self.pid:
+                continue
             try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
+                member.send_signal(sig)  # psutil refuses when the pid was recycled
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
 
     def _wait_group_gone(self, deadline: float) -> bool:

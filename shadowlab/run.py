@@ -324,7 +324,7 @@ class LiveEngine:
             try:
                 self.stop_report = self.proc.stop()
             except isolation.ProcessSurvived:
-                self.stop_report = self.proc._stopped  # noqa: SLF001 - report kept on failure
+                self.stop_report = self.proc.stop_report
                 raise
             finally:
                 self.ctx.untrack(self.proc)
