@@ -507,7 +507,7 @@ class CellScheduler:
             except isolation.LeaseUnavailable:
                 return True
             pending.remove(cell)
-            index = total - len(pending) - len(running)
+            index = total - len(pending)  # cells started, kept or skipped so far
             self.ctx.say(f"[{index}/{total}] start {cell.id} (cores {','.join(map(str, cores.cores))})")
             future = pool.submit(CellRunner(self.ctx, cell, cores).run)
             running[future] = (cell, cores, time.monotonic())
