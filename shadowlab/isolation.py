@@ -14,7 +14,9 @@ forks form one process group that :meth:`EngineProcess.stop` signals as a whole
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import random
 import signal
@@ -93,10 +95,67 @@ class CoreLease:
     cores: tuple[int, ...]
     _leases: list[_Lease] = field(default_factory=list, repr=False)
 
+    def claim(self, pid: int) -> None:
+        """Note which engine runs on these cores (see reap_orphans)."""
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:
+            return
+        data = json.dumps({"pid": pid, "create_time": created, "shadowlab_pid": os.getpid()})
+        for core in self.cores:
+            path = _claim_path(core)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(data)
+            os.replace(tmp, path)
+
     def release(self) -> None:
+        for core in self.cores if self._leases else ():
+            _claim_path(core).unlink(missing_ok=True)
         for lease in self._leases:
             lease.release()
         self._leases.clear()
+
+
+def _claim_path(core: int) -> Path:
+    return lock_dir() / f"core-{core}.claim"
+
+
+def reap_orphans() -> list[int]:
+    """Kill engines left behind by a shadowlab that died without stopping them (SIGKILL).
+
+    A claim file names the engine running on a leased core. Its lease is a flock the
+    kernel dropped when that shadowlab died, so a claim whose core lock we can take now
+    is stale: its engine, if still alive (same pid *and* creation time), is an orphan
+    holding a port and memory, and its process group is killed. lease_cores() does the
+    same for each core it takes, so a stale claim is never overwritten unreaped.
+    """
+    reaped: list[int] = []
+    for claim in sorted(lock_dir().glob("core-*.claim")):
+        lease = _Lease(claim.with_suffix(".lock"))
+        if not lease.try_acquire():
+            continue  # a live shadowlab holds this core
+        try:
+            reaped += _reap_claim(claim)
+        finally:
+            lease.release()
+    return reaped
+
+
+def _reap_claim(claim: Path) -> list[int]:
+    """Kill the engine a stale claim names (caller holds the core's lock); drop the claim."""
+    try:
+        data = json.loads(claim.read_text())
+        engine = psutil.Process(int(data["pid"]))
+        if abs(engine.create_time() - float(data["create_time"])) >= 0.05:
+            return []  # the pid was recycled: not our engine
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(engine.pid, signal.SIGKILL)  # it leads its own group
+        engine.kill()
+        return [engine.pid]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, OSError, ValueError, KeyError, TypeError):
+        return []
+    finally:
+        claim.unlink(missing_ok=True)
 
 
 def lease_cores(count: int, candidates: Sequence[int] | None = None) -> CoreLease:
@@ -114,6 +173,8 @@ def lease_cores(count: int, candidates: Sequence[int] | None = None) -> CoreLeas
     for core in pool:
         lease = _Lease(directory / f"core-{core}.lock")
         if lease.try_acquire():
+            if _claim_path(core).exists():  # left by a shadowlab that was killed
+                _reap_claim(_claim_path(core))
             held.append(lease)
             cores.append(core)
             if len(cores) == count:

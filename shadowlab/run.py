@@ -237,6 +237,10 @@ class RunContext:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        reaped = isolation.reap_orphans()
+        if reaped:
+            self.say(f"shadowlab: killed {len(reaped)} engine(s) left behind by a killed shadowlab: "
+                     f"pids {', '.join(map(str, reaped))}")
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -371,6 +375,7 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
             port.release()
             raise EngineStartError(f"cannot start {argv[0]!r}: {exc}", engine=engine.spec.name) from None
         ctx.track(proc)
+        cores.claim(proc.pid)
         client = httpx.Client(base_url=f"http://127.0.0.1:{port.port}", timeout=10.0)
         live = LiveEngine(ctx, engine, proc, port, client, argv, delta, attempt, started_at, 0.0, 0.0)
         try:

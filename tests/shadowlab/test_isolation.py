@@ -181,3 +181,23 @@ def test_address_in_use_is_recognised_in_logs():
     assert isolation.log_says_address_in_use("OSError: [Errno 98] Address already in use")
     assert isolation.log_says_address_in_use("srv    init: couldn't bind HTTP server socket")
     assert not isolation.log_says_address_in_use("prompt eval time = 1 ms")
+
+
+def test_stale_claim_with_a_recycled_pid_kills_nothing():
+    import json
+
+    claim = isolation.lock_dir() / f"core-{isolation.usable_cores()[0]}.claim"
+    # Our own pid, but another creation time: what a recycled pid looks like.
+    claim.write_text(json.dumps({"pid": os.getpid(), "create_time": 1.0, "shadowlab_pid": 1}))
+    assert isolation.reap_orphans() == []
+    assert not claim.exists()
+
+
+def test_claims_are_written_while_leased_and_removed_on_release():
+    lease = isolation.lease_cores(1)
+    lease.claim(os.getpid())
+    claim = isolation.lock_dir() / f"core-{lease.cores[0]}.claim"
+    assert claim.exists()
+    assert isolation.reap_orphans() == []  # held by a live lease: not stale
+    lease.release()
+    assert not claim.exists()

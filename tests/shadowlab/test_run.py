@@ -417,3 +417,26 @@ def test_gpu_visibility_is_checked_against_what_the_engine_reports(requested, re
     record = run.gpu_record(requested, live)
     assert record.verified is verified
     assert record.visibility_env["CUDA_VISIBLE_DEVICES"] == ("" if requested is None else str(requested))
+
+
+def test_engine_orphaned_by_a_killed_shadowlab_is_reaped_by_the_next(tmp_path, repo_root):
+    """SIGKILL cannot be handled: the engine outlives shadowlab. The next shadowlab on the
+    machine finds its stale core claim and kills it (same pid and creation time)."""
+    from shadowlab import isolation
+
+    matrix = write_matrix(tmp_path / "m.yaml", sequences="  A: [A]")
+    shadowlab = subprocess.Popen(shadowlab_cmd("run", str(matrix), "--out", str(tmp_path / "run"), "--no-report"),
+                                 cwd=repo_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        engines = wait_for(lambda: engine_descendants(shadowlab.pid), 60, "an engine")
+        lock_dir = Path(os.environ["SHADOWLAB_LOCK_DIR"])
+        wait_for(lambda: list(lock_dir.glob("core-*.claim")), 10, "the engine's core claim")
+    finally:
+        shadowlab.kill()
+        shadowlab.wait()
+    orphans = [e for e in engines if alive(e)]
+    assert orphans, "the engine should have outlived a SIGKILLed shadowlab"
+    reaped = isolation.reap_orphans()
+    assert {e.pid for e in orphans} <= set(reaped)
+    wait_for(lambda: not any(alive(e) for e in orphans), 10, "the orphans to die")
+    assert not list(lock_dir.glob("core-*.claim"))
