@@ -15,6 +15,20 @@ architecture `qwen35` (`src/models/qwen35.cpp`, `src/llama-model.cpp`):
 Weights are seeded random: each tensor draws from its own generator, seeded from
 `(seed, tensor name)`, so the same preset and seed always give the same bytes (and sha256).
 The model answers nonsense, but deterministic nonsense, which is all a cache experiment needs.
+
+Other hybrid and recurrent architectures of the same build (same vocabulary, same template),
+chosen to differ in the recurrent mechanism (see `ARCHS`):
+
+- `lfm2` (`src/models/lfm2.cpp`): LFM2's gated short convolution (`shortconv.*`: a 3-tap
+  causal conv, state = the last 2 inputs, no recurrent matrix) with GQA attention layers; a
+  layer is recurrent where `attention.head_count_kv[il]` is 0;
+- `granitehybrid` (`src/models/granite-hybrid.cpp`, `mamba-base.cpp`): Mamba-2 selective-scan
+  layers (`ssm_in`, conv1d + bias, `ssm_a`, `ssm_d`, grouped `ssm_norm`) with one GQA attention
+  layer in eight (Granite 4.0-H's sparse mix), recurrent where `head_count_kv[il]` is 0;
+- `mamba2` (`src/models/mamba2.cpp`): the same Mamba-2 layers only, no attention at all.
+
+Their presets are named `<arch>-<preset>` (`lfm2-tiny`), so a matrix's
+`model: {gguf: {preset: lfm2-tiny}}` picks one; `qwen35-tiny` is the same model as `tiny`.
 """
 
 from __future__ import annotations
@@ -29,7 +43,9 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "ARCHS",
     "GGUFPreset",
+    "OtherPreset",
     "PRESETS",
     "SPECIAL_TOKENS",
     "CHATML_TEMPLATE",
@@ -37,6 +53,7 @@ __all__ = [
     "ensure_gguf",
     "gguf_filename",
     "invalid_utf8_token_ids",
+    "resolve",
     "vocab",
     "write_gguf",
 ]
@@ -107,11 +124,94 @@ PRESETS: dict[str, GGUFPreset] = {
 }
 
 
-def preset(name: str) -> GGUFPreset:
+@dataclass(frozen=True)
+class OtherPreset:
+    """Shape of a generated lfm2 / granitehybrid / mamba2 model (llama.cpp hparams names).
+
+    `attention_layers` lists the attention layers; every other layer is recurrent (a short
+    conv for lfm2, a Mamba-2 mixer for granitehybrid and mamba2).
+    """
+
+    name: str
+    arch: str
+    n_embd: int
+    n_layer: int
+    attention_layers: tuple[int, ...] = ()
+    n_ff: int = 0              # 0: no feed-forward block (mamba2)
+    n_head: int = 0            # attention query heads (head size n_embd / n_head)
+    n_head_kv: int = 0
+    shortconv_l_cache: int = 3  # lfm2: conv taps (state keeps l_cache - 1 inputs)
+    ssm_d_state: int = 0       # Mamba-2: state size per head
+    ssm_n_group: int = 1       # Mamba-2: B/C groups
+    ssm_n_head: int = 0        # Mamba-2: heads (`ssm.time_step_rank`); head dim d_inner / heads
+    ssm_d_conv: int = 4
+    context_length: int = 32768
+    rope_freq_base: float = 1_000_000.0
+    rms_eps: float = 1e-5
+    logit_gain: float = 4.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head if self.n_head else 0
+
+    @property
+    def ssm_d_inner(self) -> int:  # llama.cpp's granitehybrid requires an expansion of 2
+        return 2 * self.n_embd
+
+    def is_recurrent(self, layer: int) -> bool:
+        return layer not in self.attention_layers
+
+    def head_count_kv(self) -> list[int]:
+        """Per layer: 0 marks a recurrent layer (how lfm2 and granitehybrid tell them apart)."""
+        return [0 if self.is_recurrent(il) else self.n_head_kv for il in range(self.n_layer)]
+
+
+# Shapes chosen to differ from qwen35's 3:1 mix, each at qwen35 tiny's width (n_embd 128).
+OTHER_PRESETS: dict[str, dict[str, OtherPreset]] = {
+    # LFM2-350M puts attention at layers 2, 5, 8, 10, 12, 14 of 16; here 3 of 8 (5 conv : 3 attn).
+    "lfm2": {
+        "tiny": OtherPreset(name="tiny", arch="lfm2", n_embd=128, n_layer=8, attention_layers=(2, 5, 7),
+                            n_ff=256, n_head=4, n_head_kv=2),
+    },
+    # Granite 4.0-H: about one attention layer per nine; here 1 of 8 (7 Mamba-2 : 1 attn).
+    "granitehybrid": {
+        "tiny": OtherPreset(name="tiny", arch="granitehybrid", n_embd=128, n_layer=8, attention_layers=(5,),
+                            n_ff=256, n_head=4, n_head_kv=2, ssm_d_state=32, ssm_n_group=1, ssm_n_head=8),
+    },
+    # Pure Mamba-2: no attention, no FFN (llama.cpp's mamba2 graph has none).
+    "mamba2": {
+        "tiny": OtherPreset(name="tiny", arch="mamba2", n_embd=128, n_layer=6, ssm_d_state=32, ssm_n_group=1,
+                            ssm_n_head=8),
+    },
+}
+
+ARCHS: tuple[str, ...] = (ARCH, *OTHER_PRESETS)
+
+
+def resolve(preset_name: str, arch: str | None = None) -> tuple[str, str]:
+    """(arch, preset) for `tiny` (qwen35), `lfm2-tiny`, or `tiny` with `arch="lfm2"`."""
+    if arch is None:
+        head, sep, tail = preset_name.partition("-")
+        arch, preset_name = (head, tail) if sep and head in ARCHS else (ARCH, preset_name)
+    elif arch not in ARCHS:
+        raise ValueError(f"unknown GGUF architecture {arch!r}; known: {', '.join(ARCHS)}")
+    elif preset_name.startswith(f"{arch}-"):
+        preset_name = preset_name[len(arch) + 1:]
+    return arch, preset_name
+
+
+def preset_names() -> list[str]:
+    """Every preset a matrix or `scripts/make_gguf.py` can name."""
+    return [*PRESETS, *(f"{a}-{n}" for a, ps in OTHER_PRESETS.items() for n in ps)]
+
+
+def preset(name: str, arch: str | None = None) -> GGUFPreset | OtherPreset:
+    arch, short = resolve(name, arch)
+    known = PRESETS if arch == ARCH else OTHER_PRESETS[arch]
     try:
-        return PRESETS[name]
+        return known[short]
     except KeyError:
-        raise ValueError(f"unknown GGUF preset {name!r}; known: {', '.join(PRESETS)}") from None
+        raise ValueError(f"unknown GGUF preset {name!r} for {arch}; known: {', '.join(known)}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,8 +272,10 @@ def describe_token_ids(ids: Sequence[int]) -> str:
 # Tensors.
 
 
-def _rng(seed: int, name: str) -> np.random.Generator:
-    digest = hashlib.sha256(f"shadowlab-gguf/{GENERATOR_VERSION}/{seed}/{name}".encode()).digest()
+def _rng(seed: int, name: str, arch: str = ARCH) -> np.random.Generator:
+    # qwen35 keeps its original stream names (its files' bytes must not change)
+    stream = name if arch == ARCH else f"{arch}/{name}"
+    digest = hashlib.sha256(f"shadowlab-gguf/{GENERATOR_VERSION}/{seed}/{stream}".encode()).digest()
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
 
 
@@ -211,8 +313,57 @@ def _tensor_specs(p: GGUFPreset, n_vocab: int) -> Iterator[tuple[str, tuple[int,
         yield f"{blk}.ffn_down.weight", (p.n_embd, p.n_ff), "linear"
 
 
-def _init(rng: np.random.Generator, shape: tuple[int, ...], kind: str, p: GGUFPreset) -> np.ndarray:
-    if kind == "norm":
+def _other_tensor_specs(p: OtherPreset, n_vocab: int) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    """lfm2 / granitehybrid / mamba2 tensors, in llama.cpp's `load_arch_tensors` shapes (reversed)."""
+    yield "token_embd.weight", (n_vocab, p.n_embd), "embed"
+    # lfm2's final norm is stored under the name `token_embd_norm` (LLM_TENSOR_OUTPUT_NORM_LFM2)
+    yield ("token_embd_norm.weight" if p.arch == "lfm2" else "output_norm.weight"), (p.n_embd,), "norm"
+    yield "output.weight", (n_vocab, p.n_embd), "output"
+    d_inner, conv_dim = p.ssm_d_inner, p.ssm_d_inner + 2 * p.ssm_n_group * p.ssm_d_state
+    for il in range(p.n_layer):
+        blk = f"blk.{il}"
+        yield f"{blk}.attn_norm.weight", (p.n_embd,), "norm"
+        if not p.is_recurrent(il):
+            kv_dim = p.head_dim * p.n_head_kv
+            yield f"{blk}.attn_q.weight", (p.head_dim * p.n_head, p.n_embd), "linear"
+            yield f"{blk}.attn_k.weight", (kv_dim, p.n_embd), "linear"
+            yield f"{blk}.attn_v.weight", (kv_dim, p.n_embd), "linear"
+            yield f"{blk}.attn_output.weight", (p.n_embd, p.head_dim * p.n_head), "linear"
+            if p.arch == "lfm2":
+                yield f"{blk}.attn_q_norm.weight", (p.head_dim,), "norm"
+                yield f"{blk}.attn_k_norm.weight", (p.head_dim,), "norm"
+        elif p.arch == "lfm2":
+            yield f"{blk}.shortconv.conv.weight", (p.n_embd, p.shortconv_l_cache), "conv"
+            yield f"{blk}.shortconv.in_proj.weight", (3 * p.n_embd, p.n_embd), "linear"
+            yield f"{blk}.shortconv.out_proj.weight", (p.n_embd, p.n_embd), "linear"
+        else:  # Mamba-2 mixer: in_proj gives z, xBC, dt
+            yield f"{blk}.ssm_in.weight", (2 * d_inner + 2 * p.ssm_n_group * p.ssm_d_state + p.ssm_n_head,
+                                           p.n_embd), "linear"
+            yield f"{blk}.ssm_conv1d.weight", (conv_dim, p.ssm_d_conv), "conv"
+            yield f"{blk}.ssm_conv1d.bias", (conv_dim,), "small"
+            yield f"{blk}.ssm_dt.bias", (p.ssm_n_head,), "dt_bias"
+            yield f"{blk}.ssm_a", (p.ssm_n_head, 1), "ssm_a"
+            yield f"{blk}.ssm_d", (p.ssm_n_head, 1), "ones"
+            yield f"{blk}.ssm_norm.weight", (p.ssm_n_group, d_inner // p.ssm_n_group), "norm"
+            yield f"{blk}.ssm_out.weight", (p.n_embd, d_inner), "linear"
+        if p.n_ff:
+            yield f"{blk}.ffn_norm.weight", (p.n_embd,), "norm"
+            yield f"{blk}.ffn_gate.weight", (p.n_ff, p.n_embd), "linear"
+            yield f"{blk}.ffn_up.weight", (p.n_ff, p.n_embd), "linear"
+            yield f"{blk}.ffn_down.weight", (p.n_embd, p.n_ff), "linear"
+
+
+def _specs(p: GGUFPreset | OtherPreset, n_vocab: int) -> Iterator[tuple[str, tuple[int, ...], str]]:
+    return _other_tensor_specs(p, n_vocab) if isinstance(p, OtherPreset) else _tensor_specs(p, n_vocab)
+
+
+def _init(rng: np.random.Generator, shape: tuple[int, ...], kind: str, p: GGUFPreset | OtherPreset) -> np.ndarray:
+    if kind == "small":
+        data = 0.1 * rng.standard_normal(shape)
+    elif kind == "dt_bias":  # Mamba-2's init: softplus(dt_bias) = dt ~ log U(1e-3, 1e-1)
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), shape))
+        data = dt + np.log(-np.expm1(-dt))
+    elif kind == "norm":
         data = 1.0 + 0.05 * rng.standard_normal(shape)
     elif kind == "ones":
         data = np.ones(shape)
@@ -233,25 +384,31 @@ def _init(rng: np.random.Generator, shape: tuple[int, ...], kind: str, p: GGUFPr
 # Writing.
 
 
-def gguf_filename(preset_name: str, seed: int) -> str:
-    return f"{ARCH}-{preset_name}-s{seed}.gguf"
+def gguf_filename(preset_name: str, seed: int, arch: str | None = None) -> str:
+    arch, short = resolve(preset_name, arch)
+    return f"{arch}-{short}-s{seed}.gguf"
 
 
-def write_gguf(preset_name: str, seed: int, path: str | Path) -> Path:
+def write_gguf(preset_name: str, seed: int, path: str | Path, arch: str | None = None) -> Path:
     """Write the model atomically (temp file + rename); same preset + seed → same bytes."""
     import gguf  # optional dependency: only the llama-server path needs it
 
-    p = preset(preset_name)
+    p = preset(preset_name, arch)
+    arch = p.arch if isinstance(p, OtherPreset) else ARCH
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tokens, types = vocab()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        writer = gguf.GGUFWriter(tmp, ARCH)
-        _write_metadata(writer, p, seed, tokens, types)
-        for name, shape, kind in _tensor_specs(p, len(tokens)):
-            writer.add_tensor(name, _init(_rng(seed, name), shape, kind, p))
+        writer = gguf.GGUFWriter(tmp, arch)
+        if isinstance(p, OtherPreset):
+            _write_other_metadata(writer, p, seed)
+        else:
+            _write_metadata(writer, p, seed, tokens, types)
+        _write_tokenizer(writer, tokens, types)
+        for name, shape, kind in _specs(p, len(tokens)):
+            writer.add_tensor(name, _init(_rng(seed, name, arch), shape, kind, p))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -261,6 +418,34 @@ def write_gguf(preset_name: str, seed: int, path: str | Path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _write_other_metadata(writer, p: OtherPreset, seed: int) -> None:
+    writer.add_name(f"shadowlab {p.arch} {p.name} seed {seed}")
+    writer.add_string("shadowlab.generator", f"shadowlab.gguf_model v{GENERATOR_VERSION}")
+    writer.add_uint32("shadowlab.seed", seed)
+    writer.add_string("shadowlab.preset", f"{p.arch}-{p.name}")
+    writer.add_context_length(p.context_length)
+    writer.add_embedding_length(p.n_embd)
+    writer.add_block_count(p.n_layer)
+    writer.add_layer_norm_rms_eps(p.rms_eps)
+    if p.n_ff:
+        writer.add_feed_forward_length(p.n_ff)
+    if p.attention_layers:
+        writer.add_head_count(p.n_head)
+        writer.add_head_count_kv(p.head_count_kv())
+        writer.add_rope_freq_base(p.rope_freq_base)
+    else:
+        writer.add_head_count(0)
+    if p.arch == "lfm2":
+        writer.add_shortconv_l_cache(p.shortconv_l_cache)
+    else:
+        writer.add_ssm_conv_kernel(p.ssm_d_conv)
+        writer.add_ssm_inner_size(p.ssm_d_inner)
+        writer.add_ssm_state_size(p.ssm_d_state)
+        writer.add_ssm_time_step_rank(p.ssm_n_head)
+        writer.add_ssm_group_count(p.ssm_n_group)
+    writer.add_file_type(0)  # all f32
 
 
 def _write_metadata(writer, p: GGUFPreset, seed: int, tokens: list[str], types: list[int]) -> None:
@@ -287,6 +472,9 @@ def _write_metadata(writer, p: GGUFPreset, seed: int, tokens: list[str], types: 
     writer.add_ssm_inner_size(p.ssm_d_inner)
     writer.add_full_attention_interval(p.full_attention_interval)
     writer.add_file_type(0)  # all f32
+
+
+def _write_tokenizer(writer, tokens: list[str], types: list[int]) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(tokens)
@@ -299,21 +487,26 @@ def _write_metadata(writer, p: GGUFPreset, seed: int, tokens: list[str], types: 
     writer.add_chat_template(CHATML_TEMPLATE)
 
 
-def ensure_gguf(preset_name: str, seed: int = 0, cache_dir: str | Path = Path("models")) -> Path:
-    """The path of the model in cache_dir, generated once under a file lock."""
+def ensure_gguf(preset_name: str, seed: int = 0, cache_dir: str | Path = Path("models"),
+                arch: str | None = None) -> Path:
+    """The path of the model in cache_dir, generated once under a file lock.
+
+    `preset_name` is a qwen35 preset (`tiny`) or `<arch>-<preset>` (`lfm2-tiny`); `arch`
+    names the architecture instead (`ensure_gguf("tiny", 0, arch="lfm2")`).
+    """
     from filelock import FileLock
 
-    preset(preset_name)  # unknown names fail before anything is created
+    preset(preset_name, arch)  # unknown names fail before anything is created
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    path = cache_dir / gguf_filename(preset_name, seed)
+    path = cache_dir / gguf_filename(preset_name, seed, arch)
     with FileLock(str(path) + ".lock"):
         if not path.exists():
-            write_gguf(preset_name, seed, path)
+            write_gguf(preset_name, seed, path, arch)
     return path
 
 
-def parameter_count(preset_name: str) -> int:
-    p = preset(preset_name)
+def parameter_count(preset_name: str, arch: str | None = None) -> int:
+    p = preset(preset_name, arch)
     n_vocab = len(vocab()[0])
-    return sum(int(np.prod(shape)) for _, shape, _ in _tensor_specs(p, n_vocab))
+    return sum(int(np.prod(shape)) for _, shape, _ in _specs(p, n_vocab))
