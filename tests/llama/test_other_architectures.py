@@ -220,3 +220,44 @@ def test_chat_turn2_reuses_turn1_and_equals_cold(arch_server, arch):
     assert 0 < cached < warm["usage"]["prompt_tokens"]
     assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+
+
+# ------------------------------------------------------------------ matrices/archs-llama.yaml
+
+
+@pytest.mark.llama
+def test_archs_matrix_qualifies_through_shadowlab(tmp_path, model_cache, llama_binary):
+    """The committed matrix, run by shadowlab itself, with the raw prompts at a quarter length
+    (the message-delimiter and chat prompts as committed) and no control cells."""
+    import yaml
+
+    from shadowlab import gate
+
+    from .conftest import SHARED_C, run_matrix
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "matrices" / "archs-llama.yaml").read_text())
+    assert [e["model"]["gguf"]["preset"] for e in data["engines"].values()] == [f"{a}-tiny" for a in ARCHS]
+    for engine in data["engines"].values():
+        engine["binary"] = str(llama_binary)
+    data["prompts"]["A"]["tokens"] = L_A
+    data["prompts"]["C"].update(shared=SHARED_C, tokens=L_C)
+    data["prompts"]["B"]["tokens"] = 60
+    for x in data["expectations"]:
+        if "checkpoints_created_at" in x:
+            x["checkpoints_created_at"] = [L_A - 5 - UB, L_A - 5]
+    data["identity"]["control"] = False
+    path = tmp_path / "archs.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = gate.evaluate(run_matrix(path, tmp_path / "run", model_cache))
+
+    failed = [f"{c.check} {c.subject}: {c.message}" for c in result.checks if not c.passed]
+    assert result.exit_code == 0, failed
+    verdict = result.inputs.verdict
+    outcomes = {c.cell_id: [t.outcome.value for t in c.turns] for c in verdict.cells if c.kind == "warm"}
+    for engine in ("lfm2", "granite", "mamba2"):
+        assert outcomes[f"{engine}.cram0.A-C"] == ["cold", "forced"]
+        assert outcomes[f"{engine}.cram0.A-B-C"] == ["cold", "silent_reset", "silent_reset"]
+        assert outcomes[f"{engine}.cram0_step256.msgs-A-C"] == ["cold", "restored"]
+        assert outcomes[f"{engine}.cram0.chat"][1] in ("extended", "restored")
+        restored = verdict.cell(f"{engine}.cram0_step256.msgs-A-C").turns[1]
+        assert restored.reused_tokens > 500 and restored.identity.status.value == "identical"
