@@ -20,6 +20,7 @@ for qwen35 — the placement does not depend on the architecture:
 - `/completion` with `message_delimiters` (and chat) checkpoints at user-message starts, so the
   same A→C edit restores the last user start below the divergence point — even an LFM2 whose
   short-conv state is only the last two inputs cannot be rewound without one;
+- `-cram 8192` saves the slot's recurrent state with its checkpoints and rescues A→B→A;
 - where a checkpoint was restored, the warm completion equals a fresh server's, token for token.
 
 Same prompt shapes as `test_llama_server.py` (a quarter of the case study's lengths), `-t 1`.
@@ -159,6 +160,33 @@ def test_raw_a_then_c_tail_checkpoints_and_forced(arch_server, prompts, arch):
     assert kinds(events, "forced") and not kinds(events, "restored")
     assert sorted(e.n_tokens for e in kinds(events, "erased_invalidated")) == [L_A - 4 - UB, L_A - 4]
     assert [e.n_tokens for e in kinds(events, "created")] == [L_C - 4 - UB, L_C - 4]
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tail_placement_follows_the_ubatch(arch_server, prompts, arch):
+    with arch_server(arch, ["-cram", "0", "-ub", "256"]) as server:
+        _ok(server.complete(prompts["A"], n_predict=1))
+        created = kinds(server.turn_events(), "created")
+    assert [e.n_tokens for e in created] == [L_A - 4 - 256, L_A - 4]
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cram_saves_and_restores_the_recurrent_state_a_b_a(arch_server, prompts, arch):
+    """-cram 8192 saves A's slot (recurrent state + checkpoints) when B evicts it and loads it
+    back for A again: the L−4 checkpoint is restored, as for qwen35. -cram 0 cannot."""
+    with arch_server(arch, ["-cram", "8192"]) as server:
+        for name in ("A", "B"):
+            _ok(server.complete(prompts[name], n_predict=1))
+        again = _ok(server.complete(prompts["A"], n_predict=1))
+        restored = kinds(server.turn_events(), "restored")
+    assert _reuse(again) == (L_A - 4, 4)
+    assert [r.n_tokens for r in restored] == [L_A - 4]
+    with arch_server(arch, ["-cram", "0"]) as server:
+        for name in ("A", "B"):
+            _ok(server.complete(prompts[name], n_predict=1))
+        assert _reuse(_ok(server.complete(prompts["A"], n_predict=1))) == (0, L_A)
 
 
 @pytest.mark.llama
