@@ -25,6 +25,9 @@ chosen to differ in the recurrent mechanism (see `ARCHS`):
 - `granitehybrid` (`src/models/granite-hybrid.cpp`, `mamba-base.cpp`): Mamba-2 selective-scan
   layers (`ssm_in`, conv1d + bias, `ssm_a`, `ssm_d`, grouped `ssm_norm`) with one GQA attention
   layer in eight (Granite 4.0-H's sparse mix), recurrent where `head_count_kv[il]` is 0;
+- `jamba` (`src/models/jamba.cpp`, `mamba-base.cpp`): Mamba-1 selective-scan layers (`ssm_x`,
+  `ssm_dt`, a per-channel `ssm_a` [d_inner, d_state], dt/B/C RMSNorms) with one attention layer
+  in eight, at Jamba's offset; dense FFNs;
 - `mamba2` (`src/models/mamba2.cpp`): the same Mamba-2 layers only, no attention at all.
 
 Their presets are named `<arch>-<preset>` (`lfm2-tiny`), so a matrix's
@@ -144,6 +147,7 @@ class OtherPreset:
     ssm_d_state: int = 0       # Mamba-2: state size per head
     ssm_n_group: int = 1       # Mamba-2: B/C groups
     ssm_n_head: int = 0        # Mamba-2: heads (`ssm.time_step_rank`); head dim d_inner / heads
+    ssm_dt_rank: int = 0       # Mamba-1 (jamba): rank of the dt projection (`ssm.time_step_rank`)
     ssm_d_conv: int = 4
     context_length: int = 32768
     rope_freq_base: float = 1_000_000.0
@@ -177,6 +181,14 @@ OTHER_PRESETS: dict[str, dict[str, OtherPreset]] = {
     "granitehybrid": {
         "tiny": OtherPreset(name="tiny", arch="granitehybrid", n_embd=128, n_layer=8, attention_layers=(5,),
                             n_ff=256, n_head=4, n_head_kv=2, ssm_d_state=32, ssm_n_group=1, ssm_n_head=8),
+    },
+    # Jamba: Mamba-1 selective scan (per-channel state, x/dt projections) + 1 attention of 8,
+    # at the same offset as Jamba's (layer 4); dense FFNs (no MoE). Half the width of the others:
+    # b11434's CPU Mamba-1 scan is the slowest here (measured, 1,200 tokens on one thread:
+    # 1.75 s at n_embd 128, 0.76 s at 64).
+    "jamba": {
+        "tiny": OtherPreset(name="tiny", arch="jamba", n_embd=64, n_layer=8, attention_layers=(4,),
+                            n_ff=128, n_head=2, n_head_kv=1, ssm_d_state=16, ssm_dt_rank=4),
     },
     # Pure Mamba-2: no attention, no FFN (llama.cpp's mamba2 graph has none).
     "mamba2": {
@@ -332,6 +344,19 @@ def _other_tensor_specs(p: OtherPreset, n_vocab: int) -> Iterator[tuple[str, tup
             if p.arch == "lfm2":
                 yield f"{blk}.attn_q_norm.weight", (p.head_dim,), "norm"
                 yield f"{blk}.attn_k_norm.weight", (p.head_dim,), "norm"
+        elif p.arch == "jamba":  # Mamba-1 mixer
+            yield f"{blk}.ssm_in.weight", (2 * d_inner, p.n_embd), "linear"
+            yield f"{blk}.ssm_conv1d.weight", (d_inner, p.ssm_d_conv), "conv"
+            yield f"{blk}.ssm_conv1d.bias", (d_inner,), "small"
+            yield f"{blk}.ssm_x.weight", (p.ssm_dt_rank + 2 * p.ssm_d_state, d_inner), "linear"
+            yield f"{blk}.ssm_dt_norm.weight", (p.ssm_dt_rank,), "norm"
+            yield f"{blk}.ssm_dt.weight", (d_inner, p.ssm_dt_rank), "linear"
+            yield f"{blk}.ssm_dt.bias", (d_inner,), "dt_bias"
+            yield f"{blk}.ssm_b_norm.weight", (p.ssm_d_state,), "norm"
+            yield f"{blk}.ssm_c_norm.weight", (p.ssm_d_state,), "norm"
+            yield f"{blk}.ssm_a", (d_inner, p.ssm_d_state), "ssm_a"
+            yield f"{blk}.ssm_d", (d_inner,), "ones"
+            yield f"{blk}.ssm_out.weight", (p.n_embd, d_inner), "linear"
         elif p.arch == "lfm2":
             yield f"{blk}.shortconv.conv.weight", (p.n_embd, p.shortconv_l_cache), "conv"
             yield f"{blk}.shortconv.in_proj.weight", (3 * p.n_embd, p.n_embd), "linear"
@@ -443,8 +468,11 @@ def _write_other_metadata(writer, p: OtherPreset, seed: int) -> None:
         writer.add_ssm_conv_kernel(p.ssm_d_conv)
         writer.add_ssm_inner_size(p.ssm_d_inner)
         writer.add_ssm_state_size(p.ssm_d_state)
-        writer.add_ssm_time_step_rank(p.ssm_n_head)
-        writer.add_ssm_group_count(p.ssm_n_group)
+        if p.arch == "jamba":
+            writer.add_ssm_time_step_rank(p.ssm_dt_rank)
+        else:
+            writer.add_ssm_time_step_rank(p.ssm_n_head)
+            writer.add_ssm_group_count(p.ssm_n_group)
     writer.add_file_type(0)  # all f32
 
 
