@@ -8,7 +8,7 @@ of the same build, each with a different recurrent mechanism and ratio:
 |-----------------|------------------------------------|------------------|----------------------|
 | `lfm2`          | 5 gated short convs (3 taps)       | 3 of 8           | conv only (0.005 MiB)|
 | `granitehybrid` | 7 Mamba-2 selective scans          | 1 of 8           | conv + SSM (0.245)   |
-| `jamba`         | 7 Mamba-1 selective scans          | 1 of 8           | conv + SSM (0.033)   |
+| `jamba`         | 7 Mamba-1 selective scans          | 1 of 8           | conv + SSM (0.065)   |
 | `mamba2`        | 6 Mamba-2 selective scans          | none             | conv + SSM (0.210)   |
 
 What the build does for each (read from `tools/server/server-context.cpp`, asserted here): the
