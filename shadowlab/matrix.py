@@ -34,6 +34,10 @@ COMMAND_PLACEHOLDERS = ("binary", "model", "port", "threads", "host", "log_file"
 
 _DEFAULT_LOG_FAMILY = {"reference": "reference", "llama-server": "llama.cpp", "openai": "none"}
 _DEFAULT_VERBOSITY = {"reference": ("-lv", "4"), "llama-server": ("-lv", "4"), "openai": ()}
+# Families that print their checkpoint lines at the default level. ik_llama.cpp has no `-lv`
+# flag at all (it exits with `error: unknown argument: -lv`); older upstream builds print them
+# at WRN/INF, where `-lv 4` would only add DBG noise to the log the parser reads.
+_DEFAULT_LEVEL_FAMILIES = ("ik_llama.cpp", "llama.cpp-legacy")
 # Names become parts of cell ids and directory names: no dots (the id separator), no slashes.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -116,7 +120,8 @@ SCHEMA: dict[str, Section] = {
             "Log format the checkpoint parser expects."),
         Key("log_patterns", "list of regex", "[]", "Extra parser patterns for another fork (must compile)."),
         Key("verbosity_flags", "list of str", "by kind: [-lv, 4] or []",
-            "Flags that make the engine print checkpoint lines."),
+            "Flags that make the engine print checkpoint lines. Default `[]` for log_family "
+            "ik_llama.cpp (no `-lv` flag) and llama.cpp-legacy (lines at WRN/INF)."),
     )),
     "model": Section("engines.<name>.model", (
         Key("preset", "str", None, "Reference-engine preset (generated on demand), with `seed`."),
@@ -803,6 +808,7 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
     timeout = _number(*f["ready_timeout_s"]) if "ready_timeout_s" in f else 60.0
     if timeout <= 0:
         f["ready_timeout_s"][1].fail(f"expected a positive number of seconds, got {timeout:g}")
+    family = _choice(*f["log_family"], LOG_FAMILIES) if "log_family" in f else _DEFAULT_LOG_FAMILY[kind]
     return EngineSpec(
         name=name,
         kind=kind,
@@ -813,9 +819,10 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
         env=_env(*f["env"]) if "env" in f else {},
         threads=threads,
         ready_timeout_s=timeout,
-        log_family=_choice(*f["log_family"], LOG_FAMILIES) if "log_family" in f else _DEFAULT_LOG_FAMILY[kind],
+        log_family=family,
         log_patterns=_log_patterns(*f["log_patterns"]) if "log_patterns" in f else (),
-        verbosity_flags=_str_list(*f["verbosity_flags"]) if "verbosity_flags" in f else _DEFAULT_VERBOSITY[kind],
+        verbosity_flags=_str_list(*f["verbosity_flags"]) if "verbosity_flags" in f
+        else () if family in _DEFAULT_LEVEL_FAMILIES else _DEFAULT_VERBOSITY[kind],
     )
 
 
