@@ -1,30 +1,101 @@
-"""Parser throughput against `grep -c "context checkpoint"` on the same large synthetic log.
+"""Parser throughput against `grep -c "context checkpoint"` on the same large log, same run.
 
-    python benchmarks/bench_logparse.py [--size-mb 1100] [--path /tmp/shadowlab-bench.log] [--keep]
+    python benchmarks/bench_logparse.py [--mode real,dense] [--size-mb 1100] [--repeat 3]
+                                        [--baseline /tmp/logparse_old.py] [--keep] [--dir /tmp]
 
-The log imitates a busy llama.cpp b11434 server at `-lv 4` serving a hybrid model (the request
-shape of a real capture: slot selection, `checking checkpoint` traces, restore + cascade, cache
-trim, prompt processing progress, 2-4 checkpoints per request, decode progress, the multi-line
-`print_timing` block, request log lines), with varying numbers. Both tools read the same file in
-the same run, after one warm-up read so the page cache treats them alike. Prints lines/s of
-each, the ratio, and the machine.
+Modes (each writes its own log under --dir, deleted afterwards unless --keep):
+
+  real       the headline. The request part of the real llama.cpp b11434 `-lv 4` captures in
+             tests/fixtures/logs/llama.cpp-b11434/ (every line from the end of start-up to the
+             last `all slots are idle`, i.e. whole requests: slot selection, `checking
+             checkpoint` traces, restores and cascades, cache trims, checkpoints, print_timing,
+             prompt-cache lines with -cram) after one real start-up header, repeated with task
+             ids shifted per copy. Event density and mix are those of the captures (~37% of
+             lines are events; the start-up header is ~190 lines, 0.002% of a 1 GB log).
+  dense      worst case: only the event lines of those captures, in capture order (100% of
+             lines are events; the parser's cost is per event, so this is its slowest case).
+  synthetic  the generator this benchmark used before (a made-up b11434-like request with the
+             older multi-line print_timing form, 36% events), kept to compare with old figures.
+
+Per mode: one warm-up read so the page cache serves every tool alike, then --repeat rounds of
+`grep -c "context checkpoint"` (the issue's baseline), `grep -c -F` with every trigger word
+(the same line search the parser does: its count must equal the parser's candidate lines),
+the parser, and the --baseline parser (another logparse.py, e.g. the previous version) if
+given. Medians are printed, with the machine and the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import random
+import re
+import resource
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from shadowlab import logparse
 
+ROOT = Path(__file__).resolve().parents[1]
+CAPTURES = ROOT / "tests" / "fixtures" / "logs" / "llama.cpp-b11434"
+GREP_WORD = "context checkpoint"
 
-def _request(rng: random.Random, task: int, t: list[float]) -> list[str]:
+
+# --------------------------------------------------------------------------- logs
+
+
+def _capture_parts() -> tuple[bytes, list[bytes]]:
+    """(a real start-up header, the request lines of every b11434 capture)."""
+    header = b""
+    requests: list[bytes] = []
+    for path in sorted(CAPTURES.glob("*.log")):
+        lines = path.read_bytes().splitlines(keepends=True)
+        idle = [i for i, line in enumerate(lines) if b"all slots are idle" in line]
+        if len(idle) < 2:
+            continue
+        if not header:
+            header = b"".join(lines[: idle[0] + 1])
+        requests.extend(lines[idle[0] + 1 : idle[-1] + 1])
+    if not requests:
+        raise SystemExit(f"no b11434 captures under {CAPTURES}")
+    return header, requests
+
+
+def _event_lines(requests: list[bytes]) -> list[bytes]:
+    events = logparse.parse([line.rstrip(b"\n") for line in requests], "llama.cpp").events
+    return [requests[e.line - 1] for e in events]
+
+
+_TASK = re.compile(rb"(\| task )(\d+)( \|)")
+
+
+def _shifted(lines: list[bytes], copies: int) -> bytes:
+    """`copies` copies of `lines`, task ids shifted by 1000 per copy (they repeat after that)."""
+    text = b"".join(lines)
+    return b"".join(
+        _TASK.sub(lambda m, k=k: m.group(1) + str(int(m.group(2)) + 1000 * k).encode() + m.group(3), text)
+        for k in range(copies)
+    )
+
+
+def _write(path: Path, head: bytes, unit: bytes, size_mb: int) -> None:
+    target = size_mb << 20
+    with open(path, "wb") as fh:
+        fh.write(head)
+        written = len(head)
+        while written < target:
+            fh.write(unit)
+            written += len(unit)
+
+
+def _synthetic_request(rng: random.Random, task: int, t: list[float]) -> list[str]:
     def ts() -> str:
         t[0] += rng.random() * 0.05
         us = int(t[0] * 1e6)
@@ -75,17 +146,23 @@ def _request(rng: random.Random, task: int, t: list[float]) -> list[str]:
     return lines
 
 
-def generate(path: Path, size_mb: int, seed: int = 0) -> None:
-    """Write ~size_mb MiB: 4096 distinct requests rendered once, then repeated (fast to write)."""
-    rng = random.Random(seed)
-    t = [0.0]
-    unit = ("\n".join(line for task in range(4096) for line in _request(rng, task, t)) + "\n").encode()
-    target = size_mb << 20
-    with open(path, "wb") as fh:
-        written = 0
-        while written < target:
-            fh.write(unit)
-            written += len(unit)
+def generate(path: Path, size_mb: int, mode: str = "real", seed: int = 0) -> None:
+    """Write ~size_mb MiB of `mode` log (a unit rendered once, then repeated: fast to write)."""
+    if mode == "synthetic":
+        rng, t = random.Random(seed), [0.0]
+        unit = ("\n".join(line for task in range(4096) for line in _synthetic_request(rng, task, t)) + "\n").encode()
+        _write(path, b"", unit, size_mb)
+        return
+    header, requests = _capture_parts()
+    if mode == "real":
+        _write(path, header, _shifted(requests, 64), size_mb)
+    elif mode == "dense":
+        _write(path, b"", _shifted(_event_lines(requests), 64), size_mb)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+
+
+# --------------------------------------------------------------------------- timing
 
 
 def _read_through(path: Path) -> None:
@@ -94,23 +171,50 @@ def _read_through(path: Path) -> None:
             pass
 
 
-def _time_grep(path: Path) -> tuple[float, int]:
-    t0 = time.perf_counter()
-    out = subprocess.run(["grep", "-c", "context checkpoint", str(path)], capture_output=True, text=True, check=True)
-    return time.perf_counter() - t0, int(out.stdout.strip())
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
-def _time_parser(path: Path) -> tuple[float, logparse.ParseStats, int]:
-    stats = logparse.ParseStats()
-    t0 = time.perf_counter()
+def _time_cmd(cmd: list[str]) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, the count printed)"""
+    cpu0, t0 = _children_cpu(), time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    elapsed, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
+    if out.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(cmd)} failed: {out.stderr}")
+    return elapsed, cpu, int(out.stdout.strip() or 0)
+
+
+def _grep_all_triggers(path: Path) -> list[str]:
+    cmd = ["grep", "-c", "-F"]
+    for word in logparse._TRIGGERS:
+        cmd += ["-e", word.decode()]
+    return cmd + [str(path)]
+
+
+def _time_parser(module: ModuleType, path: Path) -> tuple[float, float, Any]:
+    """(wall seconds, CPU seconds, (stats, events))"""
+    stats = module.ParseStats()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     n_events = 0
-    for _ in logparse.iter_events(path, "llama.cpp", stats=stats):
+    for _ in module.iter_events(path, "llama.cpp", stats=stats):
         n_events += 1
-    return time.perf_counter() - t0, stats, n_events
+    return time.perf_counter() - t0, time.process_time() - cpu0, (stats, n_events)
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("logparse_baseline", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
 
 
 def _machine() -> str:
-    cpu = platform.processor() or ""
+    cpu = platform.processor() or "?"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -119,49 +223,97 @@ def _machine() -> str:
     except OSError:
         pass
     try:
-        avail = len(os.sched_getaffinity(0))
+        usable = len(os.sched_getaffinity(0))
     except AttributeError:
-        avail = os.cpu_count()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{cpu}; {avail} usable cores; load avg {load:.2f}; Python {platform.python_version()}"
+        usable = os.cpu_count() or 0
+    grep = subprocess.run(["grep", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    locale = os.environ.get("LC_ALL") or os.environ.get("LC_CTYPE") or os.environ.get("LANG") or "C"
+    return (f"{cpu}; {usable} usable of {os.cpu_count()} cores; Python {platform.python_version()}; "
+            f"{grep[0] if grep else 'grep ?'}; locale {locale}")
+
+
+def _load_avg() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+
+
+def _rate(lines: int, seconds: float) -> str:
+    return f"{seconds:8.2f} s {lines / seconds / 1e6:8.3f} M lines/s"
+
+
+# --------------------------------------------------------------------------- one mode
+
+
+def run_mode(mode: str, args: argparse.Namespace, baseline: ModuleType | None) -> dict[str, Any]:
+    path = args.dir / f"shadowlab-bench-logparse-{mode}.log"
+    if not path.exists() or path.stat().st_size < (args.size_mb << 20):
+        print(f"[{mode}] generating {args.size_mb} MiB at {path} ...", flush=True)
+        generate(path, args.size_mb, mode)
+    try:
+        size = path.stat().st_size
+        _read_through(path)
+        load_before = _load_avg()
+        grep, grep_all, parser, old = [], [], [], []
+        result = None
+        for _ in range(args.repeat):
+            grep.append(_time_cmd(["grep", "-c", GREP_WORD, str(path)]))
+            grep_all.append(_time_cmd(_grep_all_triggers(path)))
+            *timing, result = _time_parser(logparse, path)
+            parser.append(timing)
+            if baseline is not None and len(old) < args.baseline_repeat:
+                old.append(_time_parser(baseline, path))
+        load_after = _load_avg()
+        stats, n_events = result
+        lines = stats.lines
+        med = lambda runs, i: statistics.median(r[i] for r in runs)  # noqa: E731
+        g, g_cpu, ga, ga_cpu = med(grep, 0), med(grep, 1), med(grep_all, 0), med(grep_all, 1)
+        p, p_cpu = med(parser, 0), med(parser, 1)
+        checkpoints = sum(stats.kinds[k] for k in (
+            "created", "restored", "erased_invalidated", "erased_old", "erased_too_close", "erased_superseded"))
+        print(f"== mode {mode} ==")
+        print(f"load avg (1/5/15 min): {load_before} before, {load_after} after; {args.repeat} rounds, medians")
+        print(f"log            : {path} ({size / 1e9:.3f} GB, {lines:,} lines, {size / lines:.0f} bytes/line)")
+        print(f"event density  : {n_events / lines:.1%} of lines are events ({n_events:,}; "
+              f"{checkpoints / lines:.1%} checkpoint events), {stats.candidate_lines / lines:.1%} hold a trigger word, "
+              f"{stats.unknown_count} unknown")
+        print("mix            : " + ", ".join(f"{k} {v / n_events:.0%}" for k, v in stats.kinds.most_common()))
+        print(f"grep -c        : {_rate(lines, g)}  cpu {g_cpu:6.2f} s  ({grep[0][2]:,} lines hold {GREP_WORD!r}; "
+              f"the issue's baseline)")
+        print(f"grep -c -F all : {_rate(lines, ga)}  cpu {ga_cpu:6.2f} s  ({grep_all[0][2]:,} lines hold a trigger word)")
+        print(f"shadowlab parse: {_rate(lines, p)}  cpu {p_cpu:6.2f} s  ({1e6 * p / n_events:.2f} us per event; "
+              f"{stats.candidate_lines:,} candidate lines)  runs: " + ", ".join(f"{r[0]:.2f}" for r in parser))
+        row = {"mode": mode, "size": size, "lines": lines, "density": n_events / lines, "grep": g, "grep_all": ga,
+               "parse": p, "load": (load_before, load_after)}
+        if old:
+            o, o_cpu = med(old, 0), med(old, 1)
+            old_stats, old_events = old[0][2]
+            same = (old_events, old_stats.unknown_count, dict(old_stats.kinds)) == (n_events, stats.unknown_count, dict(stats.kinds))
+            print(f"baseline parse : {_rate(lines, o)}  cpu {o_cpu:6.2f} s  ({1e6 * o / old_events:.2f} us per event; "
+                  f"{'same' if same else 'DIFFERENT'} events and counts)  -> {o / p:.2f}x faster now ({o_cpu / p_cpu:.2f}x in cpu)")
+            row["baseline"] = o
+        ratio = g / p
+        print(f"ratio          : parser = {ratio:.3f} x grep -c wall (target 0.25: {'met' if ratio >= 0.25 else 'NOT met'}), "
+              f"{g_cpu / p_cpu:.3f} x in cpu; {ga / p:.3f} x grep -c -F of every trigger word")
+        print(flush=True)
+        return row
+    finally:
+        if not args.keep:
+            path.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", default="real,dense", help="comma-separated: real (headline), dense, synthetic")
     ap.add_argument("--size-mb", type=int, default=1100, help="log size in MiB (default 1100, > 1 GB)")
-    ap.add_argument("--path", type=Path, default=Path("/tmp/shadowlab-bench-logparse.log"))
-    ap.add_argument("--keep", action="store_true", help="keep the log file afterwards")
-    ap.add_argument("--repeat", type=int, default=1, help="timed runs of each tool (best is kept)")
+    ap.add_argument("--dir", type=Path, default=Path("/tmp"), help="where the logs are written")
+    ap.add_argument("--keep", action="store_true", help="keep the logs afterwards (and reuse them next time)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed rounds per tool (the median is printed)")
+    ap.add_argument("--baseline", type=Path, help="another logparse.py to time on the same files")
+    ap.add_argument("--baseline-repeat", type=int, default=1, help="timed runs of the baseline (it is slow)")
     args = ap.parse_args(argv)
-
-    if not args.path.exists() or args.path.stat().st_size < (args.size_mb << 20):
-        print(f"generating {args.size_mb} MiB synthetic log at {args.path} ...", flush=True)
-        generate(args.path, args.size_mb)
-    size = args.path.stat().st_size
-    _read_through(args.path)
-
-    grep_s, grep_count = min(_time_grep(args.path) for _ in range(args.repeat))
-    best = min((_time_parser(args.path) for _ in range(args.repeat)), key=lambda r: r[0])
-    parse_s, stats, n_events = best
-    lines = stats.lines
-
-    checkpoint_events = sum(
-        stats.kinds[k] for k in ("created", "restored", "erased_invalidated", "erased_old", "erased_too_close")
-    )
-    print(f"machine        : {_machine()}")
-    print(f"log            : {args.path} ({size / 1e9:.3f} GB, {lines:,} lines)")
-    print(f"grep -c        : {grep_s:7.2f} s  {lines / grep_s:14,.0f} lines/s  ({grep_count:,} matching lines)")
-    print(f"shadowlab parse: {parse_s:7.2f} s  {lines / parse_s:14,.0f} lines/s  ({n_events:,} events, "
-          f"{checkpoint_events:,} checkpoint events, {stats.unknown_count} unknown)")
-    print(f"event density  : {n_events / lines:.1%} of lines are events "
-          f"({checkpoint_events / lines:.1%} checkpoint lines); {1e6 * parse_s / n_events:.2f} us per event, "
-          f"{1e6 * grep_s / lines:.3f} us per line for grep")
-    ratio = grep_s / parse_s
-    print(f"ratio          : parser speed = {ratio:.3f} x grep ({'meets' if ratio >= 0.25 else 'BELOW'} the 0.25 target)")
-    if checkpoint_events != grep_count:
-        print(f"WARNING: parser saw {checkpoint_events} checkpoint events, grep {grep_count} lines", file=sys.stderr)
-    if not args.keep:
-        args.path.unlink()
+    baseline = _load(args.baseline) if args.baseline else None
+    print(f"machine        : {_machine()}", flush=True)
+    for mode in [m.strip() for m in args.mode.split(",") if m.strip()]:
+        run_mode(mode, args, baseline)
     return 0
 
 

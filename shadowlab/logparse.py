@@ -24,12 +24,16 @@ line, then the timings on the next lines; ik's stdout lines may come in between)
 and task of the nearest preceding ``print_timing`` line. ``llama_perf_context_print`` lines
 (process totals at exit) are not turn timings and are skipped.
 
-Speed: a block is searched for a handful of trigger words with ``bytes.find`` (C speed); only
-the lines holding one are looked at. The frequent b11434 / reference-engine lines are matched
-whole, undecoded, by one anchored regex each (the fast path); every other candidate line is
-decoded and read by the tolerant rules above. Per event the cost is Python's (a regex match and
-a frozen dataclass), so throughput depends on how many lines are events: see
-benchmarks/bench_logparse.py.
+Speed: a block is searched for five scan words (``checkpoint``, ``prompt`` where a trigger
+holds it, ``memory_seq_rm``, ``kv cache rm``, ``selected slot by``) by one C-speed regex search
+each; only the lines holding one reach Python. A line is matched whole, undecoded, by one
+anchored regex chosen by its first scan word: the b11434 / reference-engine shapes, including
+slot selection, forcing and the prompt cache's own lines (the fast path); every other candidate
+line is decoded and read by the tolerant rules above (a test checks that both paths give the
+same events on every fixture line). Events are tuple-based records built with
+``tuple.__new__`` (a frozen dataclass cost ~3 µs each). What remains is Python's per-line cost
+(~3-5 µs per event on a 2-core EPYC VM), so throughput depends on how many lines are events:
+benchmarks/bench_logparse.py and benchmarks/README.md.
 
 Other forks: ``extra_patterns`` (a matrix's ``log_patterns``) are regexes whose named groups
 become event fields; the event kind is the name of one more group, e.g.
@@ -49,6 +53,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat as _repeat
+from operator import lshift as _shift, or_ as _or
 from typing import Any, ClassVar
 
 FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "reference", "none")
@@ -59,26 +65,117 @@ MAX_SAMPLES = 5
 SAMPLE_CHARS = 240
 
 # --------------------------------------------------------------------------- events
+#
+# Events are immutable records built on ``tuple`` (as ``collections.namedtuple`` is): the parser
+# makes one per lifecycle line, and a frozen dataclass cost ~3 µs each to construct, more than
+# everything else the fast path does for a line. The public surface is a frozen dataclass's:
+# keyword-only construction with the same fields and defaults, attribute access, ``kind``,
+# equality only between events of the same class, hashing, no ordering, no assignment
+# (``dataclasses.FrozenInstanceError``), ``repr`` and ``to_dict``. The parser itself builds
+# them with ``tuple.__new__`` (``_new``), which skips argument parsing.
+
+try:  # the C attribute getter namedtuple uses; property(itemgetter) where it is missing
+    from collections import _tuplegetter  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    from operator import itemgetter
+
+    def _tuplegetter(index: int, doc: str) -> Any:  # type: ignore[no-redef]
+        return property(itemgetter(index), doc=doc)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Event:
+_REQUIRED: Any = object()
+_new = tuple.__new__
+
+
+def _rebuild(cls: type, values: tuple) -> Any:
+    return _new(cls, values)
+
+
+def _record(cls: type) -> type:
+    """Give a tuple-based event class its fields: every non-ClassVar annotation of the class and
+    its bases (base fields first, as dataclasses order them), defaults from the class body."""
+    base = next((b for b in cls.__mro__[1:] if "_field_defaults" in vars(b)), None)
+    names: list[str] = list(base._fields) if base is not None else []  # type: ignore[attr-defined]
+    defaults: dict[str, Any] = {n: getattr(base, "_field_defaults").get(n, _REQUIRED) for n in names}
+    for name, annotation in vars(cls).get("__annotations__", {}).items():
+        if "ClassVar" in str(annotation):
+            continue
+        if name not in names:
+            names.append(name)
+        defaults[name] = vars(cls).get(name, _REQUIRED)
+    params = ", ".join(n if defaults[n] is _REQUIRED else f"{n}=_d[{n!r}]" for n in names)
+    source = (
+        f"def __new__(_cls, *, {params}):\n"
+        f"    return _new(_cls, ({''.join(n + ', ' for n in names)}))\n"
+    )
+    namespace: dict[str, Any] = {"_new": _new, "_d": defaults}
+    exec(source, namespace)  # noqa: S102 - generated from the class's own field names
+    new = namespace["__new__"]
+    new.__qualname__ = f"{cls.__qualname__}.__new__"
+    cls.__new__ = new  # type: ignore[assignment]
+    for index, name in enumerate(names):
+        setattr(cls, name, _tuplegetter(index, name))
+    cls._fields = tuple(names)  # type: ignore[attr-defined]
+    cls._field_defaults = {n: v for n, v in defaults.items() if v is not _REQUIRED}  # type: ignore[attr-defined]
+    return cls
+
+
+@_record
+class Event(tuple):
     """One lifecycle line. ``line`` is 1-based; ``offset`` is the byte offset of the line start."""
 
+    __slots__ = ()
     kind: ClassVar[str] = ""
+    _fields: ClassVar[tuple[str, ...]] = ()
     line: int
     offset: int
     slot: int | None = None
     task: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"kind": self.kind}
-        data.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        data: dict[str, Any] = {"kind": self.kind}
+        data.update(zip(self._fields, self))
         return data
 
+    def __repr__(self) -> str:
+        return f"{type(self).__qualname__}({', '.join(f'{n}={v!r}' for n, v in zip(self._fields, self))})"
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):  # a plain tuple or another kind is never equal
+            return False if isinstance(other, tuple) else NotImplemented
+        return tuple.__eq__(self, other)  # type: ignore[arg-type]
+
+    def __ne__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return True if isinstance(other, tuple) else NotImplemented
+        return tuple.__ne__(self, other)  # type: ignore[arg-type]
+
+    __hash__ = tuple.__hash__
+
+    def __lt__(self, other: object) -> bool:  # events have no order, as frozen dataclasses
+        return NotImplemented
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple:
+        return _rebuild, (type(self), tuple(self))
+
+    def __copy__(self) -> "Event":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Event":
+        return self
+
+
+@_record
 class CheckpointEvent(Event):
+    __slots__ = ()
     pos_min: int
     pos_max: int
     n_tokens: int  # tokens the checkpoint covers
@@ -87,99 +184,112 @@ class CheckpointEvent(Event):
     took_ms: float | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class CheckpointCreated(CheckpointEvent):
+    __slots__ = ()
     kind: ClassVar[str] = "created"
     index: int | None = None  # "created context checkpoint <index> of <capacity>"
     capacity: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class CheckpointRestored(CheckpointEvent):
+    __slots__ = ()
     kind: ClassVar[str] = "restored"
     n_past: int | None = None  # where prefill re-enters (None: not printed by this build)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class CheckpointErased(CheckpointEvent):
     """``erased invalidated context checkpoint``: the erase cascade after a restore/reset."""
 
+    __slots__ = ()
     kind: ClassVar[str] = "erased_invalidated"
     n_swa: int | None = None
     pos_next: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class CheckpointErasedOld(CheckpointEvent):
     """``erasing old context checkpoint``: the ring was full."""
 
+    __slots__ = ()
     kind: ClassVar[str] = "erased_old"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class CheckpointErasedTooClose(CheckpointEvent):
     """``erasing context checkpoint too close to an earlier one`` (``--checkpoint-min-step``)."""
 
+    __slots__ = ()
     kind: ClassVar[str] = "erased_too_close"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class CheckpointSuperseded(Event):
     """``superseding context checkpoint at n_tokens = N``: replaced by a new one at N."""
 
+    __slots__ = ()
     kind: ClassVar[str] = "erased_superseded"
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class ForcedReprocessing(Event):
+    __slots__ = ()
     kind: ClassVar[str] = "forced"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class NewPrompt(Event):
+    __slots__ = ()
     kind: ClassVar[str] = "new_prompt"
     n_ctx_slot: int | None = None
     n_keep: int | None = None
     n_tokens: int | None = None  # task.n_tokens (n_prompt_tokens in older builds)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class CacheTrim(Event):
     """``cached n_tokens = N, memory_seq_rm [p0, end)``: the slot keeps N tokens (N = n_past)."""
 
+    __slots__ = ()
     kind: ClassVar[str] = "cache_trim"
     n_past: int
     p0: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class PromptEval(Event):
     """``prompt eval time = X ms / N tokens``: N = tokens actually processed."""
 
+    __slots__ = ()
     kind: ClassVar[str] = "prompt_eval"
     ms: float
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class SlotSelected(Event):
+    __slots__ = ()
     kind: ClassVar[str] = "slot_selected"
     method: str  # "lcs", "lcp", "lru", "id", ...
     similarity: float | None = None
     f_keep: float | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class PromptCacheSaved(Event):
+    __slots__ = ()
     kind: ClassVar[str] = "cache_saved"
     n_tokens: int | None = None
     n_checkpoints: int | None = None
     size_mib: float | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@_record
 class PromptCacheLoaded(Event):
+    __slots__ = ()
     kind: ClassVar[str] = "cache_loaded"
     n_tokens: int | None = None
     n_checkpoints: int | None = None
@@ -437,6 +547,12 @@ class _Scanner:
         self.stats = stats
         self.extra = extra
         self.triggers = _TRIGGERS + tuple(t for t, _, _ in extra)
+        # One literal search per scan word finds every line that holds a trigger word.
+        self.scan_words = _scan_regexes(_SCAN_WORDS, self.triggers)
+        # With matrix patterns, the lines the tolerant path used to read go to it again: the
+        # patterns are tried before the built-in rules there.
+        self.fast = [pair[1] if extra else pair[0] for pair in _FAST_BY_WORD]
+        self.newlines = 0  # newlines counted by the last _scan_body
         self.pending = b""  # partial last line of the previous block
         self.offset = 0  # byte offset of the start of `pending`
         self.line_no = 0  # lines completed so far
@@ -457,9 +573,9 @@ class _Scanner:
         body, self.pending = block[:end], block[end:]
         if body:
             base_offset, base_line = self.offset, self.line_no
-            lines = body.count(b"\n") + (0 if body.endswith(b"\n") else 1)
-            self._advance(len(body), lines)
             yield from self._scan_body(body, base_offset, base_line)
+            # _scan_body counted the newlines on its way (one pass over the block, not two)
+            self._advance(len(body), self.newlines + (0 if body.endswith(b"\n") else 1))
             self.timing_context = body[-4096:]
         if len(self.pending) > MAX_LINE:
             # judge an overlong line on its first MAX_LINE bytes, skip the rest
@@ -475,44 +591,139 @@ class _Scanner:
         self.line_no += lines
         self.stats.lines += lines
 
-    def _line_starts(self, body: bytes) -> list[int]:
-        starts: set[int] = set()
-        find, rfind = body.find, body.rfind
-        for word in self.triggers:
-            i = find(word)
-            while i != -1:
-                start = rfind(b"\n", 0, i) + 1
-                starts.add(start)
-                nl = find(b"\n", i)
-                if nl == -1:
-                    break
-                i = find(word, nl)
-        return sorted(starts)
-
     def _scan_body(self, body: bytes, base_offset: int, base_line: int) -> Iterator[Event]:
-        counted_to, line_no = 0, base_line
-        for start in self._line_starts(body):
-            line_no += body.count(b"\n", counted_to, start)
+        """Events of the complete lines in `body`; sets `self.newlines` to its newline count.
+
+        Candidate lines are found by one C-speed search per scan word; a line is matched whole
+        by the regex of its first word (`_FAST_BY_WORD`, undecoded) and its event built with
+        `tuple.__new__`, or else read by `_slow_line`."""
+        stats = self.stats
+        kinds = stats.kinds
+        find, rfind, count = body.find, body.rfind, body.count
+        fast = self.fast
+        size = len(body)
+        hits: list[int] = []
+        for word, rx in self.scan_words:  # (position << 3) | word: sorted by position
+            hits += map(_or, map(_shift, map(_match_start, rx.finditer(body)), _repeat(3)), _repeat(word))
+        if len(self.scan_words) > 1:
+            hits.sort()
+        counted_to, line_no, next_line, candidates = 0, base_line, 0, 0
+        for key in hits:
+            i = key >> 3
+            if i < next_line:
+                continue  # another word on a line already read
+            start = rfind(b"\n", 0, i) + 1
+            stop = find(b"\n", i)
+            if stop == -1:
+                stop = size
+            next_line = stop + 1
+            line_no += count(b"\n", counted_to, start)
             counted_to = start
-            nl = body.find(b"\n", start)
-            stop = len(body) if nl == -1 else nl
-            if stop - start > MAX_LINE:
-                self.stats.overlong_lines += 1
-                stop = start + MAX_LINE
-            raw = body[start:stop]
-            self.stats.candidate_lines += 1
-            ev = _fast_line(raw, line_no + 1, base_offset + start)
-            if ev is not None:
-                if ev is _IGNORED:
-                    self.stats.ignored_count += 1
-                    continue
-                if ev.task is None and ev.kind == "prompt_eval":
-                    slot, task = self.timing_owner(body, start)
-                    ev = PromptEval(line=ev.line, offset=ev.offset, slot=slot, task=task, ms=ev.ms, n_tokens=ev.n_tokens)
-                self.stats.kinds[ev.kind] += 1
-                yield ev
+            word = key & 7
+            match = fast[word] if word < 5 else None
+            m = match(body, start, stop) if match is not None and stop - start <= MAX_LINE else None
+            if m is None:
+                yield from self._slow_line(body, start, stop, line_no + 1, base_offset + start)
                 continue
-            yield from self._line(raw, line_no + 1, base_offset + start, body, start)
+            k = m.lastindex
+            g = m.groups()
+            ln, off = line_no + 1, base_offset + start
+            try:
+                if word == _W_TRIM:
+                    ev = _new(CacheTrim, (ln, off, *map(int, g)))
+                elif word == _W_CK:
+                    if k == _CK_K_CK:
+                        what, took = g[_CK_WHAT], g[_CK_TOOK]
+                        head = (ln, off, int(g[_CK_SLOT]), int(g[_CK_TASK]), int(g[_CK_POS_MIN]),
+                                int(g[_CK_POS_MAX]), int(g[_CK_N_TOKENS]), False, float(g[_CK_SIZE]),
+                                None if took is None else float(took))
+                        if what == b"created":
+                            index, capacity = g[_CK_INDEX], g[_CK_CAPACITY]
+                            ev = _new(CheckpointCreated, head + (None if index is None else int(index),
+                                                                  None if capacity is None else int(capacity)))
+                        elif what == b"erased invalidated":
+                            n_swa, pos_next = g[_CK_N_SWA], g[_CK_POS_NEXT]
+                            ev = _new(CheckpointErased, head + (None if n_swa is None else int(n_swa),
+                                                                 None if pos_next is None else int(pos_next)))
+                        elif what == b"restored":
+                            n_past = g[_CK_N_PAST]
+                            ev = _new(CheckpointRestored, head + (None if n_past is None else int(n_past),))
+                        else:
+                            ev = _new(CheckpointErasedOld, head)
+                    elif k == _CK_K_BENIGN or k == _CK_K_SRV_BENIGN:
+                        candidates += 1
+                        stats.ignored_count += 1
+                        continue
+                    else:
+                        task = int(g[_CK_S_TASK])
+                        common = (ln, off, int(g[_CK_S_SLOT]), task if task >= 0 else None)
+                        if k == _CK_K_SUPERSEDED:
+                            ev = _new(CheckpointSuperseded, common + (int(g[_CK_SUP_N]),))
+                        else:
+                            took = g[_CK_TC_TOOK]
+                            ev = _new(CheckpointErasedTooClose, common + (
+                                int(g[_CK_TC_MIN]), int(g[_CK_TC_MAX]), int(g[_CK_TC_N]), False,
+                                float(g[_CK_TC_SIZE]), None if took is None else float(took)))
+                elif word == _W_PROMPT:
+                    if k == _PR_K_NEW_PROMPT:
+                        ev = _new(NewPrompt, (ln, off, int(g[_PR_SLOT]), int(g[_PR_TASK]),
+                                              int(g[_PR_NP_CTX]), int(g[_PR_NP_KEEP]), int(g[_PR_NP_N])))
+                    elif k == _PR_K_EVAL:
+                        ev = _new(PromptEval, (ln, off, int(g[_PR_SLOT]), int(g[_PR_TASK]),
+                                               float(g[_PR_EV_MS]), int(g[_PR_EV_N])))
+                    elif k == _PR_K_HEADLESS_EVAL:  # multi-line print_timing: the header names the task
+                        slot, task = self.timing_owner(body, start)
+                        ev = _new(PromptEval, (ln, off, slot, task,
+                                               float(g[_PR_HL_MS]), int(g[_PR_HL_N])))
+                    elif k == _PR_K_SRV_BENIGN:
+                        candidates += 1
+                        stats.ignored_count += 1
+                        continue
+                    elif k == _PR_K_SAVED:  # no slot prefix: the line names neither slot nor task
+                        ev = _new(PromptCacheSaved, (ln, off, None, None,
+                                                     int(g[_PR_SAVE_N]), None, float(g[_PR_SAVE_SIZE])))
+                    else:
+                        task = int(g[_PR_S_TASK])
+                        ev = _new(ForcedReprocessing, (ln, off, int(g[_PR_S_SLOT]),
+                                                       task if task >= 0 else None))
+                else:  # _W_SELECTED
+                    task = int(g[_SEL_TASK])
+                    common = (ln, off, int(g[_SEL_SLOT]), task if task >= 0 else None)
+                    if g[_SEL_LCP] is None:
+                        ev = _new(SlotSelected, common + ("lru", None, None))
+                    else:
+                        ev = _new(SlotSelected, common + ("lcp", float(g[_SEL_SIM]), float(g[_SEL_KEEP])))
+            except ValueError:  # a number too long for int(): the tolerant path reports the line
+                yield from self._slow_line(body, start, stop, line_no + 1, base_offset + start)
+                continue
+            candidates += 1
+            kinds[ev.kind] += 1
+            yield ev
+        stats.candidate_lines += candidates
+        self.newlines = line_no - base_line + count(b"\n", counted_to)
+
+    def _slow_line(self, body: bytes, start: int, stop: int, line_no: int, offset: int) -> Iterator[Event]:
+        """A line the whole-line regexes did not take: `_fast_line`, then the tolerant path."""
+        if stop - start > MAX_LINE:
+            self.stats.overlong_lines += 1
+            stop = start + MAX_LINE
+        raw = body[start:stop]
+        self.stats.candidate_lines += 1
+        try:
+            ev = _fast_line(raw, line_no, offset)
+        except ValueError:
+            ev = None
+        if ev is not None:
+            if ev is _IGNORED:
+                self.stats.ignored_count += 1
+                return
+            if ev.task is None and ev.kind == "prompt_eval":
+                slot, task = self.timing_owner(body, start)
+                ev = PromptEval(line=ev.line, offset=ev.offset, slot=slot, task=task, ms=ev.ms, n_tokens=ev.n_tokens)
+            self.stats.kinds[ev.kind] += 1
+            yield ev
+            return
+        yield from self._line(raw, line_no, offset, body, start)
 
     # ----------------------------------------------------------------- one line
 
@@ -588,12 +799,13 @@ class _Scanner:
         `found better prompt` (`- prompt with length N, lcp = L, f_keep = F, f_sim = S`)."""
         if f_keep is None or f_sim is None:
             return None
-        window = body[max(0, start - 65536) : start]
-        found = None
-        for m in _CACHE_CANDIDATE.finditer(window):
-            if m.group(2).decode() == f_keep and m.group(3).decode() == f_sim:
-                found = int(m.group(1))
-        return found
+        # the last matching candidate within 64 KiB before the line, searched from the end
+        low, i, want = max(0, start - 65536), start, (f_keep.encode(), f_sim.encode())
+        while (i := body.rfind(b"prompt with length", low, i)) != -1:
+            m = _CACHE_CANDIDATE.match(body, i, start)
+            if m is not None and (m.group(2), m.group(3)) == want:
+                return int(m.group(1))
+        return None
 
     def timing_owner(self, body: bytes, start: int) -> tuple[int | None, int | None]:
         """Slot and task of the nearest `print_timing` line before `start`."""
@@ -686,6 +898,128 @@ def _fast_checkpoint(m: re.Match[bytes], slot: int, task: int, line_no: int, off
         line=line_no, offset=offset, slot=slot, task=task, pos_min=int(pos_min),
         pos_max=int(pos_max), n_tokens=int(n_tokens), size_mib=float(size), took_ms=took_ms,
     )
+
+
+# The whole-line fast path (`_Scanner._scan_body`). A candidate line is found by its first
+# scan word, and matched whole, undecoded, by that word's regex. Each regex has two kinds of
+# branches:
+#  * after `_ANY_HEAD` (any text without `|`, then the slot prefix): exactly the lines and
+#    fields `_fast_line` takes; the head has no `|`, so the prefix is the line's first, and the
+#    rest cannot hold another prefix;
+#  * after `_STRICT_HEAD` / `_SRV_HEAD` (a b11434 timestamp, level and function name, nothing
+#    else): b11434 lines `_fast_line` leaves to the tolerant path (slot selection, forcing,
+#    superseding, too close, the prompt cache's own lines), with the fields the tolerant rules
+#    read. Such a head holds no event phrase, so the tolerant path reads one message only.
+#    These branches are left out when matrix patterns are given (the tolerant path tries the
+#    patterns first).
+# Anything else goes to `_slow_line`. tests/shadowlab/test_logparse.py checks that both paths
+# give the same events for every line of the fixtures.
+_ANY_HEAD = rb"[^|\n]*\bid +(?P<slot>\d+) \| task (?P<task>\d+) \| "
+_STRICT_HEAD = rb"\d+\.\d+\.\d+\.\d+ [A-Z] (?:slot|srv ) +[\w()]+: id +(?P<s_slot>\d+) \| task (?P<s_task>-?\d+) \| "
+_SRV_HEAD = rb"\d+\.\d+\.\d+\.\d+ [A-Z] srv +"
+_END = rb")[ \t\r]*\Z"
+_CK_ANY = (
+    _ANY_HEAD + rb"(?:"
+    rb"(?P<what>created|restored|erased invalidated|erasing old) context checkpoint "
+    rb"(?:(?P<index>\d+) of (?P<capacity>\d+) )?\(pos_min = (?P<pos_min>\d+), pos_max = (?P<pos_max>\d+), "
+    rb"n_tokens = (?P<n_tokens>\d+)(?:, n_past = (?P<n_past>\d+))?(?:, n_swa = (?P<n_swa>\d+), "
+    rb"pos_next = (?P<pos_next>\d+))?, size = (?P<size>\d+\.\d+) MiB(?:, took (?P<took>\d+\.\d+) ms)?\)(?P<K_CK>)"
+    rb"|[Cc]hecking checkpoint with \[[^|\n]*(?P<K_BENIGN>))"
+)
+_CK_STRICT = (
+    rb"|" + _STRICT_HEAD + rb"(?:superseding context checkpoint at n_tokens = (?P<sup_n>\d+)(?P<K_SUPERSEDED>)"
+    rb"|erasing context checkpoint too close to an earlier one \(pos_min = (?P<tc_min>\d+), "
+    rb"pos_max = (?P<tc_max>\d+), n_tokens = (?P<tc_n>\d+), size = (?P<tc_size>\d+\.\d+) MiB"
+    rb"(?:, took (?P<tc_took>\d+\.\d+) ms)?\)(?P<K_TOO_CLOSE>))"
+    rb"|" + _SRV_HEAD + rb"update: +- prompt 0x[0-9a-f]+: +\d+ tokens, checkpoints: +\d+, +\d+\.\d+ MiB(?P<K_SRV_BENIGN>)"
+)
+_PROMPT_ANY = (
+    _ANY_HEAD + rb"(?:new prompt, n_ctx_slot = (?P<np_ctx>\d+), n_keep = (?P<np_keep>-?\d+), "
+    rb"task\.n_tokens = (?P<np_n>\d+)(?P<K_NEW_PROMPT>)"
+    rb"|prompt eval time = +(?P<ev_ms>\d+(?:\.\d+)?) ms / +(?P<ev_n>\d+) tokens \([^)|\n]*\)(?P<K_EVAL>))"
+    rb"|prompt eval time = +(?P<hl_ms>\d+(?:\.\d+)?) ms / +(?P<hl_n>\d+) tokens \([^)|\n]*\)(?P<K_HEADLESS_EVAL>)"
+)
+_PROMPT_STRICT = (
+    rb"|" + _STRICT_HEAD + rb"forcing full prompt re-processing[^|\n]*(?P<K_FORCED>)"
+    rb"|" + _SRV_HEAD + rb"get_availabl: (?:updating prompt cache|prompt cache update took \d+\.\d+ ms)(?P<K_SRV_BENIGN>)"
+    rb"|" + _SRV_HEAD + rb"prompt_save: +- saving prompt with length (?P<save_n>\d+), "
+    rb"total state size = (?P<save_size>\d+\.\d+) MiB(?: \(draft: \d+\.\d+ MiB\))?(?P<K_SAVED>)"
+)
+_TRIM_ANY = _ANY_HEAD + rb"cached n_tokens = (?P<trim_n>\d+), memory_seq_rm \[(?P<trim_p0>\d+), end\)"
+_SELECTED_STRICT = (
+    _STRICT_HEAD + rb"selected slot by (?:(?P<lcp>LCP) similarity, (?:f_)?sim_best = (?P<sim>\d+\.\d+) "
+    rb"\(> \d+\.\d+ thold\), f_keep = (?P<keep>\d+\.\d+)|LRU, t_last = -?\d+)"
+)
+
+
+def _fast(pattern: bytes) -> Any:
+    return re.compile(rb"(?:" + pattern + _END).match
+
+
+# Per scan word: (regex with the strict branches, regex without them); None: none.
+_SCAN_WORDS = (b"checkpoint", b"prompt", b"memory_seq_rm", b"kv cache rm", b"selected slot by")
+_W_CK, _W_PROMPT, _W_TRIM, _W_KV, _W_SELECTED = range(5)
+_FAST_BY_WORD = (
+    (_fast(_CK_ANY + _CK_STRICT), _fast(_CK_ANY)),
+    (_fast(_PROMPT_ANY + _PROMPT_STRICT), _fast(_PROMPT_ANY)),
+    (_fast(_TRIM_ANY), _fast(_TRIM_ANY)),
+    (None, None),
+    (_fast(_SELECTED_STRICT), None),
+)
+
+
+def _indices(match: Any, *names: str) -> tuple[int, ...]:
+    """Group names -> `Match.groups()` indices; a `K_` marker -> its `Match.lastindex`."""
+    index = match.__self__.groupindex
+    return tuple(index[n] if n.startswith("K_") else index[n] - 1 for n in names)
+
+
+(_CK_SLOT, _CK_TASK, _CK_WHAT, _CK_INDEX, _CK_CAPACITY, _CK_POS_MIN, _CK_POS_MAX, _CK_N_TOKENS, _CK_N_PAST,
+ _CK_N_SWA, _CK_POS_NEXT, _CK_SIZE, _CK_TOOK, _CK_K_CK, _CK_K_BENIGN, _CK_S_SLOT, _CK_S_TASK, _CK_SUP_N,
+ _CK_K_SUPERSEDED, _CK_TC_MIN, _CK_TC_MAX, _CK_TC_N, _CK_TC_SIZE, _CK_TC_TOOK, _CK_K_TOO_CLOSE,
+ _CK_K_SRV_BENIGN) = _indices(
+    _FAST_BY_WORD[_W_CK][0], "slot", "task", "what", "index", "capacity", "pos_min", "pos_max", "n_tokens",
+    "n_past", "n_swa", "pos_next", "size", "took", "K_CK", "K_BENIGN", "s_slot", "s_task", "sup_n",
+    "K_SUPERSEDED", "tc_min", "tc_max", "tc_n", "tc_size", "tc_took", "K_TOO_CLOSE", "K_SRV_BENIGN")
+(_PR_SLOT, _PR_TASK, _PR_NP_CTX, _PR_NP_KEEP, _PR_NP_N, _PR_K_NEW_PROMPT, _PR_EV_MS, _PR_EV_N, _PR_K_EVAL,
+ _PR_HL_MS, _PR_HL_N, _PR_K_HEADLESS_EVAL, _PR_S_SLOT, _PR_S_TASK, _PR_K_FORCED, _PR_K_SRV_BENIGN,
+ _PR_SAVE_N, _PR_SAVE_SIZE, _PR_K_SAVED) = _indices(
+    _FAST_BY_WORD[_W_PROMPT][0], "slot", "task", "np_ctx", "np_keep", "np_n", "K_NEW_PROMPT", "ev_ms", "ev_n",
+    "K_EVAL", "hl_ms", "hl_n", "K_HEADLESS_EVAL", "s_slot", "s_task", "K_FORCED", "K_SRV_BENIGN", "save_n",
+    "save_size", "K_SAVED")
+assert _FAST_BY_WORD[_W_TRIM][0].__self__.groups == 4  # slot, task, n_past, p0: built with map(int, ...)
+_SEL_SLOT, _SEL_TASK, _SEL_LCP, _SEL_SIM, _SEL_KEEP = _indices(
+    _FAST_BY_WORD[_W_SELECTED][0], "s_slot", "s_task", "lcp", "sim", "keep")
+# the variants without strict branches number their shared groups alike
+assert all(
+    plain is None or all(strict.__self__.groupindex[n] == i for n, i in plain.__self__.groupindex.items())
+    for strict, plain in _FAST_BY_WORD if strict is not None
+)
+_match_start = re.Match.start
+
+
+def _scan_regexes(words: Sequence[bytes], triggers: Sequence[bytes]) -> list[tuple[int, re.Pattern[bytes]]]:
+    """(word index, regex) per word, the regex matching exactly where one of the triggers that
+    hold the word stands (a lookbehind checks the part before the word): a search runs at the
+    speed of a literal search and finds trigger words only (`prompt processing` is no hit).
+    A trigger without a word (a matrix pattern's) gets a regex of its own, index len(words)."""
+    groups: dict[bytes, list[bytes]] = {}
+    for trigger in dict.fromkeys(triggers):
+        word = next((w for w in words if w in trigger), trigger)
+        groups.setdefault(word, []).append(trigger)
+    out = []
+    for word, members in groups.items():
+        index = words.index(word) if word in words else len(words)
+        if word in members:
+            out.append((index, re.compile(re.escape(word))))
+            continue
+        alternatives = []
+        for t in members:
+            i = t.index(word)
+            behind = rb"(?<=" + re.escape(t[: i + len(word)]) + rb")" if i else b""
+            alternatives.append(behind + re.escape(t[i + len(word) :]))
+        out.append((index, re.compile(re.escape(word) + rb"(?:" + rb"|".join(alternatives) + rb")")))
+    return out
 
 
 class _Benign(Exception):
@@ -891,7 +1225,7 @@ def _extra_event(pattern: ExtraPattern, m: re.Match[str], line_no: int, offset: 
         "slot": groups.pop("slot", None),
         "task": groups.pop("task", None),
     }
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = set(cls._fields)
     kwargs.update({k: v for k, v in groups.items() if k in names})
     if issubclass(cls, CheckpointEvent) and "n_tokens" not in kwargs and "pos_max" in kwargs:
         kwargs["n_tokens"], kwargs["n_tokens_derived"] = kwargs["pos_max"] + 1, True

@@ -377,3 +377,93 @@ def test_extra_pattern_for_another_fork():
         lp.ExtraPattern.from_regex(r"no kind group (?P<pos_max>\d+)")
     # a matrix's `log_patterns` entries are plain strings
     assert lp.parse(lines, "llama.cpp", [pattern.regex]).events == parsed.events
+
+
+# ---------------------------------------------------------------- fast path = tolerant path
+
+
+def _tolerant_only(monkeypatch):
+    """Route every candidate line through the tolerant rules (no whole-line regexes, no
+    `_fast_line`)."""
+    monkeypatch.setattr(lp, "_FAST_BY_WORD", tuple((None, None) for _ in lp._FAST_BY_WORD))
+    monkeypatch.setattr(lp, "_fast_line", lambda raw, line_no, offset: None)
+
+
+ALL_LOGS = sorted(LOGS.glob("*/*.log"))
+
+
+@pytest.mark.parametrize("path", ALL_LOGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fast_path_gives_the_tolerant_paths_events_line_by_line(path, monkeypatch):
+    """The fast path reads the frequent b11434 / reference lines whole without decoding them;
+    for every line of every fixture it must give what the tolerant rules give."""
+    family = "reference" if path.parent.name == "reference" else "ik_llama.cpp" if "ik_" in path.name else "llama.cpp"
+    fast = lp.parse(path, family)
+    with monkeypatch.context() as m:
+        _tolerant_only(m)
+        slow = lp.parse(path, family)
+    assert fast.events == slow.events
+    # (ignored_count may differ: the tolerant rules count a benign `checking checkpoint` trace
+    # as understood, the fast path as ignored)
+    assert (fast.unknown_count, fast.counts) == (slow.unknown_count, slow.counts)
+
+
+def test_fast_path_lines_from_a_prompt_cache_run_are_read_fast(monkeypatch):
+    """The b11434 lines of a -cram run reach the tolerant path only for `found better prompt`
+    (it needs the candidate lines before it) and start-up messages."""
+    seen = []
+    original = lp._Scanner._line
+
+    def spy(self, raw, *args):
+        seen.append(raw)
+        return original(self, raw, *args)
+
+    monkeypatch.setattr(lp._Scanner, "_line", spy)
+    parsed = lp.parse(LOGS / "llama.cpp-b11434" / "A-B-A.cram8192.log", "llama.cpp")
+    requests = [raw for raw in seen if b"load_model" not in raw and b"init:" not in raw]
+    assert requests and all(b"found better prompt" in raw for raw in requests), requests
+    assert parsed.unknown_count == 0
+
+
+def test_a_number_too_long_for_int_is_an_unknown_line_not_a_crash():
+    digits = "9" * 5000
+    lines = [
+        f"0.01.000.000 I slot create_check: id  0 | task 4 | created context checkpoint 1 of 64 "
+        f"(pos_min = {digits}, pos_max = 7, n_tokens = 8, size = 0.1 MiB)",
+        f"0.01.000.001 I slot get_availabl: id  0 | task -1 | superseding context checkpoint at n_tokens = {digits}",
+        "0.01.000.002 I slot update_slots: id  0 | task 4 | cached n_tokens = 8, memory_seq_rm [8, end)",
+    ]
+    parsed = lp.parse(lines, "llama.cpp")
+    assert kinds(parsed) == ["cache_trim"] and parsed.unknown_count == 2
+
+
+# ---------------------------------------------------------------- events: a frozen record's API
+
+
+def test_events_keep_the_frozen_keyword_only_record_api():
+    import copy
+    import dataclasses
+    import pickle
+
+    ev = lp.CheckpointCreated(line=1, offset=0, slot=0, task=2, pos_min=3, pos_max=3, n_tokens=4, size_mib=0.5, index=1)
+    assert (ev.kind, ev.capacity, ev.n_tokens_derived, ev.took_ms) == ("created", None, False, None)
+    assert ev.to_dict() == {
+        "kind": "created", "line": 1, "offset": 0, "slot": 0, "task": 2, "pos_min": 3, "pos_max": 3, "n_tokens": 4,
+        "n_tokens_derived": False, "size_mib": 0.5, "took_ms": None, "index": 1, "capacity": None,
+    }
+    assert repr(ev).startswith("CheckpointCreated(line=1, offset=0, slot=0, task=2, pos_min=3")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ev.n_tokens = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        lp.CacheTrim(line=1, offset=0)  # n_past is required
+    with pytest.raises(TypeError):
+        lp.CacheTrim(1, 0, n_past=3)  # keyword-only
+    with pytest.raises(TypeError):
+        _ = ev < ev  # no order
+    same = lp.CheckpointCreated(**{k: v for k, v in ev.to_dict().items() if k != "kind"})
+    assert ev == same and hash(ev) == hash(same) and not ev != same
+    assert ev != tuple(ev) and tuple(ev) != ev  # equal only to an event of the same kind
+    old = lp.CheckpointErasedOld(line=1, offset=0, pos_min=3, pos_max=3, n_tokens=4)
+    close = lp.CheckpointErasedTooClose(line=1, offset=0, pos_min=3, pos_max=3, n_tokens=4)
+    assert old != close and isinstance(old, lp.CheckpointEvent) and isinstance(close, lp.Event)
+    assert pickle.loads(pickle.dumps(ev)) == ev and copy.deepcopy(ev) == ev
+    assert {ev, same} == {ev}
