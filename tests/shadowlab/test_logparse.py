@@ -396,7 +396,8 @@ ALL_LOGS = sorted(LOGS.glob("*/*.log"))
 def test_fast_path_gives_the_tolerant_paths_events_line_by_line(path, monkeypatch):
     """The fast path reads the frequent b11434 / reference lines whole without decoding them;
     for every line of every fixture it must give what the tolerant rules give."""
-    family = "reference" if path.parent.name == "reference" else "ik_llama.cpp" if "ik_" in path.name else "llama.cpp"
+    family = ("reference" if path.parent.name == "reference"
+              else "ik_llama.cpp" if "ik_" in path.parent.name + path.name else "llama.cpp")
     fast = lp.parse(path, family)
     with monkeypatch.context() as m:
         _tolerant_only(m)
