@@ -128,6 +128,28 @@ def test_ik_lines_have_no_n_tokens_and_the_restore_prints_took_first():
     assert "Common part does not match fully" in text and "\ncache : " in text and "\nprompt: " in text
 
 
+def test_b9093_lines_print_at_default_level_with_its_own_trim_wording():
+    if "llama.cpp-b9093" not in PRESENT:
+        pytest.skip("no b9093 capture")
+    path = LOGS / "llama.cpp-b9093" / "A-C.cram0_every2048.log"
+    text = path.read_text(errors="replace")
+    assert "n_tokens = 2048, memory_seq_rm [2048, end)" in text and "cached n_tokens" not in text
+    assert "Checking checkpoint with [2047, 2047] against 2531..." in text
+    parsed = lp.parse(path, "llama.cpp-legacy")
+    assert parsed.ignored_count > 0  # `Checking checkpoint with`, `tokens since last checkpoint`
+    a_task, c_task = [e.task for e in parsed.of("new_prompt")]
+    assert [e.n_tokens for e in parsed.of("created") if e.task == a_task] == [2048, 4044, 4556]
+    (restored,) = parsed.of("restored")
+    assert (restored.task, restored.n_tokens, restored.n_past, restored.n_tokens_derived) == (c_task, 2048, 2048, False)
+    assert [(e.n_tokens, e.pos_next) for e in parsed.of("erased_invalidated")] == [(4044, 2048), (4556, 2048)]
+    assert [e.n_past for e in parsed.of("cache_trim") if e.task == c_task][0] == 2048
+    (selected,) = [e for e in parsed.of("slot_selected") if e.method == "lcp"]
+    assert selected.similarity == pytest.approx(0.512) and selected.f_keep == pytest.approx(0.554)
+    # without --checkpoint-every-n-tokens the same A→C finds nothing below 2,531: forced
+    parsed = lp.parse(LOGS / "llama.cpp-b9093" / "A-C.cram0.log", "llama.cpp-legacy")
+    assert parsed.counts.get("forced") == 1 and "restored" not in parsed.counts
+
+
 # ---------------------------------------------------------------- the run directories
 
 
