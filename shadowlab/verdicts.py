@@ -501,6 +501,9 @@ def _turn_verdicts(
     assigned = _assign_events(meta, parsed, cell_notes) if parsed is not None else []
     rings: dict[int | None, _Ring] = {}
     caches: dict[int | None, list[int] | None] = {}  # tokens each slot holds (records); None: unknown
+    # Slots whose last completion came back as text without token ids (ik_llama.cpp's /completion):
+    # the cache is known only up to the end of that prompt.
+    open_tail: dict[int | None, bool] = {}
     saved_tokens: dict[int | None, list[int] | None] = {}  # prompt-cache entries: n_tokens -> tokens
     last_slot: int | None = next((ev.slot for ev, _ in assigned if ev.slot is not None), None)
     turn_slots: dict[int, int | None] = {}
@@ -543,7 +546,8 @@ def _turn_verdicts(
         cache = [] if fresh else caches.get(slot)
         turn_cache, cache_note = _slot_cache_for_turn(mine, cache, saved_tokens)
         prompt_ids = t.prompt_token_ids if t.prompt_token_ids is not None else engine_prompts.get(t.prompt_id)
-        tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None, fresh)
+        tail_unknown = not fresh and turn_cache is cache and open_tail.get(slot, False)
+        tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None, fresh, tail_unknown)
         extra_notes = tuple(ring.notes[notes_before:]) + cache_note
         if fresh and t.index > 0:
             extra_notes += (f"ran on slot {slot}, which no earlier turn of this cell used",)
@@ -552,6 +556,7 @@ def _turn_verdicts(
         out.append(tv)
         # What the slot holds afterwards: this prompt and its completion; unknown after a failure.
         caches[slot] = list(prompt_ids) + list(t.completion.tokens or []) if _turn_ok(t) and prompt_ids is not None else None
+        open_tail[slot] = _turn_ok(t) and bool(t.completion.text) and not t.completion.tokens
         last_slot = slot
     return out
 
@@ -565,6 +570,7 @@ def _judge_turn(
     prompt_ids: list[int] | None,
     has_log: bool,
     fresh: bool,
+    tail_unknown: bool = False,
 ) -> TurnVerdict:
     prompt_len = len(prompt_ids) if prompt_ids is not None else t.prompt_tokens
     if fresh:
@@ -586,7 +592,10 @@ def _judge_turn(
     if re_entry is None and reused_api is not None:
         re_entry, source = reused_api, "timings"
     disagreements += _cross_check(reused_api, processed_api, reused_log, processed_log, prompt_len)
-    if re_entry is not None and divergence is not None and re_entry > divergence and not fresh:
+    # The previous completion's token ids are unknown and this prompt holds all of the previous
+    # prompt: the slot LCP may run on into the completion, so `divergence` is only a lower bound.
+    lower_bound = tail_unknown and divergence is not None and cache is not None and divergence == len(cache)
+    if re_entry is not None and divergence is not None and re_entry > divergence and not fresh and not lower_bound:
         disagreements.append(
             f"re-entry {re_entry} lies above the divergence point {divergence}: tokens that differ were reused"
         )
@@ -600,6 +609,11 @@ def _judge_turn(
         notes.append("the turn's `prompt eval time` line was not seen before its log span closed")
     if not has_log:
         notes.append("reuse from the API only: this engine has no parsable log")
+    if lower_bound:
+        notes.append(
+            f"divergence point {divergence} is a lower bound: the engine returned the previous completion "
+            "without token ids, and this prompt holds all of the previous prompt"
+        )
     if divergence is None and not fresh:
         notes.append("divergence point unknown: no prompt token ids recorded (chat turn) or the slot's cache is unknown")
 

@@ -216,6 +216,31 @@ def test_ik_append_restore_breaks_byte_identity_and_the_check_says_so(tmp_path):
     assert check.reference_cell == "ik.cram0.cold.A_append" and check.reused_tokens == 4555
     assert check.first_diff_byte == 0 and check.text != check.reference_text
     assert check.tokens is None and check.first_diff_token is None  # no ids from ik: text only
+    assert any("lower bound" in n for n in turn.notes)  # the cache's completion tail is unknown
+
+
+@pytest.mark.parametrize("ids_returned", [True, False])
+def test_a_completion_without_token_ids_makes_the_divergence_a_lower_bound(tmp_path, ids_returned):
+    """ik_llama.cpp answers /completion with text only. The slot then holds prompt + unknown
+    tokens, and a next prompt that holds all of the previous one may share more with the slot
+    than the records show: a re-entry above the records' LCP is no disagreement then. Built from
+    the real b9093 append cell: turn 0's prompt is cut to A's first 4,550 tokens in the record,
+    so the log's restore at 4,556 lies above the LCP the records give (4,550)."""
+    run = _run_copy("llama.cpp-b9093", tmp_path)
+    meta_path = run / "cells" / "old.cram0.append" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    a = json.loads((run / "prompts" / "old.json").read_text())["A"]["tokens"]
+    meta["turns"][0]["prompt_token_ids"] = a[:4550]
+    if not ids_returned:
+        meta["turns"][0]["completion"]["tokens"] = []
+    meta_path.write_text(json.dumps(meta))
+    turn = verdicts.compute(run).cell("old.cram0.append").turns[1]
+    assert turn.divergence_point == 4550 and turn.re_entry_point == 4556 and turn.outcome.value == "restored"
+    if ids_returned:  # the records are complete: reusing past the LCP is a real conflict
+        assert any("lies above the divergence point" in d for d in turn.disagreements)
+    else:
+        assert turn.disagreements == ()
+        assert any("lower bound" in n for n in turn.notes)
 
 
 @pytest.mark.parametrize("build", list(OUTCOMES))
