@@ -36,6 +36,7 @@ __all__ = [
     "known_kinds",
     "register",
     "sha256_file",
+    "token_ids",
 ]
 
 
@@ -158,6 +159,8 @@ class EngineAdapterBase:
     def parse_response(self, body: Mapping[str, Any]) -> TurnResult:
         if "choices" in body:
             return _parse_chat(body)
+        if not isinstance(body.get("content"), str):
+            raise ValueError("no `content` text in the answer")
         timings = _mapping(body.get("timings"))
         return TurnResult(
             text=_text(body.get("content")),
@@ -172,7 +175,8 @@ class EngineAdapterBase:
     def tokenize(self, client: httpx.Client, text: str) -> list[int]:
         response = client.post("/tokenize", json={"content": text, "add_special": False})
         response.raise_for_status()
-        return list(_int_tuple(response.json().get("tokens")))
+        body = response.json()
+        return token_ids(body.get("tokens") if isinstance(body, dict) else None)
 
     def props(self, client: httpx.Client) -> dict[str, Any]:
         """The engine's self-description (``/props``), or {} when it has none."""
@@ -227,8 +231,12 @@ def _opt_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+MAX_TOKEN_ID = 2**31 - 1  # token ids are stored as int32 (prompts.tokens_sha256)
+
+
 def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A count the engine reported: a non-negative int, else None (engine output is untrusted)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _opt_float(value: Any) -> float | None:
@@ -240,7 +248,17 @@ def _opt_float(value: Any) -> float | None:
 def _int_tuple(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list):
         return ()
-    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool))
+    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKEN_ID)
+
+
+def token_ids(value: Any) -> list[int]:
+    """A /tokenize answer's ids; ValueError unless every one is a token id (0 .. 2^31-1)."""
+    if not isinstance(value, list):
+        raise ValueError("/tokenize answered without a token list")
+    bad = [v for v in value if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKEN_ID)]
+    if bad:
+        raise ValueError(f"/tokenize answered {len(bad)} value(s) that are not token ids, e.g. {bad[0]!r:.40}")
+    return list(value)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

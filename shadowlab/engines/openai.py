@@ -30,6 +30,7 @@ from shadowlab.engines import (
     TurnResult,
     register,
     sha256_file,
+    token_ids,
 )
 
 
@@ -38,13 +39,13 @@ def cached_tokens(body: Mapping[str, Any]) -> int | None:
     usage = body.get("usage")
     details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
     value = details.get("cached_tokens") if isinstance(details, Mapping) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _prompt_tokens(body: Mapping[str, Any]) -> int | None:
     usage = body.get("usage")
     value = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 class OpenAIAdapter(EngineAdapterBase):
@@ -112,11 +113,15 @@ class OpenAIAdapter(EngineAdapterBase):
 
     def parse_response(self, body: Mapping[str, Any]) -> TurnResult:
         choices = body.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], Mapping) else {}
+        if not (isinstance(choices, list) and choices and isinstance(choices[0], Mapping)):
+            raise ValueError("no `choices` list in the answer")
+        choice = choices[0]
         message = choice.get("message")
         text = message.get("content") if isinstance(message, Mapping) else choice.get("text")
+        if not isinstance(text, str):
+            raise ValueError("the answer's choice has no text")
         cached, prompt = cached_tokens(body), _prompt_tokens(body)
-        processed = prompt - cached if cached is not None and prompt is not None else None
+        processed = prompt - cached if cached is not None and prompt is not None and cached <= prompt else None
         reason = choice.get("finish_reason")
         return TurnResult(
             text=text if isinstance(text, str) else "",
@@ -133,10 +138,21 @@ class OpenAIAdapter(EngineAdapterBase):
         response = client.post("/tokenize", json={"content": text, "prompt": text,
                                                   "add_special": False, "add_special_tokens": False})
         response.raise_for_status()
-        tokens = response.json().get("tokens")
-        if not isinstance(tokens, list):
-            raise ValueError("/tokenize answered without a token list")
-        return [t for t in tokens if isinstance(t, int) and not isinstance(t, bool)]
+        body = response.json()
+        return token_ids(body.get("tokens") if isinstance(body, dict) else None)
+
+    def ready_probe(self, client: httpx.Client) -> None:
+        """Ready = /health 200 (the runner's poll) and one real answer that touches no cache:
+        the model list. Many OpenAI-compatible servers have no /tokenize."""
+        for path in ("/v1/models", "/props"):  # the reference engine has /props only
+            response = client.get(path, timeout=10.0)
+            if response.status_code == 404:
+                continue
+            response.raise_for_status()
+            if not isinstance(response.json(), dict):
+                raise ValueError(f"{path} answered something other than a JSON object")
+            return
+        raise ValueError("neither /v1/models nor /props answered")
 
     def props(self, client: httpx.Client) -> dict[str, Any]:
         # Not every OpenAI server has /props; the model list identifies what it serves.
