@@ -39,6 +39,9 @@ DEFAULT_LOCK_DIR = Path("/tmp/shadowlab-locks")
 # the engine's bind.
 PORT_RANGE = range(20000, 32000)
 
+# Set in every engine's environment to a value unique to that engine process.
+ENGINE_MARKER_ENV = "SHADOWLAB_ENGINE_MARKER"
+
 # Environment variables that make GPU runtimes see no device.
 GPU_VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
@@ -267,6 +270,10 @@ def thread_env(threads: int) -> dict[str, str]:
 # ---------------------------------------------------------------------------- process
 
 
+def _is_loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip in ("::1", "localhost") or ip.startswith("::ffff:127.")
+
+
 class ProcessSurvived(Exception):
     """A process of a stopped engine's group is still alive, or its port is still bound."""
 
@@ -330,11 +337,14 @@ class EngineProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - closed in stop()
         self.started_at = time.monotonic()
+        # Inherited by everything the engine starts: finds a descendant that left the group
+        # *and* the process tree (setsid, then its parent exited) when the engine is stopped.
+        self.marker = f"{os.getpid()}-{time.monotonic_ns()}-{random.getrandbits(48):x}"
         try:
             self.popen = _spawn_pinned(
                 self.argv,
                 self.cores,
-                env=dict(env),
+                env={**env, ENGINE_MARKER_ENV: self.marker},
                 cwd=str(cwd),
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
@@ -369,6 +379,19 @@ class EngineProcess:
             return
         for child in children:
             self._members.setdefault(child.pid, child)
+
+    def remember_marked(self) -> None:
+        """Record every process that carries this engine's marker in its environment."""
+        uid = os.getuid()
+        for proc in psutil.process_iter(["pid", "uids"]):
+            try:
+                uids = proc.info["uids"]
+                if proc.pid == os.getpid() or proc.pid in self._members or (uids and uids.real != uid):
+                    continue
+                if proc.environ().get(ENGINE_MARKER_ENV) == self.marker:
+                    self._members.setdefault(proc.pid, proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+                continue
 
     def _remember(self, pid: int) -> None:
         try:
@@ -413,6 +436,21 @@ class EngineProcess:
                 return True
         return False
 
+    def exposed_listeners(self) -> list[str]:
+        """`ip:port` of every listening socket of the engine (or a descendant) that is not on
+        loopback: engines must bind to 127.0.0.1 only."""
+        self.remember_members()
+        exposed: set[str] = set()
+        for member in list(self._members.values()):
+            try:
+                conns = member.net_connections(kind="inet")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            for c in conns:
+                if c.status == psutil.CONN_LISTEN and c.laddr and not _is_loopback(c.laddr.ip):
+                    exposed.add(f"{c.laddr.ip}:{c.laddr.port}")
+        return sorted(exposed)
+
     def log_tail(self, max_bytes: int = 4000) -> str:
         return read_log_tail(self.log_path, max_bytes)
 
@@ -444,6 +482,7 @@ class EngineProcess:
     def _stop(self, grace_s: float, port_wait_s: float) -> None:
         t0 = time.monotonic()
         self.remember_members()
+        self.remember_marked()
         signal_used = "none"
         if self.popen.poll() is None or self.group_members():
             signal_used = "TERM"
