@@ -11,8 +11,12 @@ Exit codes (decided here and in the gate, nowhere else):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
+import tempfile
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -80,11 +84,26 @@ def optional_stage(module: str) -> ModuleType | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        code = _dispatch(args)
+        sys.stdout.flush()  # a closed pipe (`| head -1`) shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # The reader went away (e.g. `shadowlab run X --dry-run | head -1`): not an error.
+        # Point stdout at /dev/null so the interpreter's final flush stays quiet.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_QUALIFIED
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    try:
         if args.command == "run":
             return _run(args)
         if args.command == "report":
             return _report(args.run_dir)
         return _gate(args.run_dir)
+    except BrokenPipeError:
+        raise
     except QualificationError as exc:
         print(f"shadowlab: {exc}", file=sys.stderr)
         return EXIT_CHECK_FAILED
@@ -99,6 +118,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         signum = getattr(exc, "signum", 2)
         print(f"shadowlab: interrupted (signal {signum}); engines stopped", file=sys.stderr)
         return 128 + signum
+    except Exception as exc:  # noqa: BLE001 - a bug must never read as exit 1 ("a check failed")
+        where = write_traceback(_run_dir_of(args))
+        print(f"shadowlab: internal error: {type(exc).__name__}: {exc} (traceback in {where})",
+              file=sys.stderr)
+        return EXIT_INFRASTRUCTURE
+
+
+TRACEBACK_NAME = "shadowlab-error.txt"
+
+
+def _run_dir_of(args: argparse.Namespace) -> Path | None:
+    return getattr(args, "run_dir", None) or getattr(args, "out", None)
+
+
+def write_traceback(run_dir: Path | None) -> Path:
+    """The current exception's traceback in ``run_dir/shadowlab-error.txt`` (else a temp file)."""
+    text = traceback.format_exc()
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            if run_dir.is_dir():
+                path = run_dir / TRACEBACK_NAME
+                path.write_text(text, encoding="utf-8")
+                return path
+    fd, name = tempfile.mkstemp(prefix="shadowlab-error-", suffix=".txt")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return Path(name)
 
 
 def _run(args: argparse.Namespace) -> int:

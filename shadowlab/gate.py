@@ -143,8 +143,18 @@ def evaluate_inputs(inputs: RunInputs) -> GateResult:
 
 
 def main(run_dir: str | Path, out: TextIO | None = None) -> int:
-    """`shadowlab gate RUN_DIR`: print the summary, return the exit code."""
-    result = evaluate(run_dir)
+    """`shadowlab gate RUN_DIR`: print the summary, return the exit code.
+
+    An unexpected exception (a bug) is exit 3 with its traceback in RUN_DIR, never exit 1."""
+    try:
+        result = evaluate(run_dir)
+    except Exception as exc:  # noqa: BLE001 - exit 1 would read as "a check failed"
+        from shadowlab.cli import write_traceback
+
+        where = write_traceback(Path(run_dir))
+        print(f"shadowlab gate: {run_dir}: internal error: {type(exc).__name__}: {exc} "
+              f"(traceback in {where})", file=out or sys.stdout)
+        return EXIT_INFRASTRUCTURE
     print(result.summary(), file=out or sys.stdout)
     return result.exit_code
 

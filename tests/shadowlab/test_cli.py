@@ -97,3 +97,60 @@ def test_ci_runs_the_readme_test_command(repo_root):
 def test_readme_run_command_runs_the_case_study(repo_root):
     readme = (repo_root / "README.md").read_text()
     assert "pip install torch==2.13.0 && pip install -e . && shadowlab run matrices/ckpt.yaml" in readme
+
+
+# ---------------------------------------------------------------- robustness of the CLI itself
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def test_jobs_defaults_to_the_matrix(tmp_path):
+    # --jobs absent: None, so the matrix's isolation.jobs wins (run.CellScheduler).
+    assert cli.build_parser().parse_args(["run", "m.yaml"]).jobs is None
+    assert cli.build_parser().parse_args(["run", "m.yaml", "--jobs", "3"]).jobs == 3
+
+
+def test_scheduler_uses_the_matrix_jobs_unless_given():
+    from types import SimpleNamespace
+
+    from shadowlab import run
+
+    ctx = SimpleNamespace(options=SimpleNamespace(jobs=None),
+                          matrix=SimpleNamespace(isolation=SimpleNamespace(jobs=4)))
+    assert run.CellScheduler(ctx, None).jobs == 4
+    ctx.options.jobs = 2
+    assert run.CellScheduler(ctx, None).jobs == 2
+
+
+def test_dry_run_into_a_closed_pipe_is_quiet(tmp_path):
+    # `shadowlab run X --dry-run | head -1`: the reader is gone before shadowlab writes.
+    read_end, write_end = __import__("os").pipe()
+    __import__("os").close(read_end)
+    proc = subprocess.run([sys.executable, "-m", "shadowlab", "run", str(REPO / "matrices" / "ckpt.yaml"),
+                           "--dry-run"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                          cwd=REPO, timeout=120)
+    __import__("os").close(write_end)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0
+
+
+def test_an_unexpected_exception_is_exit_3_with_a_traceback_file(tmp_path, monkeypatch, capsys):
+    from shadowlab import gate, run
+
+    def boom(*_args, **_kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(run, "run", boom)
+    out = tmp_path / "run"
+    out.mkdir()
+    assert cli.main(["run", "m.yaml", "--out", str(out)]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error: RuntimeError: a bug" in err
+    assert len(err.strip().splitlines()) == 1
+    assert "RuntimeError: a bug" in (out / cli.TRACEBACK_NAME).read_text()
+
+    monkeypatch.setattr(gate, "evaluate", boom)
+    (out / cli.TRACEBACK_NAME).unlink()
+    assert cli.main(["gate", str(out)]) == 3
+    assert "internal error" in capsys.readouterr().out
+    assert (out / cli.TRACEBACK_NAME).is_file()
