@@ -10,7 +10,8 @@ Where each number comes from
 ----------------------------
 - divergence point: longest common prefix of this turn's prompt token ids with the slot's cached
   tokens (the previous turn's prompt ids + its completion ids), from the records alone — exact and
-  engine-independent.
+  engine-independent; only a lower bound (noted) when the previous completion came back without
+  token ids (ik_llama.cpp) and the new prompt holds all of the previous prompt.
 - re-entry point: the log's ``restored ... n_past`` (or ``pos_max + 1`` for forks without it),
   else the turn's first ``cached n_tokens = N, memory_seq_rm`` line, else the API timings.
 - reused / processed: from the API (``timings.cache_n`` / ``prompt_n``) AND from the log (restore
