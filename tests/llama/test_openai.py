@@ -37,15 +37,22 @@ def test_reuse_comes_from_cached_tokens():
 
 
 def test_missing_or_malformed_usage_means_unknown_not_zero():
-    for body in ({"choices": []}, {"usage": {"prompt_tokens": 5}},
-                 {"usage": {"prompt_tokens_details": {"cached_tokens": "12"}}},
-                 {"usage": {"prompt_tokens_details": {"cached_tokens": True}}}):
+    text = {"choices": [{"text": "abc", "finish_reason": "stop"}]}
+    for usage in ({}, {"usage": {"prompt_tokens": 5}},
+                  {"usage": {"prompt_tokens_details": {"cached_tokens": "12"}}},
+                  {"usage": {"prompt_tokens_details": {"cached_tokens": True}}}):
+        body = {**text, **usage}
         assert cached_tokens(body) is None
         assert OpenAIAdapter().parse_response(body).reused_tokens is None
-    completion = {"choices": [{"text": "abc", "finish_reason": "stop"}],
-                  "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}}}
+    completion = {**text, "usage": {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}}}
     result = OpenAIAdapter().parse_response(completion)
     assert (result.text, result.reused_tokens, result.processed_tokens) == ("abc", 0, 10)
+
+
+def test_an_answer_without_choices_is_an_error_not_an_empty_completion():
+    for body in ({"choices": []}, {"usage": {"prompt_tokens": 5}}, {"choices": ["x"]}):
+        with pytest.raises(ValueError):
+            OpenAIAdapter().parse_response(body)
 
 
 def test_requests_use_openai_shapes():
