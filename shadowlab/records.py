@@ -33,6 +33,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -247,8 +248,42 @@ _UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    data = json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False, sort_keys=False)
-    write_bytes_atomic(path, (data + "\n").encode("utf-8"))
+    write_bytes_atomic(path, json_bytes(to_jsonable(obj)))
+
+
+def json_bytes(obj: Any) -> bytes:
+    """Strict JSON, whatever an engine put in ``obj``: NaN/Infinity become null (Python would
+    write the invalid tokens `NaN`), lone surrogates (an engine's invalid UTF-8, escaped in its
+    JSON) are written as `\\udcNN` escapes instead of failing to encode."""
+    try:
+        text = json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        obj = _finite(obj)
+        text = json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=False)
+    try:
+        return (text + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(obj, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
+
+
+_TERMINAL_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def terminal_safe(text: str) -> str:
+    """Text for a terminal or CI log: engine-made control bytes (ANSI escapes, NUL, CR) and lone
+    surrogates shown as `\\xNN` / `\\uNNNN` escapes; newlines and tabs kept."""
+    return _TERMINAL_UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                else f"\\u{ord(m.group()):04x}", text)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -280,11 +315,12 @@ def read_json(path: Path) -> Any:
 def sha256_json(obj: Any) -> str:
     """sha256 of compact, key-sorted JSON: how prompt token lists and messages are hashed."""
     data = json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+    return hashlib.sha256(data.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    # surrogatepass: an engine's text may hold lone surrogates (invalid UTF-8 it escaped).
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 # ---------------------------------------------------------------- run directory
