@@ -57,6 +57,12 @@ TASK_ID_RE = re.compile(rb"\| task (\d+) \|")
 PORT_ATTEMPTS = 3
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 READY_PROBE_TEXT = "shadowlab ready probe"
+CRASH_WAIT_S = 1.0  # after a broken connection, how long to wait for the engine's exit status
+MAX_RESPONSE_BYTES = 64 << 20  # an answer larger than this is an engine error, not a record
+
+
+class ResponseTooLarge(Exception):
+    pass
 
 
 class Interrupted(KeyboardInterrupt):
@@ -177,6 +183,32 @@ def prepare_engines(ctx: RunContext) -> None:
             ctx.say(f"shadowlab: {ctx.unavailable[name]}")
             continue
         ctx.engines[name] = PreparedEngine(spec, adapter, identity)
+    if ctx.options.resume:
+        check_resumed_identity(ctx)
+
+
+def check_resumed_identity(ctx: RunContext) -> None:
+    """--resume with another engine binary or model would mix two experiments: refuse."""
+    first: dict[str, records.EngineRecord] = {}
+    for path in sorted(ctx.layout.cells_dir.glob("*/meta.json")) if ctx.layout.cells_dir.is_dir() else ():
+        try:
+            meta = records.read_meta(path)
+        except (RunDirError, OSError, ValueError, TypeError):
+            continue
+        if meta.engine is not None:
+            first.setdefault(meta.engine.name, meta.engine)
+    for name, engine in ctx.engines.items():
+        before = first.get(name)
+        if before is None:
+            continue
+        for what, old, new in (("binary", before.binary_sha256, engine.identity.binary_sha256),
+                               ("model", before.model_sha256, engine.identity.model_sha256)):
+            if old != new:
+                raise RunDirError(
+                    f"engine {name!r}: the {what} changed since this run started "
+                    f"(sha256 {old[:12] or 'none'} then, {new[:12] or 'none'} now); "
+                    "its cells would not be comparable",
+                    path=str(ctx.layout.root), hint="resume with the same engine and model, or start a new run")
 
 
 def materialize_prompts(ctx: RunContext) -> None:
@@ -186,13 +218,18 @@ def materialize_prompts(ctx: RunContext) -> None:
         if path.exists():
             engine.prompts = prompts.load(path)
             continue
+        if all(isinstance(spec, ChatPrompt) for spec in ctx.matrix.prompts.values()):
+            prompts.save({}, path)  # chat only: messages are sent as text, nothing to tokenize
+            continue
         log_path = ctx.layout.prompts_dir / f"{name}.engine.log"
         try:
             with ctx.cores(1) as cores, ctx.serving(engine, cores, cell_flags=(), cell_env={},
                                                    log_path=log_path) as live:
                 engine.prompts = prompts.materialize(ctx.matrix.prompts, live.tokenize)
-        except EngineError as exc:
-            ctx.unavailable[name] = f"prompts could not be tokenized: {exc}"
+        except (EngineError, httpx.HTTPError, ValueError, ResponseTooLarge) as exc:
+            hint = " (kind openai: token prompts need the server's /tokenize; use chat prompts)" \
+                if engine.spec.kind == "openai" else ""
+            ctx.unavailable[name] = f"prompts could not be tokenized: {exc}{hint}"
             ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
             continue
         finally:
@@ -376,7 +413,8 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
             raise EngineStartError(f"cannot start {argv[0]!r}: {exc}", engine=engine.spec.name) from None
         ctx.track(proc)
         cores.claim(proc.pid)
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port.port}", timeout=10.0)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port.port}", timeout=10.0,
+                              transport=DeadlineTransport())
         live = LiveEngine(ctx, engine, proc, port, client, argv, delta, attempt, started_at, 0.0, 0.0)
         try:
             wait_ready(live, engine.spec.ready_timeout_s)
@@ -393,6 +431,32 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
                 live.close()
             raise
     raise AssertionError("unreachable")
+
+
+class DeadlineTransport(httpx.HTTPTransport):
+    """httpx's read timeout bounds each read: a body trickled a byte at a time never trips it.
+    Here it also bounds the whole body (an engine's answer is untrusted; it may never end)."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        timeout = request.extensions.get("timeout", {}).get("read")
+        response = super().handle_request(request)
+        if timeout is not None:
+            response.stream = _DeadlineStream(response.stream, time.monotonic() + float(timeout))
+        return response
+
+
+class _DeadlineStream(httpx.SyncByteStream):
+    def __init__(self, stream: Any, deadline: float) -> None:
+        self._stream, self._deadline = stream, deadline
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._stream:
+            if time.monotonic() > self._deadline:
+                raise httpx.ReadTimeout("the answer did not end in time")
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 def wait_ready(live: LiveEngine, timeout_s: float) -> None:
@@ -418,16 +482,26 @@ def wait_ready(live: LiveEngine, timeout_s: float) -> None:
         time.sleep(interval)
         interval = min(interval * 1.5, 0.025)
     live.health_ms = (time.monotonic() - proc.started_at) * 1000.0
+    code = proc.poll()
+    if code is not None:
+        raise EngineStartError(f"engine exited with code {code} right after /health answered",
+                               engine=name, log_tail=_tail_lines(proc))
+    exposed = proc.exposed_listeners()
+    if exposed:
+        raise EngineStartError(f"engine listens beyond loopback on {', '.join(exposed)}; engines must "
+                               "bind to 127.0.0.1 only (refused)", engine=name, log_tail=_tail_lines(proc))
     if not proc.listens_on_port():
         raise EngineStartError(f"port {live.port.port} answers, but not from the engine's process",
                                engine=name, log_tail=_tail_lines(proc))
+    probe = getattr(live.engine.adapter, "ready_probe", None)
     try:
-        tokens = live.tokenize(READY_PROBE_TEXT)
+        if probe is not None:  # the adapter's own (openai: GET /v1/models; no /tokenize needed)
+            probe(live.client)
+        elif not live.tokenize(READY_PROBE_TEXT):
+            raise ValueError("/tokenize returned no tokens")
     except (httpx.HTTPError, ValueError) as exc:
-        raise EngineStartError(f"ready probe (/tokenize) failed: {exc}", engine=name,
+        raise EngineStartError(f"ready probe failed: {exc}", engine=name,
                                log_tail=_tail_lines(proc)) from None
-    if not tokens:
-        raise EngineStartError("ready probe (/tokenize) returned no tokens", engine=name)
     live.startup_ms = (time.monotonic() - proc.started_at) * 1000.0
     props = getattr(live.engine.adapter, "props", None)
     if props is not None:
@@ -645,6 +719,10 @@ class CellRunner:
             previous = record
             if record.error is not None:
                 code = live.proc.poll()
+                if code is None and record.http_status is None:
+                    # The connection broke: an engine that is dying says so within moments.
+                    with contextlib.suppress(Exception):
+                        code = live.proc.popen.wait(timeout=CRASH_WAIT_S)
                 if code is not None:
                     raise EngineCrashError(f"engine exited with code {code} during turn {turn.index}: "
                                            f"{record.error}", engine=self.engine.spec.name, returncode=code)
@@ -719,6 +797,9 @@ class TurnExchange:
         except httpx.TransportError as exc:
             record.error = f"connection failed: {type(exc).__name__}: {exc}"
             return self._close_span(record, start)
+        except (httpx.HTTPError, ResponseTooLarge) as exc:  # malformed HTTP, oversized answer
+            record.error = f"unreadable answer: {type(exc).__name__}: {exc}"
+            return self._close_span(record, start)
         record.http_status, record.ttft_ms, record.response_ms = status, ttft_ms, response_ms
         response_path = self.ctx.layout.response(self.cell_dir.name, self.turn.index)
         records.write_bytes_atomic(response_path, raw)
@@ -762,14 +843,27 @@ class TurnExchange:
 
     def _post(self, path: str, body: dict) -> tuple[int, bytes, float, float]:
         """(status, raw body, ms to first byte, ms to whole answer), client-side."""
-        timeout = httpx.Timeout(self._timeout(), connect=10.0)
+        limit = self._timeout()
+        timeout = httpx.Timeout(limit, connect=min(10.0, limit))
         sent = time.monotonic()
-        with self.live.client.stream("POST", path, json=body, timeout=timeout) as response:
+        deadline = sent + limit  # whole answer: httpx's timeouts are per read (a trickle never trips them)
+        # ASCII JSON: a spliced reply may hold lone surrogates (the engine's own escapes), which
+        # httpx's UTF-8 encoding of json= would refuse; escaped, they go back as they came.
+        content = json.dumps(body).encode("ascii")
+        with self.live.client.stream("POST", path, content=content, timeout=timeout,
+                                     headers={"content-type": "application/json"}) as response:
             chunks = response.iter_raw()
             first = next(chunks, b"")
             ttft_ms = (time.monotonic() - sent) * 1000.0
-            raw = first + b"".join(chunks)
-        return response.status_code, raw, ttft_ms, (time.monotonic() - sent) * 1000.0
+            parts, size = [first], len(first)
+            for chunk in chunks:
+                parts.append(chunk)
+                size += len(chunk)
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout("the answer did not end in time")
+                if size > MAX_RESPONSE_BYTES:
+                    raise ResponseTooLarge(f"answer larger than {MAX_RESPONSE_BYTES} bytes")
+        return response.status_code, b"".join(parts), ttft_ms, (time.monotonic() - sent) * 1000.0
 
     def _read_answer(self, record: records.TurnRecord, status: int, raw: bytes) -> None:
         try:
@@ -777,12 +871,17 @@ class TurnExchange:
         except ValueError:
             record.error = f"HTTP {status}: answer is not JSON ({len(raw)} bytes)"
             return
-        if status != 200 or not isinstance(body, dict):
-            message = body.get("error", {}).get("message") if isinstance(body, dict) and isinstance(
-                body.get("error"), dict) else None
-            record.error = f"HTTP {status}: {message if isinstance(message, str) else 'error answer'}"
+        if status != 200 or not isinstance(body, dict) or body.get("error") is not None:
+            # An error body is an error whatever the status (some servers answer 200 with one).
+            error = body.get("error") if isinstance(body, dict) else None
+            message = error.get("message") if isinstance(error, dict) else error
+            record.error = f"HTTP {status}: {message[:500] if isinstance(message, str) else 'error answer'}"
             return
-        result = self.engine.adapter.parse_response(body)
+        try:
+            result = self.engine.adapter.parse_response(body)
+        except Exception as exc:  # noqa: BLE001 - the body is untrusted; a parser surprise is its error
+            record.error = f"HTTP {status}: answer of an unexpected shape ({type(exc).__name__}: {exc})"
+            return
         record.timings = dict(result.timings)
         record.reused_tokens, record.processed_tokens = result.reused_tokens, result.processed_tokens
         record.prefill_ms = result.prompt_ms
@@ -833,4 +932,4 @@ def _read_span(path: Path, start: int, end: int) -> bytes:
 
 
 def _stderr_line(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    print(records.terminal_safe(text), file=sys.stderr, flush=True)  # may quote engine output
