@@ -105,13 +105,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         raise
     except QualificationError as exc:
-        print(f"shadowlab: {exc}", file=sys.stderr)
+        print(f"shadowlab: {_safe(exc)}", file=sys.stderr)
         return EXIT_CHECK_FAILED
     except EngineError as exc:
-        print(f"shadowlab: {exc}", file=sys.stderr)
+        print(f"shadowlab: {_safe(exc)}", file=sys.stderr)
         return EXIT_INFRASTRUCTURE
     except ShadowlabError as exc:
-        print(f"shadowlab: {exc}", file=sys.stderr)
+        print(f"shadowlab: {_safe(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
         # run.Interrupted (SIGTERM) is a KeyboardInterrupt carrying the signal number.
@@ -120,12 +120,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 128 + signum
     except Exception as exc:  # noqa: BLE001 - a bug must never read as exit 1 ("a check failed")
         where = write_traceback(_run_dir_of(args))
-        print(f"shadowlab: internal error: {type(exc).__name__}: {exc} (traceback in {where})",
+        print(f"shadowlab: internal error: {type(exc).__name__}: {_safe(exc)} (traceback in {where})",
               file=sys.stderr)
         return EXIT_INFRASTRUCTURE
 
 
 TRACEBACK_NAME = "shadowlab-error.txt"
+
+
+def _safe(exc: BaseException) -> str:
+    from shadowlab.records import terminal_safe  # messages may quote engine output
+
+    return terminal_safe(str(exc))
 
 
 def _run_dir_of(args: argparse.Namespace) -> Path | None:

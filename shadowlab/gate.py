@@ -35,7 +35,7 @@ from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.expectations import CheckResult, CheckStatus, evaluate as evaluate_checks
 from shadowlab.matrix import Matrix
 from shadowlab.matrix import load as load_matrix
-from shadowlab.records import RunLayout
+from shadowlab.records import RunLayout, terminal_safe
 
 EXIT_QUALIFIED = 0
 EXIT_CHECK_FAILED = 1
@@ -155,7 +155,7 @@ def main(run_dir: str | Path, out: TextIO | None = None) -> int:
         print(f"shadowlab gate: {run_dir}: internal error: {type(exc).__name__}: {exc} "
               f"(traceback in {where})", file=out or sys.stdout)
         return EXIT_INFRASTRUCTURE
-    print(result.summary(), file=out or sys.stdout)
+    print(terminal_safe(result.summary()), file=out or sys.stdout)  # quotes engine output
     return result.exit_code
 
 
