@@ -1,0 +1,255 @@
+"""A hostile engine: speaks llama-server's API (byte tokens) and misbehaves on request.
+
+Stdlib only, starts in ~50 ms. Used by test_hostile.py to prove that nothing an engine
+does can crash shadowlab, hang it, corrupt a record, inject into the report or outlive
+its cell.
+
+Usage: python hostile_engine.py --port N [--mode NAME]... [--pidfile PATH]
+
+Modes (repeatable):
+  log-garbage      print <script>, </svg>, ANSI escapes, NUL, invalid UTF-8, a 10 MB line and
+                   checkpoint lines with absurd numbers (negative, 10^30, NaN) into the log
+  not-json         /completion answers an HTML page (with <script>)
+  wrong-shape      /completion answers JSON of the wrong shape (strings for ints, negative
+                   cache_n, a huge token array, timings a list)
+  json-list        /completion answers a JSON array
+  error-200        /completion answers HTTP 200 with an error body
+  truncated        /completion promises more bytes than it sends, then closes
+  slow-loris       /completion sends headers, then one byte every 50 ms, forever
+  close-mid        /completion closes the connection in the middle of the headers
+  lie-timings      the API says most of the prompt was reused; the log says all was processed
+  evil-content     a completion whose text holds <script>, control bytes, markdown/HTML and
+                   lone surrogates (escaped invalid UTF-8)
+  nan-timings      timings.prompt_ms NaN (every answer also has predicted_ms Infinity, 10^30)
+  setsid-child     fork a child that forks a grandchild calling setsid() (escapes the group)
+  double-fork      fork a grandchild calling setsid() whose parent exits (reparented)
+  bind-all         listen on 0.0.0.0 instead of 127.0.0.1
+  ignore-term      ignore SIGTERM
+  exit-after-health  exit 0 right after the first /health answer
+  other-port       listen on port+1, not on the port given
+  bad-tokenize     /tokenize answers ids that are not byte tokens (negative, huge)
+  slow-health      /health answers 200, then trickles its body forever
+  slow-tokenize    /tokenize answers 200, then trickles its body forever
+  no-tokenize      no /tokenize or /detokenize (like most OpenAI-compatible servers)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODES: set[str] = set()
+LOG = sys.stderr.buffer
+TASK = [0]
+
+SCRIPT = "<script>alert('engine')</script>"
+
+
+def log(line: bytes) -> None:
+    LOG.write(line + b"\n")
+    LOG.flush()
+
+
+def log_garbage() -> None:
+    log(b"<script>alert('log')</script></svg><img src=x onerror=alert(1)>")
+    log(b"\x1b[31mred\x1b[0m \x1b]0;title\x07 \x00NUL\x00 \xff\xfe\xc3 invalid utf-8 \xed\xa0\x80")
+    log(b"A" * (10 * 1024 * 1024))
+    for numbers in (b"pos_min = -5, pos_max = -1, n_tokens = -3",
+                    b"pos_min = 1000000000000000000000000000000, pos_max = 1000000000000000000000000000000, "
+                    b"n_tokens = 1000000000000000000000000000000",
+                    b"pos_min = NaN, pos_max = nan, n_tokens = inf"):
+        log(b"slot create_check: id  0 | task 0 | created context checkpoint 1 of 64 (" + numbers
+            + b", size = NaN MiB)")
+        log(b"slot operator(): id  0 | task 0 | restored context checkpoint (" + numbers
+            + b", n_past = -7, size = 1e400 MiB)")
+    log(b"slot print_timing: id  0 | task 0 | prompt eval time = nan ms / -4 tokens")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path == "/health" and "slow-health" in MODES:
+            self._trickle()
+        elif self.path == "/health":
+            self._json(200, {"status": "ok"})
+            if "exit-after-health" in MODES:
+                os._exit(0)
+        elif self.path == "/props":
+            self._json(200, {"device": "cpu", "build_info": "hostile <script>x</script>",
+                             "total_slots": 1})
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": "hostile", "object": "model"}]})
+        else:
+            self._json(404, {"error": {"code": 404, "message": "not found"}})
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("content-length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            body = {}
+        if self.path in ("/tokenize", "/detokenize") and "no-tokenize" in MODES:
+            self._json(404, {"error": {"code": 404, "message": "not found"}})
+        elif self.path == "/tokenize":
+            text = body.get("content") or body.get("prompt") or ""
+            if "slow-tokenize" in MODES:
+                self._trickle()
+            elif "bad-tokenize" in MODES:
+                self._json(200, {"tokens": [-1, 2**40, 3] * max(1, len(text) // 3)})
+            else:
+                self._json(200, {"tokens": list(text.encode())})
+        elif self.path == "/detokenize":
+            tokens = [t for t in body.get("tokens", []) if isinstance(t, int) and 0 <= t < 256]
+            self._json(200, {"content": bytes(tokens).decode("utf-8", "replace")})
+        else:
+            self._complete(body)
+
+    def _complete(self, body: dict) -> None:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            n = len(prompt.encode())
+        elif isinstance(prompt, list):
+            n = len(prompt)
+        else:
+            n = sum(len(str(m.get("content", "")).encode("utf-8", "surrogatepass")) for m in body.get("messages", []))
+        TASK[0] += 1
+        task = TASK[0]
+        log(b"slot launch_slot_: id  0 | task %d | processing task" % task)
+        log(b"slot update_slots: id  0 | task %d | new prompt, n_ctx_slot = 4096, n_keep = 0, "
+            b"task.n_tokens = %d" % (task, n))
+        if "not-json" in MODES:
+            return self._raw(200, ("<html><body>" + SCRIPT + "</body></html>").encode(), "text/html")
+        if "json-list" in MODES:
+            return self._json(200, [1, 2, SCRIPT])
+        if "error-200" in MODES:
+            return self._json(200, {"error": {"code": 500, "message": SCRIPT + " \x1b[31mboom"}})
+        if "truncated" in MODES:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", "100000")
+            self.end_headers()
+            self.wfile.write(b'{"content": "<scr')
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        if "close-mid" in MODES:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: appl")
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return None
+        if "slow-loris" in MODES:
+            return self._trickle()
+        if "wrong-shape" in MODES:
+            return self._json(200, {"content": 12, "tokens": list(range(300_000)),
+                                    "stop_type": ["eos"], "timings": [1, 2],
+                                    "choices": "none", "usage": {"prompt_tokens": "12",
+                                                                 "prompt_tokens_details": {"cached_tokens": -5}}})
+        if "lie-timings" in MODES:
+            # The log says every token was processed (full re-processing) ...
+            log(b"slot update_slots: id  0 | task %d | forcing full prompt re-processing due to lack of "
+                b"cache data (likely due to SWA or hybrid/recurrent memory, see x)" % task)
+        log(b"slot print_timing: id  0 | task %d | prompt eval time =       1.00 ms / %5d tokens "
+            b"(    0.01 ms per token, 1000.00 tokens per second)" % (task, n))
+        log(b"slot      release: id  0 | task %d | stop processing: n_tokens = %d" % (task, n + 4))
+        text = "ab c" if "evil-content" not in MODES else (
+            SCRIPT + "\x00\x1b[2J</svg>]]></failure><!-- *[x](javascript:alert(1))* | | \ud800 \udcff")
+        cached = n - 1 if "lie-timings" in MODES else 0  # ... while the API claims reuse
+        self._json(200, {
+            "content": text, "tokens": [97, 98, 32, 99], "stop_type": "limit",
+            "timings": {"prompt_n": n - cached, "cache_n": cached, "predicted_n": 4,
+                        "prompt_ms": float("nan") if "nan-timings" in MODES else 1.0,
+                        "predicted_ms": float("inf"), "huge": 10**30},
+            "choices": [{"index": 0, "text": text, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "length"}],
+            "usage": {"prompt_tokens": n, "completion_tokens": 4,
+                      "prompt_tokens_details": {"cached_tokens": cached}},
+        })
+        return None
+
+    def _trickle(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{")
+        try:
+            while True:
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            return
+
+    def _json(self, status: int, obj: object) -> None:
+        self._raw(status, json.dumps(obj).encode(), "application/json")
+
+    def _raw(self, status: int, data: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def sleeper(pidfile: str | None, setsid: bool) -> subprocess.Popen:
+    code = ("import os,signal,time\n"
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if "ignore-term" in MODES else "")
+            + ("os.setsid()\n" if setsid else "")
+            + (f"open({pidfile!r}, 'a').write(str(os.getpid()) + '\\n')\n" if pidfile else "")
+            + "time.sleep(120)")
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--mode", action="append", default=[])
+    parser.add_argument("--pidfile", default=None)
+    parser.add_argument("--intermediate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--exit-parent", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    MODES.update(args.mode)
+    if args.intermediate:  # the child of setsid-child / double-fork: forks the grandchild
+        grandchild = sleeper(args.pidfile, setsid=True)
+        while not args.pidfile or not os.path.exists(args.pidfile):
+            time.sleep(0.005)
+        if args.exit_parent:
+            os._exit(0)
+        grandchild.wait()
+        return
+    if "ignore-term" in MODES:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if "log-garbage" in MODES:
+        log_garbage()
+    for mode, extra in (("setsid-child", []), ("double-fork", ["--exit-parent"])):
+        if mode in MODES:
+            child = subprocess.Popen([sys.executable, __file__, "--port", "0", "--intermediate",
+                                      "--pidfile", args.pidfile or "", *extra,
+                                      *(f"--mode={m}" for m in MODES)])
+            if extra:
+                child.wait()
+            else:
+                while not os.path.exists(args.pidfile or ""):
+                    time.sleep(0.005)
+    host = "0.0.0.0" if "bind-all" in MODES else "127.0.0.1"
+    port = args.port + 1 if "other-port" in MODES else args.port
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    log(f"hostile engine listening on {host}:{port} pid {os.getpid()} modes {sorted(MODES)}".encode())
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
