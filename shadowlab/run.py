@@ -226,7 +226,7 @@ def materialize_prompts(ctx: RunContext) -> None:
             with ctx.cores(1) as cores, ctx.serving(engine, cores, cell_flags=(), cell_env={},
                                                    log_path=log_path) as live:
                 engine.prompts = prompts.materialize(ctx.matrix.prompts, live.tokenize)
-        except (EngineError, httpx.HTTPError, ValueError, ResponseTooLarge) as exc:
+        except (EngineError, httpx.HTTPError, ValueError, ResponseTooLarge, isolation.ProcessSurvived) as exc:
             hint = " (kind openai: token prompts need the server's /tokenize; use chat prompts)" \
                 if engine.spec.kind == "openai" else ""
             ctx.unavailable[name] = f"prompts could not be tokenized: {exc}{hint}"
