@@ -434,15 +434,40 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
 
 
 class DeadlineTransport(httpx.HTTPTransport):
-    """httpx's read timeout bounds each read: a body trickled a byte at a time never trips it.
-    Here it also bounds the whole body (an engine's answer is untrusted; it may never end)."""
+    """httpx's read timeout bounds each read: an answer trickled a byte at a time never trips
+    it. Here the read timeout bounds the status line and headers, and then the whole body
+    (an engine's answer is untrusted; it may never end)."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         timeout = request.extensions.get("timeout", {}).get("read")
-        response = super().handle_request(request)
-        if timeout is not None:
-            response.stream = _DeadlineStream(response.stream, time.monotonic() + float(timeout))
+        if timeout is None:
+            return super().handle_request(request)
+        deadline = time.monotonic() + float(timeout)
+        response = _within(float(timeout), lambda: super(DeadlineTransport, self).handle_request(request))
+        response.stream = _DeadlineStream(response.stream, deadline)
         return response
+
+
+def _within(seconds: float, call: Callable[[], httpx.Response]) -> httpx.Response:
+    """call() in a daemon thread, given up after `seconds`. A blocked socket read cannot be
+    interrupted from here; the abandoned thread ends when the cell stops its engine (the
+    socket closes), which every timed-out request leads to."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["response"] = call()
+        except BaseException as exc:  # handed to the caller's thread as it is
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="engine-request", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise httpx.ReadTimeout("the engine's status line and headers did not arrive in time")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["response"]
 
 
 class _DeadlineStream(httpx.SyncByteStream):

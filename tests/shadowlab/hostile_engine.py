@@ -16,6 +16,7 @@ Modes (repeatable):
   error-200        /completion answers HTTP 200 with an error body
   truncated        /completion promises more bytes than it sends, then closes
   slow-loris       /completion sends headers, then one byte every 50 ms, forever
+  slow-headers     /completion trickles its status line and headers a byte at a time, forever
   close-mid        /completion closes the connection in the middle of the headers
   lie-timings      the API says most of the prompt was reused; the log says all was processed
   evil-content     a completion whose text holds <script>, control bytes, markdown/HTML and
@@ -36,6 +37,7 @@ Modes (repeatable):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -149,6 +151,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         if "slow-loris" in MODES:
             return self._trickle()
+        if "slow-headers" in MODES:
+            return self._trickle_headers()
         if "wrong-shape" in MODES:
             return self._json(200, {"content": 12, "tokens": list(range(300_000)),
                                     "stop_type": ["eos"], "timings": [1, 2],
@@ -184,6 +188,16 @@ class Handler(BaseHTTPRequestHandler):
         try:
             while True:
                 self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            return
+
+    def _trickle_headers(self) -> None:
+        # Each byte arrives well within any per-read timeout; the headers never end.
+        try:
+            for byte in itertools.cycle(b"HTTP/1.1 200 OK\r\nx-slow: "):
+                self.wfile.write(bytes([byte]))
                 self.wfile.flush()
                 time.sleep(0.05)
         except OSError:

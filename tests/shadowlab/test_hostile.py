@@ -131,6 +131,7 @@ FAILING_ANSWERS = {
     "truncated": "turn 0 failed",
     "close-mid": "turn 0 failed",
     "slow-loris": "request timeout",
+    "slow-headers": "request timeout",
 }
 
 
