@@ -28,19 +28,14 @@ from pathlib import Path
 
 import httpx
 
+from shadowlab import environment
+
 REPO = Path(__file__).resolve().parents[1]
 A_TOKENS = 4560
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = environment.cpu_model()
     import torch
 
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -41,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from shadowlab import logparse
+from shadowlab import environment, logparse
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTURES = ROOT / "tests" / "fixtures" / "logs" / "llama.cpp-b11434"
@@ -214,14 +214,7 @@ def _load(path: Path) -> ModuleType:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = environment.cpu_model()
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
