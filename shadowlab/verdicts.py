@@ -31,8 +31,9 @@ length as ``restored``, both with a note "API only".
 
 Checks that catch a broken engine: ``cascade_missed`` (checkpoints alive at turn start with
 ``pos_max`` above the re-entry point that no erase line removed — llama.cpp erases every
-``pos_max > pos_next``), and ``disagreements`` (API vs log figures, a restore that re-enters
-beyond the tokens its checkpoint covers, a re-entry above the divergence point).
+``pos_max > pos_next``; ``cascade_checked`` says whether the turn could be judged at all), and
+``disagreements`` (API vs log figures, a restore that re-enters beyond the tokens its checkpoint
+covers, a re-entry above the divergence point).
 """
 
 from __future__ import annotations
@@ -134,6 +135,9 @@ class TurnVerdict:
     erased_cascade: tuple[CheckpointRef, ...] = ()  # `erased invalidated` during this turn
     erased_other: tuple[CheckpointRef, ...] = ()  # `erasing old` / too close / superseded
     cascade_missed: tuple[CheckpointRef, ...] = ()  # alive above re-entry yet not erased
+    # cascade_missed was judged: the log was parsed, the re-entry point is known, and the turn is
+    # neither the first of a fresh slot nor failed. False: an empty cascade_missed proves nothing.
+    cascade_checked: bool = False
     create_ms: float | None = None  # sum over `created`
     create_mib: float | None = None
     task_ids: tuple[int, ...] = ()
@@ -624,7 +628,8 @@ def _judge_turn(
     below = tuple(c for c in alive if usable_limit is not None and c.n_tokens <= usable_limit)
     above = tuple(c for c in alive if usable_limit is not None and c.n_tokens > usable_limit)
     missed: tuple[CheckpointRef, ...] = ()
-    if has_log and re_entry is not None and not fresh and outcome is not Outcome.ERROR:
+    cascade_checked = has_log and re_entry is not None and not fresh and outcome is not Outcome.ERROR
+    if cascade_checked and re_entry is not None:
         missed = _cascade_missed(alive, erased_by_turn, re_entry)
     restored_ref = _ref(restored_ev, None) if restored_ev is not None else None
     return TurnVerdict(
@@ -656,6 +661,7 @@ def _judge_turn(
         erased_cascade=tuple(ref for kind, ref in erased_by_turn if kind == "erased_invalidated"),
         erased_other=tuple(ref for kind, ref in erased_by_turn if kind != "erased_invalidated"),
         cascade_missed=missed,
+        cascade_checked=cascade_checked,
         create_ms=_sum_known(c.took_ms for c in created),
         create_mib=_sum_known(c.size_mib for c in created),
         task_ids=tuple(t.task_ids or ()),

@@ -111,7 +111,8 @@ def simulate_cell(configuration: str, prompts: list[str], *, skip_cascade: bool 
             forcing_line=outcome is Outcome.FORCED, restored=restored,
             restore_ms=2.5 if restored else None, alive_at_start=alive, alive_below_divergence=below,
             alive_above_divergence=above, created=created, erased_cascade=erased,
-            cascade_missed=missed, task_ids=(index,), log_complete=True, identity=identity))
+            cascade_missed=missed, cascade_checked=previous is not None, task_ids=(index,),
+            log_complete=True, identity=identity))
         cached = length + 16
         previous = pid
     return tuple(turns)

@@ -254,9 +254,11 @@ def test_skip_cascade_fault_leaves_checkpoints_above_the_re_entry(tmp_path):
     # every checkpoint alive when B starts should have gone (re-entry 0); none did
     assert b.outcome is Outcome.SILENT_RESET
     assert sorted(ns(b.cascade_missed)) == sorted(ns(b.alive_at_start)) == [2048, 4044, 4096, 4431, 4556, 4943]
-    # the healthy engine: nothing missed
+    assert (a.cascade_checked, c.cascade_checked, b.cascade_checked) == (False, True, True)
+    # the healthy engine: nothing missed, and every turn after the first was judged
     healthy = compute(policy0_run(tmp_path / "h")).cell("reference.policy0.warm").turns
     assert all(t.cascade_missed == () for t in healthy)
+    assert [t.cascade_checked for t in healthy] == [False, True, True, True]
 
 
 def test_api_and_log_disagreement_is_flagged(tmp_path):
@@ -294,6 +296,7 @@ def test_failed_turn_is_an_error_outcome_and_identity_error(tmp_path):
     c = compute(policy0_run(tmp_path, warm_edit=fail)).cell("reference.policy0.warm").turns[1]
     assert c.outcome is Outcome.ERROR and c.error == "HTTP 500: invalid UTF-8"
     assert c.identity.status is IdentityStatus.ERROR
+    assert not c.cascade_checked  # a failed turn says nothing about the cascade
 
 
 def test_events_follow_their_task_when_a_span_is_misplaced(tmp_path):
@@ -315,6 +318,7 @@ def test_engine_without_log_family_uses_the_api_only(tmp_path):
     assert c.outcome is Outcome.RESTORED and c.reused_tokens == 2048 and c.reused_log is None
     assert any("API only" in n for n in c.notes)
     assert c.alive_at_start == () and c.cascade_missed == ()
+    assert not any(t.cascade_checked for t in warm.turns)  # an empty cascade_missed proves nothing here
     assert b.outcome is Outcome.SILENT_RESET
 
 
