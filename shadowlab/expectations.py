@@ -6,7 +6,7 @@ Two families of checks come out of here, both as `CheckResult`:
 
 - **declared** — each `expectations[i]` entry of the matrix, expanded over the warm cells its
   selection matches and the turn(s) it names: `outcome`, `min_reused`, `min_saved_fraction`,
-  `max_forced`, `checkpoints_created_at`, `identity`.
+  `max_forced`, `checkpoints_created_at`, `identity`, `cascade`.
 - **default** — rules every run must satisfy whatever the matrix says:
   `ran` (each planned cell ran to the end; otherwise an infrastructure failure),
   `answered` (each turn got an answer), `identity` (with `identity.required`, the default: a
@@ -14,6 +14,12 @@ Two families of checks come out of here, both as `CheckResult`:
   `control` (the cold-vs-cold control matched: otherwise every identity result of that engine
   and configuration is inconclusive, which fails), and `cascade` (the engine erased every
   checkpoint above the re-entry point; one it kept is stale state waiting to be restored).
+
+`identity` and `cascade` are both: a default rule, and a key an expectation may declare. Declared
+`true`, the check is explicit for the turns selected (its own result, with the expectation's
+source and description, and stricter: a turn whose comparison or cascade could not be judged
+fails instead of passing quietly); declared `false`, the default rule skips those turns. Both
+come from the same verdict fields (`TurnVerdict.identity`; `cascade_missed`, `cascade_checked`).
 
 A check's `status` is PASS, FAIL, INCONCLUSIVE (fails the gate: the evidence cannot be trusted)
 or ERROR (the thing to check never ran: an infrastructure failure). The gate maps these to exit
@@ -33,6 +39,7 @@ from shadowlab.verdicts import CellVerdict, IdentityCheck, IdentityStatus, Outco
 WARM = "warm"
 CONTROL = "control"
 CELL_OK = "ok"
+CASCADE_EXPECTED = "no stale checkpoint kept"
 
 
 class CheckStatus(str, enum.Enum):
@@ -50,7 +57,7 @@ class CheckStatus(str, enum.Enum):
 class CheckResult:
     """One verdict of one check on one subject (a cell, or a turn of a cell)."""
 
-    check: str  # "outcome", "min_reused", ..., "identity", "control", "cascade", "ran", "answered"
+    check: str  # "outcome", "min_reused", ..., "identity", "cascade", "control", "ran", "answered"
     status: CheckStatus
     subject: str  # readable: "reference.policy0.A-C turn 1 (C)"
     expected: str
@@ -82,11 +89,10 @@ def evaluate(matrix: Matrix, run: RunVerdict, planned: Sequence[str] = ()) -> tu
     results: list[CheckResult] = []
     results += ran_checks(run, planned)
     results += answered_checks(run)
-    waived = _identity_waived(matrix, run)
     if matrix.identity.required:
-        results += identity_checks(run, waived)
+        results += identity_checks(run, _waived(matrix, run, "identity"))
     results += control_checks(run)
-    results += cascade_checks(run)
+    results += cascade_checks(run, _waived(matrix, run, "cascade"))
     recorded = {c.cell_id for c in run.cells}
     incomplete = any(cell_id not in recorded for cell_id in planned)
     for number, expectation in enumerate(matrix.expectations, start=1):
@@ -169,35 +175,43 @@ def control_checks(run: RunVerdict) -> list[CheckResult]:
     return out
 
 
-def cascade_checks(run: RunVerdict) -> list[CheckResult]:
-    """One result per warm cell: every checkpoint above a turn's re-entry point was erased."""
+def cascade_checks(run: RunVerdict, waived: set[tuple[str, int]] = frozenset()) -> list[CheckResult]:
+    """One result per warm cell: every checkpoint above a turn's re-entry point was erased
+    (turns an expectation marks `cascade: false` left out)."""
     out = []
     for cell in _warm(run.cells):
         if cell.status != CELL_OK or cell.log_family == "none":
             continue  # no log: the cascade cannot be seen
-        missed = [(t, c) for t in cell.turns for c in t.cascade_missed]
-        if not missed:
-            erased = sum(len(t.erased_cascade) for t in cell.turns)
-            out.append(_result("cascade", CheckStatus.PASS, cell, None, "no stale checkpoint kept",
-                               "none kept", f"{erased} checkpoint(s) erased by the cascade, none missed"))
+        turns = [t for t in cell.turns if (cell.cell_id, t.index) not in waived]
+        if not turns:
             continue
-        by_turn: dict[int, list[int]] = {}
-        for t, c in missed:
-            by_turn.setdefault(t.index, []).append(c.pos_max)
-        positions = "; ".join(f"turn {i}: pos_max {', '.join(map(str, p))}" for i, p in by_turn.items())
-        out.append(_result(
-            "cascade", CheckStatus.FAIL, cell, None, "no stale checkpoint kept",
-            f"{len(missed)} kept",
-            f"the engine kept {len(missed)} checkpoint(s) above the re-entry point that the cascade "
-            f"must erase ({positions}); a later restore of one would reuse stale state"))
+        passed, actual, message = _judge_cascade_turns(turns)
+        out.append(_result("cascade", CheckStatus.PASS if passed else CheckStatus.FAIL, cell, None,
+                           CASCADE_EXPECTED, actual, message))
     return out
 
 
-def _identity_waived(matrix: Matrix, run: RunVerdict) -> set[tuple[str, int]]:
-    """(cell, turn) pairs an expectation marks `identity: false` (default rule not applied)."""
+def _judge_cascade_turns(turns: Sequence[TurnVerdict]) -> tuple[bool, str, str]:
+    """The cascade of these turns, from the verdicts' `cascade_missed`: (passed, actual, message)."""
+    missed = [(t, c) for t in turns for c in t.cascade_missed]
+    if not missed:
+        erased = sum(len(t.erased_cascade) for t in turns)
+        return True, "none kept", f"{erased} checkpoint(s) erased by the cascade, none missed"
+    by_turn: dict[int, list[int]] = {}
+    for t, c in missed:
+        by_turn.setdefault(t.index, []).append(c.pos_max)
+    positions = "; ".join(f"turn {i}: pos_max {', '.join(map(str, p))}" for i, p in by_turn.items())
+    return False, f"{len(missed)} kept", (
+        f"the engine kept {len(missed)} checkpoint(s) above the re-entry point that the cascade "
+        f"must erase ({positions}); a later restore of one would reuse stale state")
+
+
+def _waived(matrix: Matrix, run: RunVerdict, key: str) -> set[tuple[str, int]]:
+    """(cell, turn) pairs an expectation marks `identity: false` / `cascade: false` (`key`): the
+    default rule of that name is not applied to them."""
     waived: set[tuple[str, int]] = set()
     for expectation in matrix.expectations:
-        if expectation.identity is False:
+        if getattr(expectation, key) is False:
             for cell in selected_cells(expectation, run):
                 waived.update((cell.cell_id, t.index) for t in selected_turns(expectation, cell))
     return waived
@@ -259,8 +273,10 @@ def _expectation_on_cell(x: Expectation, cell: CellVerdict, source: str) -> list
 
 
 def _declared_checks(x: Expectation) -> list[str]:
-    names = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at", "identity")
-    return [n for n in names if getattr(x, n) is not None and not (n == "identity" and x.identity is False)]
+    """The checks an expectation declares; `identity: false` / `cascade: false` only waive."""
+    names = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at", "identity",
+             "cascade")
+    return [n for n in names if getattr(x, n) is not None and getattr(x, n) is not False]
 
 
 def _turn_check(name: str, x: Expectation, cell: CellVerdict, turn: TurnVerdict, source: str) -> CheckResult:
@@ -322,11 +338,27 @@ def _judge_created_at(x: Expectation, turn: TurnVerdict) -> tuple[bool, str, str
                            f"created at {actual}")
 
 
+def _judge_cascade(x: Expectation, turn: TurnVerdict) -> tuple[bool, str, str]:
+    """Declared `cascade: true`: the default rule's judgement on this one turn, but a turn whose
+    cascade the verdicts could not judge fails (the first turn of a fresh slot has none)."""
+    if not turn.cascade_checked:
+        if turn.outcome is Outcome.COLD:
+            return True, "none kept", "first turn of a fresh slot: no checkpoint to erase"
+        why = (f"the turn failed: {turn.error or 'no detail'}" if turn.outcome is Outcome.ERROR
+               else "no parsed engine log or no known re-entry point for this turn")
+        return False, "unknown", f"the cascade could not be judged: {why}"
+    passed, actual, message = _judge_cascade_turns([turn])
+    if passed:
+        message += f" (re-entry point {turn.re_entry_point})"
+    return passed, actual, message
+
+
 _JUDGES = {
     "outcome": _judge_outcome,
     "min_reused": _judge_min_reused,
     "min_saved_fraction": _judge_min_saved,
     "checkpoints_created_at": _judge_created_at,
+    "cascade": _judge_cascade,
 }
 
 
@@ -410,6 +442,8 @@ def _expected_text(x: Expectation, name: str) -> str:
         return f"≤ {x.max_forced}"
     if name == "checkpoints_created_at":
         return "pos_max ⊇ [" + ", ".join(map(str, x.checkpoints_created_at or ())) + "]"
+    if name == "cascade":
+        return CASCADE_EXPECTED
     return "identical to cold"
 
 

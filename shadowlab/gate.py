@@ -48,8 +48,8 @@ shadowlab gate RUN_DIR — decide whether a run qualifies; prints a compact summ
 exit codes:
   0  qualified: every cell ran and every check passed
   1  a check failed: a matrix expectation (outcome, min_reused, min_saved_fraction,
-     max_forced, checkpoints_created_at, identity), byte identity of a warm turn that
-     reused cache vs its cold run, a cold-vs-cold control mismatch (identity
+     max_forced, checkpoints_created_at, identity, cascade), byte identity of a warm turn
+     that reused cache vs its cold run, a cold-vs-cold control mismatch (identity
      inconclusive), a cascade that kept stale checkpoints, or a turn answered with an error
   2  usage or matrix error: not a run directory, matrix.yaml unreadable or invalid
   3  infrastructure failure: an engine never started or a cell could not run to the end

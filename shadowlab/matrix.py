@@ -208,11 +208,17 @@ SCHEMA: dict[str, Section] = {
         Key("checkpoints_created_at", "list of int", None,
             "`pos_max` values that must be among the checkpoints created on the turn."),
         Key("identity", "bool", None, "Require (true) or waive (false) byte identity with the cold run."),
-    ), "At least one check (`outcome` … `identity`) is required."),
+        Key("cascade", "bool", None,
+            "Require (true) or waive (false) the erase cascade: every checkpoint alive at the turn's "
+            "start with `pos_max` above its re-entry point was erased (`erased invalidated`), none kept. "
+            "Needs the engine's log (not log_family none)."),
+    ), "At least one check (`outcome` … `cascade`) is required."),
 }
 
 _CHECK_KEYS = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at",
-               "identity")
+               "identity", "cascade")
+_CASCADE_HINT = ("write `cascade: true` (every checkpoint above the re-entry point must be erased) or "
+                 "`cascade: false` (waive the default cascade check on these turns)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -414,6 +420,7 @@ class Expectation:
     max_forced: int | None = None
     checkpoints_created_at: tuple[int, ...] | None = None
     identity: bool | None = None
+    cascade: bool | None = None
     description: str = ""
     line: int | None = field(default=None, compare=False)  # where it is written, for reports
 
@@ -628,9 +635,9 @@ def _number(value: Any, at: _At) -> float:
     return float(value)
 
 
-def _bool(value: Any, at: _At) -> bool:
+def _bool(value: Any, at: _At, hint: str | None = None) -> bool:
     if not isinstance(value, bool):
-        at.fail(f"expected true or false, got {_describe(value)}")
+        at.fail(f"expected true or false, got {_describe(value)}", hint)
     return value
 
 
@@ -1188,6 +1195,14 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
     created = None
     if "checkpoints_created_at" in f:
         created = tuple(_int(v, a, minimum=0) for v, a in _list(*f["checkpoints_created_at"]))
+    cascade = None
+    if "cascade" in f:
+        cascade = _bool(*f["cascade"], hint=_CASCADE_HINT)
+        blind = sorted({e for e, _, _ in cells if matrix.engines[e].log_family == "none"})
+        if cascade and blind:
+            f["cascade"][1].fail(
+                f"engine {blind[0]!r} has log_family none: without its log the cascade cannot be seen",
+                "narrow the selection to engines whose log is parsed, or set their log_family")
     return Expectation(
         selection=selection,
         turn=turn,
@@ -1197,6 +1212,7 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
         max_forced=_int(*f["max_forced"], minimum=0) if "max_forced" in f else None,
         checkpoints_created_at=created,
         identity=_bool(*f["identity"]) if "identity" in f else None,
+        cascade=cascade,
         description=_str(*f["description"], nonempty=False) if "description" in f else "",
         line=value.line,
     )

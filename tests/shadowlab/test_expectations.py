@@ -80,9 +80,9 @@ expectations:
     return loads(text, check_files=False)
 
 
-def _small_verdict():
+def _small_verdict(**faults):
     """ckpt's defaults A-C cell renamed to the small matrix's engine."""
-    verdict = ckpt_verdict()
+    verdict = ckpt_verdict(**faults)
     cells = tuple(dataclasses.replace(c, cell_id=c.cell_id.replace("reference.", "ref."), engine="ref")
                   for c in verdict.cells if c.configuration == "defaults" and c.sequence in ("A-C", ""))
     return dataclasses.replace(verdict, cells=cells)
@@ -173,6 +173,42 @@ def test_skip_cascade_fails_the_cascade_check_per_cell():
     assert "turn 1: pos_max 4043, 4095, 4555" in by_cell["reference.policy0.A-C"].message
     # the append cell restores at the L-4 checkpoint and has nothing above it to erase
     assert "reference.defaults.append" not in by_cell
+
+
+def _cascade(results):
+    return [r for r in declared(results) if r.check == "cascade"]
+
+
+def test_cascade_false_waives_the_default_check_on_those_turns_only():
+    broken = _small_verdict(skip_cascade=True)
+    strict = _small_matrix("  - {sequence: A-C, turn: C, outcome: forced}")
+    assert [(r.check, r.source) for r in failed(evaluate(strict, broken))] == [("cascade", "default")]
+    waived = _small_matrix("  - {sequence: A-C, turn: C, outcome: forced, cascade: false}")
+    results = evaluate(waived, broken)
+    assert failed(results) == []
+    (default,) = [r for r in results if r.check == "cascade"]  # still run on turn A, which kept nothing
+    assert default.passed and default.source == "default" and default.message.startswith("0 checkpoint(s)")
+    # waiving another turn leaves the default check on turn C
+    other = _small_matrix("  - {sequence: A-C, turn: A, cascade: false}")
+    (bad,) = failed(evaluate(other, broken))
+    assert (bad.check, bad.source, bad.cell_id) == ("cascade", "default", "ref.defaults.A-C")
+
+
+def test_cascade_true_on_a_turn_that_could_not_be_judged_fails():
+    """The default rule passes quietly when the verdicts could not judge the cascade (no log,
+    unknown re-entry); a declared `cascade: true` does not."""
+    matrix = _small_matrix("  - {sequence: A-C, cascade: true}")  # every turn, the cold one included
+    unjudged = with_turn(_small_verdict(), "ref.defaults.A-C", 1, cascade_checked=False, re_entry_point=None)
+    (bad,) = failed(evaluate(matrix, unjudged))
+    assert (bad.check, bad.turn, bad.actual) == ("cascade", 1, "unknown")
+    assert bad.source.startswith("expectation 1") and "could not be judged" in bad.message
+    results = _cascade(evaluate(matrix, _small_verdict()))
+    assert [(r.turn, r.passed) for r in results] == [(0, True), (1, True)]
+    assert "fresh slot" in results[0].message
+    errored = with_turn(_small_verdict(), "ref.defaults.A-C", 1, outcome=Outcome.ERROR, cascade_checked=False,
+                        error="HTTP 500: boom")
+    assert "the turn failed: HTTP 500: boom" in next(r for r in _cascade(evaluate(matrix, errored))
+                                                    if r.turn == 1).message
 
 
 # ---------------------------------------------------------------- infrastructure

@@ -280,6 +280,41 @@ def test_mistakes_in_settings_and_expectations(tail, needle, path, message):
     assert message in err.message, str(err)
 
 
+def test_cascade_expectation_is_parsed_and_round_trips():
+    text = BASE + ("expectations:\n"
+                   "  - {sequence: A-B-C, turn: B, outcome: silent_reset, cascade: true}\n"
+                   "  - {sequence: A-C, cascade: false}\n")
+    m = loads(text, file="m.yaml")
+    assert [x.cascade for x in m.expectations] == [True, False]
+    assert m.expectations[1].turn is None  # `cascade: false` alone is a valid (waiving) expectation
+    again = loads(yaml.safe_dump(m.to_dict(), sort_keys=False), file="again.yaml")
+    assert again.expectations == m.expectations
+    assert [x.get("cascade") for x in m.to_dict()["expectations"]] == [True, False]
+
+
+@pytest.mark.parametrize("value, got", [
+    ("{erased_min: 2}", "got a mapping"), ("all", "got 'all'"), ("1", "got 1"), ("null", "got nothing"),
+    ("[4043]", "got a list"),
+])
+def test_cascade_of_the_wrong_type_says_what_to_write(value, got):
+    text = BASE + f"expectations:\n  - sequence: A-B-C\n    turn: B\n    cascade: {value}\n"
+    err = fail(text)
+    assert (err.file, err.line, err.key_path) == ("m.yaml", line_of(text, "cascade:"), "expectations[0].cascade")
+    assert "expected true or false" in err.message and got in err.message, str(err)
+    assert "`cascade: true`" in err.hint and "`cascade: false`" in err.hint, str(err)
+    assert str(err).startswith(f"m.yaml:{err.line}: expectations[0].cascade: expected true or false")
+
+
+def test_cascade_true_needs_an_engine_whose_log_is_parsed():
+    text = BASE.replace("    threads: 1", "    threads: 1\n    log_family: none", 1)
+    text += "expectations:\n  - {sequence: A-C, turn: C,\n     cascade: true}\n"
+    err = fail(text)
+    assert (err.line, err.key_path) == (line_of(text, "cascade: true"), "expectations[0].cascade")
+    assert "engine 'ref' has log_family none" in err.message and "log_family" in err.hint
+    # waiving it is fine: there is nothing to waive, but nothing is claimed either
+    loads(text.replace("cascade: true", "cascade: false"), file="m.yaml")
+
+
 def test_a_section_of_the_wrong_type():
     err = fail("version: 1\nname: t\nengines: [ref]\nprompts: {}\nsequences: {}\n")
     assert (err.line, err.key_path) == (3, "engines")
@@ -368,7 +403,7 @@ identity: {required: true, control: false}
 expectations:
   - {configuration: plain, sequence: A-C, turn: C, outcome: [restored, extended], min_reused: 40,
      min_saved_fraction: 0.3, max_forced: 0, checkpoints_created_at: [39], identity: true,
-     description: all checks}
+     cascade: true, description: all checks}
 """
 
 
