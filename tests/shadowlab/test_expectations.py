@@ -179,6 +179,35 @@ def _cascade(results):
     return [r for r in declared(results) if r.check == "cascade"]
 
 
+def test_declared_cascade_passes_on_every_turn_ckpt_yaml_names():
+    results = _cascade(evaluate(MATRIX, ckpt_verdict()))
+    # 4 configurations x (A-C C, A-B-C B, A-B-C C) + first-round C_first_round
+    assert len(results) == 13 and all(r.passed for r in results)
+    assert {(r.cell_id, r.turn) for r in results} >= {("reference.policy0.A-C", 1), ("reference.defaults.A-B-C", 1),
+                                                      ("reference.policy0.first-round", 1)}
+    b = next(r for r in results if (r.cell_id, r.turn) == ("reference.defaults.A-B-C", 1))
+    assert b.expected == "no stale checkpoint kept" and b.actual == "none kept"
+    assert "2 checkpoint(s) erased by the cascade, none missed (re-entry point 0)" in b.message
+    assert "its cascade erases every checkpoint of A" in b.description
+
+
+def test_declared_cascade_fails_per_turn_with_the_kept_checkpoints():
+    bad = _cascade(failed(evaluate(MATRIX, ckpt_verdict(skip_cascade=True))))
+    by = {(r.cell_id, r.turn): r for r in bad}
+    c = by["reference.policy0.A-C", 1]
+    assert c.status is CheckStatus.FAIL and c.actual == "3 kept" and c.subject == "reference.policy0.A-C turn 1 (C)"
+    assert "turn 1: pos_max 4043, 4095, 4555" in c.message
+    number = 1 + next(i for i, x in enumerate(MATRIX.expectations)
+                      if x.cascade and x.selection.configuration == "policy0*")
+    assert c.source == f"expectation {number} (matrix line {MATRIX.expectations[number - 1].line})"
+    b = by["reference.defaults.A-B-C", 1]
+    assert b.actual == "2 kept" and "turn 1: pos_max 4043, 4555" in b.message
+    # A-B-C turn C: B's checkpoint (and A's, never erased) kept as well
+    assert ("reference.defaults.A-B-C", 2) in by
+    # the append probe declares no cascade and has nothing to erase
+    assert not any(cell == "reference.defaults.append" for cell, _ in by)
+
+
 def test_cascade_false_waives_the_default_check_on_those_turns_only():
     broken = _small_verdict(skip_cascade=True)
     strict = _small_matrix("  - {sequence: A-C, turn: C, outcome: forced}")

@@ -35,6 +35,29 @@ def test_skip_cascade_fails_on_the_cascade(tmp_path):
     result = gate.evaluate(write_run(tmp_path / "run", ckpt_verdict(skip_cascade=True)))
     assert result.exit_code == EXIT_CHECK_FAILED
     assert {c.check for c in result.failures} == {"cascade"}
+    # ckpt.yaml declares the cascade: its expectations fail, not only the default rule
+    assert ("reference.defaults.A-B-C", 1) in _declared_cascade_failures(result)
+
+
+def _declared_cascade_failures(result: gate.GateResult) -> set[tuple[str, int]]:
+    """(cell, turn) of each failed `cascade: true` expectation of the matrix."""
+    return {(c.cell_id, c.turn) for c in result.failures
+            if c.check == "cascade" and c.source.startswith("expectation ")}
+
+
+def test_a_waived_cascade_is_not_a_failure(tmp_path):
+    """The same broken engine, with the matrix's `cascade: true` turned to `false` everywhere
+    and a waiver for the remaining turns: the gate has nothing left to fail on."""
+    data = yaml.safe_load(CKPT_MATRIX.read_text())
+    for x in data["expectations"]:
+        x.pop("cascade", None)
+    data["expectations"].append({"cascade": False, "description": "this fork keeps its checkpoints"})
+    matrix = tmp_path / "ckpt-waived.yaml"
+    matrix.write_text(yaml.safe_dump(data, sort_keys=False))
+    run = write_run(tmp_path / "run", ckpt_verdict(skip_cascade=True), matrix_path=matrix)
+    result = gate.evaluate(run)
+    assert result.exit_code == EXIT_QUALIFIED, result.summary()
+    assert not [c for c in result.checks if c.check == "cascade"]
 
 
 def test_control_mismatch_fails_as_inconclusive(tmp_path):
@@ -161,6 +184,11 @@ def test_ckpt_yaml_on_the_reference_engine_qualifies(tmp_path):
     assert result.failures == (), result.summary()
     assert code == result.exit_code == EXIT_QUALIFIED
     assert (tmp_path / "run" / "report.html").is_file()
+    # the declared cascade was judged on the real engine's log, and it erased something
+    declared = [c for c in result.checks if c.check == "cascade" and c.source.startswith("expectation ")]
+    assert len(declared) == 13 and all(c.passed for c in declared)
+    b = next(c for c in declared if (c.cell_id, c.turn) == ("reference.policy0.A-B-C", 1))
+    assert b.message.startswith("4 checkpoint(s) erased by the cascade, none missed"), b.message
 
 
 @pytest.mark.slow
@@ -178,8 +206,14 @@ def test_skip_cascade_engine_fails_the_gate_on_the_expectations(tmp_path):
     code = _run(_narrowed_matrix(tmp_path, "policy0"), tmp_path / "run", "skip-cascade")
     result = gate.evaluate(tmp_path / "run")
     assert code == result.exit_code == EXIT_CHECK_FAILED, result.summary()
-    assert "cascade" in {c.check for c in result.failures}
-    assert "identity" not in {c.check for c in result.failures}
+    assert {c.check for c in result.failures} == {"cascade"}, result.summary()
+    # the failing checks are the matrix's declared `cascade: true` expectations (per turn), not
+    # only the built-in default rule (per cell)
+    assert _declared_cascade_failures(result) == {("reference.policy0.A-C", 1), ("reference.policy0.A-B-C", 1),
+                                                  ("reference.policy0.A-B-C", 2),
+                                                  ("reference.policy0.first-round", 1)}, result.summary()
+    c = next(c for c in result.failures if c.source.startswith("expectation ") and c.cell_id == "reference.policy0.A-C")
+    assert "pos_max 4043, 4095, 4555" in c.message and c.description
 
 
 TINY_MATRIX = """

@@ -106,6 +106,12 @@ def test_ckpt_expectations_follow_the_reference_mechanics():
     assert append.min_saved_fraction <= (L - 4) / 4766
     assert by["policy0", "first-round", "C_first_round"].outcome == ("forced",)
     assert m.prompts["C_first_round"].shared < b <= m.prompts["C"].shared
+    # the erase cascade is declared on every turn that resets or restores below checkpoints of
+    # an earlier turn (the append probe restores at L-4: nothing above it to erase)
+    cascade = {k for k, x in by.items() if x.cascade}
+    assert cascade == {("defaults", "A-C", "C"), ("prompt_end", "A-C", "C"), ("policy0*", "A-C", "C"),
+                       ("*", "A-B-C", "B"), ("*", "A-B-C", "C"), ("policy0", "first-round", "C_first_round")}
+    assert all(x.cascade is None for k, x in by.items() if k not in cascade)
 
 
 def test_resolved_matrix_round_trips_through_yaml(tmp_path):
