@@ -1,0 +1,247 @@
+"""The C accelerator of the log parser (shadowlab/_logscan.c) against the pure-Python parser.
+
+The C code may only ever be stricter than Python (it hands every line it cannot read back to
+Python), never different: every test here parses the same input both ways and compares the
+events and every counter. Inputs: every fixture log (all engine families), the same logs cut
+into tiny blocks, and their lines mutated in the ways real logs break (cut short, interleaved,
+digits too long for int64, NUL, CR, foreign bytes, other level letters and spacing)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from shadowlab import logparse as lp
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+ALL_LOGS = sorted(LOGS.glob("*/*.log"))
+
+needs_c = pytest.mark.skipif(
+    not lp.accelerated(), reason="the C accelerator is not built here (a C compiler is needed; CI requires it)"
+)
+
+
+def _family(path: Path) -> str:
+    name = path.parent.name
+    return "reference" if name == "reference" else "ik_llama.cpp" if "ik_" in name else "llama.cpp"
+
+
+def _both(source, family="llama.cpp", monkeypatch=None, **kw):
+    """(C result, pure-Python result) as comparable tuples: events with their classes and every
+    counter of the parse."""
+    def run():
+        stats = lp.ParseStats()
+        events = list(lp.iter_events(source, family, stats=stats, **kw))
+        return (
+            [(type(e).__name__, tuple(e)) for e in events],
+            stats.lines, stats.bytes, stats.candidate_lines, stats.unknown_count, stats.unknown_samples,
+            stats.ignored_count, stats.overlong_lines, dict(stats.kinds),
+        )
+
+    accelerated = run()
+    monkeypatch.setattr(lp, "_logscan", None)
+    try:
+        pure = run()
+    finally:
+        monkeypatch.undo()
+    return accelerated, pure
+
+
+def test_accelerator_is_built_where_ci_runs():
+    """CI installs with a compiler, so CI must measure and test the C path, never fall back."""
+    if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
+        pytest.skip("outside CI the pure-Python fallback is allowed")
+    assert lp.accelerated(), "shadowlab._logscan was not built: `pip install -e .` needs a C compiler"
+
+
+@needs_c
+def test_the_records_the_c_code_writes_have_the_fields_it_writes_them_in():
+    """_logscan.c fills the records positionally; a field added or moved in logparse.py must
+    fail here before it mislabels a number."""
+    checkpoint = ("line", "offset", "slot", "task", "pos_min", "pos_max", "n_tokens", "n_tokens_derived",
+                  "size_mib", "took_ms")
+    head = ("line", "offset", "slot", "task")
+    expected = {
+        "created": checkpoint + ("index", "capacity"),
+        "restored": checkpoint + ("n_past",),
+        "erased_invalidated": checkpoint + ("n_swa", "pos_next"),
+        "erased_old": checkpoint,
+        "erased_too_close": checkpoint,
+        "erased_superseded": head + ("n_tokens",),
+        "forced": head,
+        "new_prompt": head + ("n_ctx_slot", "n_keep", "n_tokens"),
+        "cache_trim": head + ("n_past", "p0"),
+        "prompt_eval": head + ("ms", "n_tokens"),
+        "slot_selected": head + ("method", "similarity", "f_keep"),
+        "cache_saved": head + ("n_tokens", "n_checkpoints", "size_mib"),
+        "cache_loaded": head + ("n_tokens", "n_checkpoints", "f_keep", "similarity"),
+    }
+    assert {cls.kind: cls._fields for cls in lp._ACCEL_CLASSES} == expected
+    assert lp._ACCEL_KINDS == tuple(expected)
+
+
+@needs_c
+@pytest.mark.parametrize("path", ALL_LOGS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_fixture_parses_the_same_with_and_without_c(path, monkeypatch):
+    accelerated, pure = _both(path, _family(path), monkeypatch)
+    assert accelerated == pure
+    assert accelerated[0], "no events: the comparison proves nothing"
+
+
+@needs_c
+@pytest.mark.parametrize("block", [97, 4096, 65536])
+def test_block_boundaries_anywhere_in_a_line(block, monkeypatch):
+    """Small read blocks cut lines (and `found better prompt`'s look-back) at every place."""
+    monkeypatch.setattr(lp, "BLOCK_SIZE", block)
+    for path in ALL_LOGS:
+        accelerated, pure = _both(path, _family(path), monkeypatch)
+        monkeypatch.setattr(lp, "BLOCK_SIZE", block)  # _both undid it for the pure run
+        assert accelerated == pure, path
+
+
+@needs_c
+def test_the_c_code_reads_the_b11434_request_lines_itself(monkeypatch):
+    """Speed needs the C code to take the frequent lines: on the real b11434 captures no request
+    line may fall back to Python (start-up messages may)."""
+    fell_back = []
+    original = lp._Scanner._fast_event
+
+    def spy(self, body, start, stop, *args):
+        fell_back.append(bytes(body[start:stop]))
+        return original(self, body, start, stop, *args)
+
+    monkeypatch.setattr(lp._Scanner, "_fast_event", spy)
+    events = 0
+    for path in sorted((LOGS / "llama.cpp-b11434").glob("*.log")):
+        events += len(lp.parse(path, "llama.cpp").events)
+    requests = [raw for raw in fell_back if b"load_model" not in raw and b"init:" not in raw]
+    assert events > 100 and requests == []
+
+
+def _mutations(line: bytes, rng: random.Random) -> list[bytes]:
+    """Ways a real log line breaks, each applied alone."""
+    out = []
+    for _ in range(3):
+        cut = rng.randrange(1, max(2, len(line)))
+        out.append(line[:cut])  # cut short (a crash, a full disk)
+        other = line[rng.randrange(len(line)) :]
+        out.append(line[:cut] + other)  # two writers interleaved
+    digits = [i for i, c in enumerate(line) if 48 <= c <= 57]
+    if digits:
+        i = rng.choice(digits)
+        out.append(line[:i] + b"9" * 19 + line[i:])  # past int64
+        out.append(line[:i] + b"1" * 17 + line[i:])  # still within int64
+        out.append(line[:i] + b"9" * 5000 + line[i:])  # past int()'s limit
+        out.append(line[:i] + b"-" + line[i:])  # a sign where none is expected
+        out.append(line[:i] + b"." + line[i:])
+    for junk in (b"\x00", b"\r", b"\t", b" ", b"|", b"\xff\xfe", b"\x1b[31m", "é".encode()):
+        i = rng.randrange(len(line) + 1)
+        out.append(line[:i] + junk + line[i:])
+    out.append(line + b"   \r")  # trailing whitespace the regexes allow
+    out.append(line + b" x")
+    out.append(line.replace(b" I ", b" X ", 1))  # another level letter
+    out.append(line.replace(b" I ", b" T ", 1))
+    out.append(line.replace(b"id  ", b"id ", 1))
+    out.append(line.replace(b"| task ", b"| task -", 1))
+    out.append(line.replace(b"srv  ", b"srv ", 1))
+    out.append(b"prefix " + line)
+    out.append(b"xid" + line[line.find(b"id") + 2 :] if b"id" in line else line)
+    out.append(b"0" * 200 + line)  # a head longer than the tolerant rules accept
+    return out
+
+
+def _candidate_lines() -> list[bytes]:
+    lines = set()
+    for path in ALL_LOGS:
+        for line in path.read_bytes().splitlines():
+            if any(t in line for t in lp._TRIGGERS):
+                lines.add(line)
+    return sorted(lines)
+
+
+@needs_c
+def test_mutated_lines_parse_the_same_with_and_without_c(monkeypatch):
+    rng = random.Random(20261129)
+    lines = _candidate_lines()
+    assert len(lines) > 200
+    mutated = [m for line in lines for m in _mutations(line, rng)]
+    # in runs of 50 so a `found better prompt` sees its candidate lines before it
+    for i in range(0, len(mutated), 50):
+        accelerated, pure = _both(mutated[i : i + 50], "llama.cpp", monkeypatch)
+        assert accelerated == pure, mutated[i : i + 50]
+
+
+@needs_c
+def test_found_better_prompt_finds_its_candidate_line_as_python_does(monkeypatch):
+    head = b"0.01.000.000 I srv          load: "
+    candidate = head + b" - prompt with length 4556, lcp = 4000, f_keep = 0.878, f_sim = 0.915"
+    other = head + b" - prompt with length 99, lcp = 1, f_keep = 0.100, f_sim = 0.200"
+    found = head + b" - found better prompt with f_keep = 0.878, f_sim = 0.915"
+    filler = [b"0.01.000.001 I srv  update_slots: all slots are idle"] * 700  # ~36 KiB
+    cases = {
+        "just before": [candidate, other, found],
+        "far before": [candidate] + filler + [found],
+        "beyond 64 KiB": [candidate] + filler * 2 + [found],
+        "none": [other, found],
+        "long length": [candidate.replace(b"4556", b"4" * 30), found],
+    }
+    for name, lines in cases.items():
+        accelerated, pure = _both(lines, "llama.cpp", monkeypatch)
+        assert accelerated == pure, name
+    (loaded,) = [e for e in lp.parse(cases["just before"], "llama.cpp").events if e.kind == "cache_loaded"]
+    assert (loaded.n_tokens, loaded.f_keep, loaded.similarity) == (4556, 0.878, 0.915)
+    (loaded,) = [e for e in lp.parse(cases["beyond 64 KiB"], "llama.cpp").events if e.kind == "cache_loaded"]
+    assert loaded.n_tokens is None
+
+
+@needs_c
+def test_scan_rejects_a_region_outside_the_buffer():
+    scan = lp._logscan.scan
+    with pytest.raises(ValueError):
+        scan(b"abc\n", 2, 9, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS)
+    with pytest.raises(ValueError):
+        scan(b"abc\n", 0, 4, 0, 0, lp._ACCEL_CLASSES[:3], lp._ACCEL_METHODS)
+    with pytest.raises(TypeError):
+        scan(b"abc\n", 0, 4, 0, 0, (int,) * 13, lp._ACCEL_METHODS)
+
+
+def test_a_build_from_another_version_is_not_used():
+    """A stale shadowlab/_logscan*.so left by an older install must fall back to Python."""
+    stale = type("Stale", (), {"ABI": lp._ACCEL_ABI + 1, "scan": None})()
+    assert lp._usable(stale) is None
+    assert lp._usable(type("NoAbi", (), {})()) is None
+    if lp.accelerated():
+        assert lp._usable(lp._logscan) is lp._logscan
+
+
+def _search_variants() -> list[int]:
+    """The trigger searches this machine can run (1 scalar, 2 SSE2, 3 AVX2)."""
+    variants = []
+    for variant in (1, 2, 3):
+        try:
+            lp._logscan.scan(b"x\n", 0, 2, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
+        except ValueError:
+            continue
+        variants.append(variant)
+    return variants
+
+
+@needs_c
+def test_every_trigger_search_the_cpu_has_finds_the_same_lines():
+    """The vector searches read 47 bytes ahead and skip lanes past the region's end: each must
+    give what the byte-by-byte search gives, on every fixture and at every region end."""
+    variants = _search_variants()
+    assert 1 in variants
+    rng = random.Random(7)
+    data = b"".join(path.read_bytes() for path in ALL_LOGS)
+    data += b"".join(m + b"\n" for line in _candidate_lines() for m in _mutations(line, rng))
+    regions = [(0, len(data))] + [tuple(sorted(rng.sample(range(len(data)), 2))) for _ in range(40)]
+    for lo, hi in regions:
+        results = {v: lp._logscan.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, v)
+                   for v in variants}
+        assert all(r == results[1] for r in results.values()), (lo, hi)
+    with pytest.raises(ValueError):
+        lp._logscan.scan(b"x\n", 0, 2, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, 9)
