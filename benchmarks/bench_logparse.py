@@ -1,6 +1,6 @@
 """Parser throughput against `grep -c "context checkpoint"` on the same large log, same run.
 
-    python benchmarks/bench_logparse.py [--mode real,dense] [--size-mb 1100] [--repeat 3]
+    python benchmarks/bench_logparse.py [--mode real,dense] [--size-mb 1100] [--repeat 3] [--pure]
                                         [--baseline /tmp/logparse_old.py] [--keep] [--dir /tmp]
 
 Modes (each writes its own log under --dir, deleted afterwards unless --keep):
@@ -20,8 +20,8 @@ Modes (each writes its own log under --dir, deleted afterwards unless --keep):
 Per mode: one warm-up read so the page cache serves every tool alike, then --repeat rounds of
 `grep -c "context checkpoint"` (the issue's baseline), `grep -c -F` with every trigger word
 (the same line search the parser does: its count must equal the parser's candidate lines),
-the parser, and the --baseline parser (another logparse.py, e.g. the previous version) if
-given. Medians are printed, with the machine and the load average before and after.
+the parser, the same parser without its C accelerator if --pure, and the --baseline parser
+(another logparse.py, e.g. the previous version) if given. Medians are printed, with the machine and the load average before and after.
 """
 
 from __future__ import annotations
@@ -193,8 +193,14 @@ def _grep_all_triggers(path: Path) -> list[str]:
     return cmd + [str(path)]
 
 
-def _time_parser(module: ModuleType, path: Path) -> tuple[float, float, Any]:
-    """(wall seconds, CPU seconds, (stats, events))"""
+def _time_parser(module: ModuleType, path: Path, pure: bool = False) -> tuple[float, float, Any]:
+    """(wall seconds, CPU seconds, (stats, events)); pure: without the C accelerator"""
+    if pure:
+        saved, module._logscan = module._logscan, None
+        try:
+            return _time_parser(module, path)
+        finally:
+            module._logscan = saved
     stats = module.ParseStats()
     cpu0, t0 = time.process_time(), time.perf_counter()
     n_events = 0
@@ -245,7 +251,7 @@ def run_mode(mode: str, args: argparse.Namespace, baseline: ModuleType | None) -
         size = path.stat().st_size
         _read_through(path)
         load_before = _load_avg()
-        grep, grep_all, parser, old = [], [], [], []
+        grep, grep_all, parser, old, pure = [], [], [], [], []
         result = None
         for _ in range(args.repeat):
             grep.append(_time_cmd(["grep", "-c", GREP_WORD, str(path)]))
@@ -254,6 +260,8 @@ def run_mode(mode: str, args: argparse.Namespace, baseline: ModuleType | None) -
             parser.append(timing)
             if baseline is not None and len(old) < args.baseline_repeat:
                 old.append(_time_parser(baseline, path))
+            if args.pure and not pure:
+                pure.append(_time_parser(logparse, path, pure=True))
         load_after = _load_avg()
         stats, n_events = result
         lines = stats.lines
@@ -283,6 +291,12 @@ def run_mode(mode: str, args: argparse.Namespace, baseline: ModuleType | None) -
             print(f"baseline parse : {_rate(lines, o)}  cpu {o_cpu:6.2f} s  ({1e6 * o / old_events:.2f} us per event; "
                   f"{'same' if same else 'DIFFERENT'} events and counts)  -> {o / p:.2f}x faster now ({o_cpu / p_cpu:.2f}x in cpu)")
             row["baseline"] = o
+        if pure:
+            (u, u_cpu, (pure_stats, pure_events)), = pure
+            same = (pure_events, pure_stats.unknown_count, dict(pure_stats.kinds)) == (n_events, stats.unknown_count, dict(stats.kinds))
+            print(f"pure Python    : {_rate(lines, u)}  cpu {u_cpu:6.2f} s  (the same parser without its C accelerator; "
+                  f"{'same' if same else 'DIFFERENT'} events and counts)  -> the accelerator is {u / p:.1f}x faster")
+            row["pure"] = u
         ratio = g / p
         print(f"ratio          : parser = {ratio:.3f} x grep -c wall (target 0.25: {'met' if ratio >= 0.25 else 'NOT met'}), "
               f"{g_cpu / p_cpu:.3f} x in cpu; {ga / p:.3f} x grep -c -F of every trigger word")
@@ -302,9 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="timed rounds per tool (the median is printed)")
     ap.add_argument("--baseline", type=Path, help="another logparse.py to time on the same files")
     ap.add_argument("--baseline-repeat", type=int, default=1, help="timed runs of the baseline (it is slow)")
+    ap.add_argument("--pure", action="store_true", help="also time this parser without its C accelerator (one run)")
     args = ap.parse_args(argv)
     baseline = _load(args.baseline) if args.baseline else None
     print(f"machine        : {_machine()}", flush=True)
+    print(f"parser         : {'C accelerator (shadowlab._logscan)' if logparse.accelerated() else 'pure Python (no C accelerator built)'}",
+          flush=True)
     for mode in [m.strip() for m in args.mode.split(",") if m.strip()]:
         run_mode(mode, args, baseline)
     return 0

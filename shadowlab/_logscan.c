@@ -15,16 +15,19 @@
  *   scan(body, lo, hi, base_line, base_offset, classes, strings, search=0) ->
  *       (events, slow, newlines, candidates, ignored, counts)
  *
+ * It works in batches: the search and the line parsers write plain C records (no Python
+ * object, see find_batch), then build_batch makes the objects of those records.
+ *
  * body        a bytes-like object; body[lo:hi] holds complete lines (the last may lack its
  *             newline), body[lo] is at file offset base_offset and starts line base_line + 1
+ * search      which trigger search runs (0: the fastest here; see pick_search)
  * classes     tuple of the 13 event classes, in the order of enum kind below
  * strings     ("lru", "lcp"): the SlotSelected.method values
- * search      which trigger search runs (0: the fastest here; see pick_search)
  * events      list of event records of the lines handled here, in line order
  * slow        list of (index, start, stop, line_no, word): a candidate line body[start:stop] for
  *             Python, to be read before events[index]
- * newlines    newlines in body; candidates / ignored: lines handled here (events + benign) and
- *             benign lines; counts: events per class
+ * newlines    newlines in body[lo:hi]; candidates / ignored: lines handled here (events +
+ *             benign) and benign lines; counts: events per class
  */
 #define _GNU_SOURCE /* memrchr */
 #define PY_SSIZE_T_CLEAN
@@ -40,8 +43,9 @@ enum kind {
 /* the scan words of logparse._SCAN_WORDS, in its order */
 enum word { W_CK, W_PROMPT, W_TRIM, W_KV, W_SELECTED, W_NONE = -1 };
 
-#define LOGSCAN_ABI 1      /* logparse._ACCEL_ABI: bump when scan()'s arguments or records change */
+#define LOGSCAN_ABI 3      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
 #define MAX_LINE (1 << 20) /* logparse.MAX_LINE */
+#define LOOK_BACK (1 << 16) /* logparse.LOOK_BACK */
 #define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
 #define MAX_FLOAT 40       /* characters of a decimal number read here */
 #define NO_INT INT64_MIN   /* an optional integer group that did not match */
@@ -277,16 +281,16 @@ static int trigger_word(cp s, cp e, cp at)
 typedef struct {
     cp at; /* where the trigger starts, NULL: none */
     int word;
-} found_t;
+} hit_t;
 
-static found_t search_tail(cp s, cp e, cp p)
+static hit_t search_tail(cp s, cp e, cp p)
 {
     for (; p < e; p++) {
         int w = trigger_word(s, e, p);
         if (w != W_NONE)
-            return (found_t){p, w};
+            return (hit_t){p, w};
     }
-    return (found_t){NULL, W_NONE};
+    return (hit_t){NULL, W_NONE};
 }
 
 /* The vector search: at 16 or 32 positions at a time, each word is looked for by two of its
@@ -319,17 +323,17 @@ static found_t search_tail(cp s, cp e, cp p)
         for (MASK_T bits = MASK(hit); bits != 0; bits &= bits - 1) {                                     \
             cp at = p + __builtin_ctzll(bits) / LANE_BITS;                                               \
             if (at >= e)                                                                                 \
-                return (found_t){NULL, W_NONE};                                                          \
+                return (hit_t){NULL, W_NONE};                                                          \
             int w = trigger_word(s, e, at);                                                              \
             if (w != W_NONE)                                                                             \
-                return (found_t){at, w};                                                                 \
+                return (hit_t){at, w};                                                                 \
         }                                                                                                \
     }
 
 /* The first trigger in [p, e) of the region [s, e); the loads may read up to `readable`. */
-typedef found_t (*search_fn)(cp s, cp e, cp p, cp readable);
+typedef hit_t (*search_fn)(cp s, cp e, cp p, cp readable);
 
-static found_t search_scalar(cp s, cp e, cp p, cp readable)
+static hit_t search_scalar(cp s, cp e, cp p, cp readable)
 {
     (void)readable;
     return search_tail(s, e, p);
@@ -345,13 +349,13 @@ typedef unsigned char v32 __attribute__((vector_size(32)));
 #define MASK16(hit) ((uint32_t)_mm_movemask_epi8((__m128i)(hit)))
 #define MASK32(hit) ((uint32_t)_mm256_movemask_epi8((__m256i)(hit)))
 
-static found_t search_v16(cp s, cp e, cp p, cp readable)
+static hit_t search_v16(cp s, cp e, cp p, cp readable)
 {
     SEARCH_BODY(v16, 16, uint32_t, MASK16, 1)
     return search_tail(s, e, p);
 }
 
-__attribute__((target("avx2"))) static found_t search_v32(cp s, cp e, cp p, cp readable)
+__attribute__((target("avx2"))) static hit_t search_v32(cp s, cp e, cp p, cp readable)
 {
     SEARCH_BODY(v32, 32, uint32_t, MASK32, 1)
     return search_tail(s, e, p);
@@ -380,17 +384,14 @@ static int64_t count_newlines(cp p, cp e)
 {
     int64_t n = 0;
 #ifdef VECTOR_SEARCH
-    const v16 nl = (v16){0} + '\n';
-    for (; e - p >= 16; p += 16) {
-        v16 a;
-        memcpy(&a, p, 16);
-        uint32_t bits = MASK16(a == nl);
-        /* popcount without assuming the instruction: the multiply sums the four bytes of
-         * (bits as nibble sums) into the top byte */
-        bits = bits - ((bits >> 1) & 0x5555u);
-        bits = (bits & 0x3333u) + ((bits >> 2) & 0x3333u);
-        bits = (bits + (bits >> 4)) & 0x0f0fu;
-        n += (bits * 0x0101u) >> 8 & 0xff;
+    /* byte counters (a match is -1, subtracted) summed by psadbw before they can overflow */
+    const __m128i nl = _mm_set1_epi8('\n'), zero = _mm_setzero_si128();
+    while (e - p >= 16) {
+        __m128i acc = zero;
+        for (int i = 0; i < 255 && e - p >= 16; i++, p += 16)
+            acc = _mm_sub_epi8(acc, _mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)p), nl));
+        __m128i sums = _mm_sad_epu8(acc, zero);
+        n += _mm_cvtsi128_si64(sums) + _mm_cvtsi128_si64(_mm_unpackhi_epi64(sums, sums));
     }
 #endif
     for (; p < e; p++)
@@ -411,179 +412,100 @@ static cp line_start(cp low, cp at)
 #endif
 }
 
-/* ------------------------------------------------------------------ building records */
+/* ------------------------------------------------------------------ records
+ * The search and the line parsers run without the GIL (find()): a line's fields become typed
+ * values in a record, and build() turns records into Python objects later. */
 
-/* Numbers repeat: a task's id on each of its lines, the same checkpoint positions and sizes on
- * its created / restored / erased lines. A small direct-mapped cache per scan() call shares
- * one object per value (ints and floats are immutable), which halves the allocations. */
-#define CACHE_BITS 9
+enum vtype { V_NONE, V_FALSE, V_INT, V_FLOAT, V_FLOAT_TEXT, V_LRU, V_LCP };
+
+#define MAX_VALUES 10 /* the fields after line and offset (CheckpointCreated has 10) */
+
+enum result { R_SLOW, R_EVENT, R_BENIGN };
+
+/* A record is small (a block holds ~50,000): each value is a type and 64 bits, the integer, the
+ * double's bits, or for V_FLOAT_TEXT the text's position in the buffer << 8 | its length. */
 typedef struct {
-    int64_t key[1 << CACHE_BITS];
-    PyObject *obj[1 << CACHE_BITS];
-} cache_t;
-
-static void cache_clear(cache_t *cache)
-{
-    for (int i = 0; i < (1 << CACHE_BITS); i++)
-        Py_CLEAR(cache->obj[i]);
-}
-
-static unsigned slot_of(int64_t key)
-{
-    return (unsigned)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> (64 - CACHE_BITS));
-}
-
-typedef struct {
-    PyObject *items[12];
-    int n;
-    int failed;
-    cache_t *ints, *floats;
+    int64_t line;                 /* newlines before the line in its region */
+    int64_t start, stop;          /* the line in the buffer */
+    int8_t result, kind, word, n; /* result: R_SLOW or R_EVENT */
+    uint8_t type[MAX_VALUES];
+    int64_t v[MAX_VALUES];
 } rec_t;
 
-static void push(rec_t *r, PyObject *o)
-{
-    if (o == NULL)
-        r->failed = 1;
-    r->items[r->n++] = o;
-}
-
-static void push_int(rec_t *r, int64_t v) /* unique values (line numbers, offsets) */
-{
-    push(r, PyLong_FromLongLong(v));
-}
-
-/* the cached object for key, borrowed; NULL: not cached */
-static PyObject *cache_get(cache_t *c, int64_t key)
-{
-    unsigned i = slot_of(key);
-    return (c->obj[i] != NULL && c->key[i] == key) ? c->obj[i] : NULL;
-}
-
-/* caches a new object (NULL: allocation failed, passed on); returns it borrowed */
-static PyObject *cache_put(cache_t *c, int64_t key, PyObject *o)
-{
-    if (o != NULL) {
-        unsigned i = slot_of(key);
-        Py_XSETREF(c->obj[i], o);
-        c->key[i] = key;
-    }
-    return o;
-}
-
-static void push_shared_int(rec_t *r, int64_t v)
-{
-    PyObject *o = cache_get(r->ints, v);
-    if (o == NULL)
-        o = cache_put(r->ints, v, PyLong_FromLongLong(v));
-    push(r, o != NULL ? Py_NewRef(o) : NULL);
-}
-
-static void push_opt_int(rec_t *r, int64_t v)
-{
-    if (v == NO_INT)
-        push(r, Py_NewRef(Py_None));
-    else
-        push_shared_int(r, v);
-}
-
-/* float(text) for \d+(\.\d+)?. Up to 15 significant digits the value is m / 10^k with m and
- * 10^k exact doubles, and IEEE division rounds correctly: the same double as Python's float()
- * (Clinger's fast path). Longer texts go through CPython's own conversion. */
-static double to_double(cp s, size_t n)
-{
-    static const double pow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
-                                   1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
-    if (n <= 16) {
-        uint64_t m = 0;
-        int decimals = -1, digits = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (s[i] == '.') {
-                decimals = 0;
-                continue;
-            }
-            m = m * 10 + (uint64_t)(s[i] - '0');
-            digits++;
-            if (decimals >= 0)
-                decimals++;
-        }
-        if (digits <= 15)
-            return (double)m / pow10[decimals < 0 ? 0 : decimals];
-    }
-    char buf[MAX_FLOAT + 1];
-    memcpy(buf, s, n); /* decimal() keeps n <= MAX_FLOAT */
-    buf[n] = '\0';
-    return PyOS_string_to_double(buf, NULL, NULL);
-}
-
-static void push_float(rec_t *r, cp s, size_t n) /* float(text); s NULL: None */
-{
-    if (s == NULL) {
-        push(r, Py_NewRef(Py_None));
-        return;
-    }
-    double d = to_double(s, n);
-    if (d == -1.0 && PyErr_Occurred()) {
-        push(r, NULL);
-        return;
-    }
-    int64_t bits;
-    memcpy(&bits, &d, sizeof bits);
-    PyObject *o = cache_get(r->floats, bits);
-    if (o == NULL)
-        o = cache_put(r->floats, bits, PyFloat_FromDouble(d));
-    push(r, o != NULL ? Py_NewRef(o) : NULL);
-}
-
-static void reset(rec_t *r)
-{
-    for (int i = 0; i < r->n; i++)
-        Py_XDECREF(r->items[i]);
-    r->n = 0;
-    r->failed = 0;
-}
-
-/* tuple.__new__(cls, items): the record takes the references */
-static PyObject *build(PyObject *cls, rec_t *r)
-{
-    if (r->failed) {
-        reset(r);
-        return NULL;
-    }
-    PyTypeObject *type = (PyTypeObject *)cls;
-    PyObject *t = type->tp_alloc(type, r->n);
-    if (t == NULL) {
-        for (int i = 0; i < r->n; i++)
-            Py_DECREF(r->items[i]);
-        return NULL;
-    }
-    for (int i = 0; i < r->n; i++)
-        PyTuple_SET_ITEM(t, i, r->items[i]);
-    /* numbers, None, bools and str only: no reference cycle is possible, and CPython's GC
-     * would untrack such a tuple at its first collection anyway */
-    PyObject_GC_UnTrack(t);
-    return t;
-}
-
-/* ------------------------------------------------------------------ shapes */
+typedef struct {
+    cp body; /* the buffer: float texts point into it */
+    cp from; /* the region's start: `found better prompt` looks back to it, Python further */
+} ctx_t;
 
 typedef struct { /* the text of a decimal number */
     cp s;
     size_t len;
 } num_t;
 
-typedef struct {
-    cp body; /* the whole buffer, for `found better prompt` */
-    PyObject **classes;
-    PyObject *lru, *lcp;
-    cache_t ints, floats;
-} ctx_t;
-
-enum result { R_SLOW, R_EVENT, R_BENIGN, R_ERROR };
-
-static void common(rec_t *r, int64_t line_no, int64_t offset, int64_t slot, int64_t task)
+static void push_value(rec_t *r, int type, int64_t v)
 {
-    push_int(r, line_no);
-    push_int(r, offset);
+    if (r->n < MAX_VALUES) { /* every shape pushes at most MAX_VALUES */
+        r->type[r->n] = (uint8_t)type;
+        r->v[r->n++] = v;
+    }
+}
+
+static void push_none(rec_t *r) { push_value(r, V_NONE, 0); }
+static void push_false(rec_t *r) { push_value(r, V_FALSE, 0); }
+static void push_method(rec_t *r, int type) { push_value(r, type, 0); }
+static void push_int(rec_t *r, int64_t v) { push_value(r, V_INT, v); }
+
+static void push_opt_int(rec_t *r, int64_t v)
+{
+    if (v == NO_INT)
+        push_none(r);
+    else
+        push_int(r, v);
+}
+
+/* float(text) for \d+(\.\d+)? with at most 15 significant digits: m / 10^k with m and 10^k
+ * exact doubles, and IEEE division rounds correctly, so this is the double Python's float()
+ * gives (Clinger's fast path). 0: longer, left to CPython's conversion in build(). */
+static int fast_double(cp s, size_t n, double *out)
+{
+    static const double pow10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+                                   1e12, 1e13, 1e14, 1e15};
+    if (n > 16)
+        return 0;
+    uint64_t m = 0;
+    int decimals = -1, digits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '.') {
+            decimals = 0;
+            continue;
+        }
+        m = m * 10 + (uint64_t)(s[i] - '0');
+        digits++;
+        if (decimals >= 0)
+            decimals++;
+    }
+    if (digits > 15)
+        return 0;
+    *out = (double)m / pow10[decimals < 0 ? 0 : decimals];
+    return 1;
+}
+
+static void push_float(const ctx_t *c, rec_t *r, cp s, size_t n) /* float(text); s NULL: None */
+{
+    double d;
+    if (s == NULL)
+        push_none(r);
+    else if (fast_double(s, n, &d)) {
+        int64_t bits;
+        memcpy(&bits, &d, sizeof bits);
+        push_value(r, V_FLOAT, bits);
+    } else {
+        push_value(r, V_FLOAT_TEXT, (s - c->body) << 8 | (int64_t)n); /* n <= MAX_FLOAT < 256 */
+    }
+}
+
+static void common(rec_t *r, int64_t slot, int64_t task)
+{
     push_opt_int(r, slot);
     push_opt_int(r, task);
 }
@@ -613,19 +535,19 @@ static cp ck_size_took(cp p, cp e, num_t *size, num_t *took)
 }
 
 /* CheckpointEvent's fields after Event's: pos_min .. took_ms (n_tokens_derived: False) */
-static void push_checkpoint(rec_t *r, int64_t pmin, int64_t pmax, int64_t ntok, const num_t *size,
-                            const num_t *took)
+static void push_checkpoint(const ctx_t *c, rec_t *r, int64_t pmin, int64_t pmax, int64_t ntok,
+                            const num_t *size, const num_t *took)
 {
-    push_shared_int(r, pmin);
-    push_shared_int(r, pmax);
-    push_shared_int(r, ntok);
-    push(r, Py_NewRef(Py_False));
-    push_float(r, size->s, size->len);
-    push_float(r, took->s, took->len);
+    push_int(r, pmin);
+    push_int(r, pmax);
+    push_int(r, ntok);
+    push_false(r);
+    push_float(c, r, size->s, size->len);
+    push_float(c, r, took->s, took->len);
 }
 
 /* _CK_ANY's checkpoint branch, after the slot prefix */
-static int ck_any(cp p, cp e, rec_t *r, int *kind)
+static int ck_any(const ctx_t *c, cp p, cp e, rec_t *r, int *kind)
 {
     cp q;
     if ((q = LIT(p, e, "created")) != NULL)
@@ -659,7 +581,7 @@ static int ck_any(cp p, cp e, rec_t *r, int *kind)
     p = ck_size_took(p, e, &size, &took);
     if (!end_(p, e))
         return 0;
-    push_checkpoint(r, pmin, pmax, ntok, &size, &took);
+    push_checkpoint(c, r, pmin, pmax, ntok, &size, &took);
     if (*kind == K_CREATED) {
         push_opt_int(r, index);
         push_opt_int(r, capacity);
@@ -672,20 +594,20 @@ static int ck_any(cp p, cp e, rec_t *r, int *kind)
     return 1;
 }
 
-static int ck_line(cp s, cp e, int64_t ln, int64_t off, rec_t *r, int *kind)
+static int ck_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
 {
     head_t h;
     cp p = any_head(s, e, &h);
     if (p != NULL) {
-        common(r, ln, off, h.slot, h.task);
-        if (ck_any(p, e, r, kind))
+        common(r, h.slot, h.task);
+        if (ck_any(c, p, e, r, kind))
             return R_EVENT;
         if (p < e && (*p == 'c' || *p == 'C') && rest_without_bar(LIT(p + 1, e, "hecking checkpoint with ["), e))
             return R_BENIGN;
-        reset(r); /* the regex's next alternatives */
+        r->n = 0; /* the regex's next alternatives */
     }
     if ((p = strict_head(s, e, &h)) != NULL) {
-        common(r, ln, off, h.slot, h.task < 0 ? NO_INT : h.task);
+        common(r, h.slot, h.task < 0 ? NO_INT : h.task);
         cp q = LIT(p, e, "superseding context checkpoint at n_tokens = ");
         int64_t n = 0, pmin = 0, pmax = 0;
         if (q != NULL) {
@@ -693,7 +615,7 @@ static int ck_line(cp s, cp e, int64_t ln, int64_t off, rec_t *r, int *kind)
             if (!end_(q, e))
                 return R_SLOW;
             *kind = K_SUPERSEDED;
-            push_shared_int(r, n);
+            push_int(r, n);
             return R_EVENT;
         }
         q = LIT(p, e, "erasing context checkpoint too close to an earlier one ");
@@ -703,7 +625,7 @@ static int ck_line(cp s, cp e, int64_t ln, int64_t off, rec_t *r, int *kind)
         if (!end_(q, e))
             return R_SLOW;
         *kind = K_TOO_CLOSE;
-        push_checkpoint(r, pmin, pmax, n, &size, &took);
+        push_checkpoint(c, r, pmin, pmax, n, &size, &took);
         return R_EVENT;
     }
     /* srv + update: +- prompt 0x[0-9a-f]+: +\d+ tokens, checkpoints: +\d+, +\d+\.\d+ MiB */
@@ -755,12 +677,14 @@ static cp same_number(cp p, cp e, const num_t *want)
 }
 
 /* logparse._Scanner.cache_entry_length: the length N of the last `prompt with length N, lcp = L,
- * f_keep = F, f_sim = S` candidate line with the same F and S, within 64 KiB before the line.
- * NO_INT: none; NEED_PY: a candidate's N has too many digits for int64. */
+ * f_keep = F, f_sim = S` candidate line with the same F and S, within LOOK_BACK bytes before
+ * the line. NO_INT: none; NEED_PY: Python must tell (a candidate's N has too many digits for
+ * int64, or none was found and the window reaches back before this region, into text only
+ * Python kept). */
 static int64_t cache_entry_length(const ctx_t *c, cp line, const num_t *keep, const num_t *sim)
 {
     static const char needle[] = "prompt with length";
-    cp low = (line - c->body > 65536) ? line - 65536 : c->body;
+    cp low = (line - c->from >= LOOK_BACK) ? line - LOOK_BACK : c->from;
     for (cp at = rfind(low, line, needle, sizeof(needle) - 1); at != NULL;
          at = rfind(low, at, needle, sizeof(needle) - 1)) {
         /* prompt with length\s+(\d+), lcp =\s*\d+, f_keep = ([\d.]+), f_sim = ([\d.]+) */
@@ -782,17 +706,17 @@ static int64_t cache_entry_length(const ctx_t *c, cp line, const num_t *keep, co
         if (same_number(p, e, sim) != NULL)
             return n;
     }
-    return NO_INT;
+    return low == c->from && line - c->from < LOOK_BACK ? NEED_PY : NO_INT;
 }
 
-static int prompt_line(const ctx_t *c, cp s, cp e, int64_t ln, int64_t off, rec_t *r, int *kind)
+static int prompt_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
 {
     head_t h;
     int64_t a = 0, b = 0, n = 0;
     num_t x, y;
     cp q, p = any_head(s, e, &h);
     if (p != NULL) {
-        common(r, ln, off, h.slot, h.task);
+        common(r, h.slot, h.task);
         if ((q = LIT(p, e, "new prompt, n_ctx_slot = ")) != NULL) {
             q = LIT(uint_(q, e, &a), e, ", n_keep = ");
             q = LIT(sint_(q, e, &b), e, ", task.n_tokens = ");
@@ -800,9 +724,9 @@ static int prompt_line(const ctx_t *c, cp s, cp e, int64_t ln, int64_t off, rec_
             if (!end_(q, e))
                 return R_SLOW;
             *kind = K_NEW_PROMPT;
-            push_shared_int(r, a);
-            push_shared_int(r, b);
-            push_shared_int(r, n);
+            push_int(r, a);
+            push_int(r, b);
+            push_int(r, n);
             return R_EVENT;
         }
         q = spaces(LIT(p, e, "prompt eval time ="), e);
@@ -812,16 +736,16 @@ static int prompt_line(const ctx_t *c, cp s, cp e, int64_t ln, int64_t off, rec_
             q++;
         if (end_(LIT(q, e, ")"), e)) {
             *kind = K_EVAL;
-            push_float(r, x.s, x.len);
-            push_shared_int(r, n);
+            push_float(c, r, x.s, x.len);
+            push_int(r, n);
             return R_EVENT;
         }
-        reset(r); /* the regex's next alternatives */
+        r->n = 0; /* the regex's next alternatives */
     }
     if ((p = strict_head(s, e, &h)) != NULL) {
         if (!rest_without_bar(LIT(p, e, "forcing full prompt re-processing"), e))
             return R_SLOW;
-        common(r, ln, off, h.slot, h.task < 0 ? NO_INT : h.task);
+        common(r, h.slot, h.task < 0 ? NO_INT : h.task);
         *kind = K_FORCED;
         return R_EVENT;
     }
@@ -847,11 +771,11 @@ static int prompt_line(const ctx_t *c, cp s, cp e, int64_t ln, int64_t off, rec_
         }
         if (!end_(q, e))
             return R_SLOW;
-        common(r, ln, off, NO_INT, NO_INT);
+        common(r, NO_INT, NO_INT);
         *kind = K_SAVED;
-        push_shared_int(r, n);
-        push(r, Py_NewRef(Py_None));
-        push_float(r, x.s, x.len);
+        push_int(r, n);
+        push_none(r);
+        push_float(c, r, x.s, x.len);
         return R_EVENT;
     }
     if ((q = LIT(p, e, "load:")) != NULL) {
@@ -869,18 +793,18 @@ static int prompt_line(const ctx_t *c, cp s, cp e, int64_t ln, int64_t off, rec_
         int64_t length = cache_entry_length(c, s, &x, &y);
         if (length == NEED_PY)
             return R_SLOW;
-        common(r, ln, off, NO_INT, NO_INT);
+        common(r, NO_INT, NO_INT);
         *kind = K_LOADED;
         push_opt_int(r, length);
-        push(r, Py_NewRef(Py_None));
-        push_float(r, x.s, x.len);
-        push_float(r, y.s, y.len);
+        push_none(r);
+        push_float(c, r, x.s, x.len);
+        push_float(c, r, y.s, y.len);
         return R_EVENT;
     }
     return R_SLOW;
 }
 
-static int trim_line(cp s, cp e, int64_t ln, int64_t off, rec_t *r, int *kind)
+static int trim_line(cp s, cp e, rec_t *r, int *kind)
 {
     head_t h;
     int64_t n = 0, p0 = 0;
@@ -889,14 +813,14 @@ static int trim_line(cp s, cp e, int64_t ln, int64_t off, rec_t *r, int *kind)
     p = LIT(uint_(p, e, &p0), e, ", end)");
     if (!end_(p, e))
         return R_SLOW;
-    common(r, ln, off, h.slot, h.task);
+    common(r, h.slot, h.task);
     *kind = K_TRIM;
-    push_shared_int(r, n);
-    push_shared_int(r, p0);
+    push_int(r, n);
+    push_int(r, p0);
     return R_EVENT;
 }
 
-static int selected_line(const ctx_t *c, cp s, cp e, int64_t ln, int64_t off, rec_t *r, int *kind)
+static int selected_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
 {
     head_t h;
     num_t sim, thold, keep;
@@ -913,46 +837,229 @@ static int selected_line(const ctx_t *c, cp s, cp e, int64_t ln, int64_t off, re
         q = decimal(q, e, 1, &keep.s, &keep.len);
         if (!end_(q, e))
             return R_SLOW;
-        common(r, ln, off, h.slot, h.task < 0 ? NO_INT : h.task);
-        push(r, Py_NewRef(c->lcp));
-        push_float(r, sim.s, sim.len);
-        push_float(r, keep.s, keep.len);
+        common(r, h.slot, h.task < 0 ? NO_INT : h.task);
+        push_method(r, V_LCP);
+        push_float(c, r, sim.s, sim.len);
+        push_float(c, r, keep.s, keep.len);
     } else {
         q = sint_(LIT(p, e, "LRU, t_last = "), e, &t_last);
         if (!end_(q, e))
             return R_SLOW;
-        common(r, ln, off, h.slot, h.task < 0 ? NO_INT : h.task);
-        push(r, Py_NewRef(c->lru));
-        push(r, Py_NewRef(Py_None));
-        push(r, Py_NewRef(Py_None));
+        common(r, h.slot, h.task < 0 ? NO_INT : h.task);
+        push_method(r, V_LRU);
+        push_none(r);
+        push_none(r);
     }
     *kind = K_SELECTED;
     return R_EVENT;
 }
 
-/* One candidate line: R_EVENT (record in *out), R_BENIGN, R_SLOW or R_ERROR. */
-static int read_line(ctx_t *c, cp s, cp e, int word, int64_t ln, int64_t off, PyObject **out,
-                     int *kind_out)
+/* One candidate line into r: R_EVENT, R_BENIGN or R_SLOW. */
+static int read_line(const ctx_t *c, cp s, cp e, int word, rec_t *r)
 {
-    rec_t r = {.n = 0, .failed = 0, .ints = &c->ints, .floats = &c->floats};
     int kind = -1, res;
+    r->n = 0;
     switch (word) {
-    case W_CK: res = ck_line(s, e, ln, off, &r, &kind); break;
-    case W_PROMPT: res = prompt_line(c, s, e, ln, off, &r, &kind); break;
-    case W_TRIM: res = trim_line(s, e, ln, off, &r, &kind); break;
-    case W_SELECTED: res = selected_line(c, s, e, ln, off, &r, &kind); break;
+    case W_CK: res = ck_line(c, s, e, r, &kind); break;
+    case W_PROMPT: res = prompt_line(c, s, e, r, &kind); break;
+    case W_TRIM: res = trim_line(s, e, r, &kind); break;
+    case W_SELECTED: res = selected_line(c, s, e, r, &kind); break;
     default: res = R_SLOW;
     }
-    if (res != R_EVENT) {
-        reset(&r);
-        return res;
-    }
-    *kind_out = kind;
-    *out = build(c->classes[kind], &r);
-    return *out == NULL ? R_ERROR : R_EVENT;
+    r->kind = res == R_EVENT ? kind : -1;
+    if (res == R_SLOW)
+        r->n = 0;
+    return res;
 }
 
-/* ------------------------------------------------------------------ scan() */
+/* ------------------------------------------------------------------ finding and reading lines */
+
+#define BATCH 2048 /* records read before their objects are built: they stay in the CPU's cache */
+
+typedef struct {
+    rec_t recs[BATCH]; /* the event and slow lines of this batch, in order */
+    Py_ssize_t n;
+    cp p;        /* where the search goes on */
+    cp counted;  /* the newlines before it are in `newlines` */
+    int64_t newlines;
+    Py_ssize_t candidates, ignored; /* benign lines counted here; events by the builder */
+} finder_t;
+
+/* The next batch of the region [c->from, limit): the region is searched for the next trigger
+ * word, its line is read, and the search goes on after that line. Lines are numbered by
+ * counting the newlines skipped. The loads of the vector search may read on to `readable`.
+ * Touches no Python object. Returns 1 when the region is done. */
+static int find_batch(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search)
+{
+    f->n = 0;
+    while (f->p < limit && f->n < BATCH) {
+        hit_t hit = search(c->from, limit, f->p, readable);
+        if (hit.at == NULL) {
+            f->p = limit;
+            break;
+        }
+        cp s = line_start(f->p, hit.at);
+        cp nl = memchr(hit.at, '\n', (size_t)(limit - hit.at));
+        cp e = nl != NULL ? nl : limit;
+        f->newlines += count_newlines(f->counted, s);
+        f->counted = s;
+        rec_t *r = &f->recs[f->n];
+        int res = (e - s > MAX_LINE) ? R_SLOW : read_line(c, s, e, hit.word, r);
+        if (res == R_BENIGN) {
+            f->candidates++;
+            f->ignored++;
+        } else {
+            r->result = (int8_t)res;
+            r->word = (int8_t)hit.word;
+            r->line = f->newlines;
+            r->start = s - c->body;
+            r->stop = e - c->body;
+            f->n++;
+        }
+        f->p = nl != NULL ? nl + 1 : limit;
+    }
+    if (f->p < limit)
+        return 0;
+    f->newlines += count_newlines(f->counted, limit);
+    f->counted = limit;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ building objects */
+
+/* Numbers repeat: a task's id on each of its lines, the same checkpoint positions and sizes on
+ * its created / restored / erased lines. A small direct-mapped cache per scan() call shares
+ * one object per value (ints and floats are immutable), which halves the allocations. */
+#define CACHE_BITS 9
+typedef struct {
+    int64_t key[1 << CACHE_BITS];
+    PyObject *obj[1 << CACHE_BITS];
+} cache_t;
+
+static void cache_clear(cache_t *cache)
+{
+    for (int i = 0; i < (1 << CACHE_BITS); i++)
+        Py_CLEAR(cache->obj[i]);
+}
+
+/* a new reference to the object for key, made by make(key) when not cached */
+static PyObject *cached(cache_t *c, int64_t key, PyObject *(*make)(int64_t))
+{
+    unsigned i = (unsigned)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> (64 - CACHE_BITS));
+    if (c->obj[i] == NULL || c->key[i] != key) {
+        PyObject *o = make(key);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(c->obj[i], o);
+        c->key[i] = key;
+    }
+    return Py_NewRef(c->obj[i]);
+}
+
+static PyObject *make_int(int64_t v) { return PyLong_FromLongLong(v); }
+
+static PyObject *make_float(int64_t bits)
+{
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return PyFloat_FromDouble(d);
+}
+
+typedef struct {
+    cp body;
+    PyObject **classes;
+    PyObject *lru, *lcp;
+    cache_t ints, floats;
+} builder_t;
+
+static PyObject *value_object(builder_t *b, int type, int64_t v)
+{
+    switch (type) {
+    case V_NONE: return Py_NewRef(Py_None);
+    case V_FALSE: return Py_NewRef(Py_False);
+    case V_LRU: return Py_NewRef(b->lru);
+    case V_LCP: return Py_NewRef(b->lcp);
+    case V_INT: return cached(&b->ints, v, make_int);
+    case V_FLOAT: return cached(&b->floats, v, make_float);
+    case V_FLOAT_TEXT: { /* more digits than the fast path reads: CPython's own conversion */
+        char text[MAX_FLOAT + 1];
+        size_t len = (size_t)(v & 0xff);
+        memcpy(text, b->body + (v >> 8), len);
+        text[len] = '\0';
+        double d = PyOS_string_to_double(text, NULL, NULL);
+        return (d == -1.0 && PyErr_Occurred()) ? NULL : PyFloat_FromDouble(d);
+    }
+    }
+    PyErr_SetString(PyExc_SystemError, "_logscan: unknown value type");
+    return NULL;
+}
+
+/* tuple.__new__(cls, (line, offset, *values)) */
+static PyObject *record_object(builder_t *b, const rec_t *r, int64_t line, int64_t offset)
+{
+    PyTypeObject *type = (PyTypeObject *)b->classes[r->kind];
+    PyObject *items[2 + MAX_VALUES];
+    int n = 2 + r->n, ok = 1;
+    items[0] = PyLong_FromLongLong(line);
+    items[1] = PyLong_FromLongLong(offset);
+    for (int i = 0; i < r->n; i++)
+        items[2 + i] = value_object(b, r->type[i], r->v[i]);
+    for (int i = 0; i < n; i++)
+        ok &= items[i] != NULL;
+    PyObject *t = ok ? type->tp_alloc(type, n) : NULL;
+    if (t == NULL) {
+        for (int i = 0; i < n; i++)
+            Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        PyTuple_SET_ITEM(t, i, items[i]);
+    /* numbers, None, bools and str only: no reference cycle is possible, and CPython's GC
+     * would untrack such a tuple at its first collection anyway */
+    PyObject_GC_UnTrack(t);
+    return t;
+}
+
+static int check_classes(PyObject *classes, PyObject *strings)
+{
+    if (PyTuple_GET_SIZE(classes) != N_KINDS || PyTuple_GET_SIZE(strings) != 2) {
+        PyErr_SetString(PyExc_ValueError, "13 event classes and (\"lru\", \"lcp\") expected");
+        return -1;
+    }
+    for (int i = 0; i < N_KINDS; i++) {
+        PyObject *cls = PyTuple_GET_ITEM(classes, i);
+        if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+            PyErr_SetString(PyExc_TypeError, "event classes must be tuple subclasses");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Appends the objects of a batch's records to events / slow; counts events per kind. */
+static int build_batch(builder_t *b, const finder_t *f, PyObject *events, PyObject *slow, long long base_line,
+                       long long base_offset, cp from, Py_ssize_t *counts)
+{
+    for (Py_ssize_t i = 0; i < f->n; i++) {
+        const rec_t *r = &f->recs[i];
+        int64_t line = base_line + r->line + 1;
+        PyObject *item;
+        PyObject *into = r->result == R_SLOW ? slow : events;
+        if (r->result == R_SLOW)
+            item = Py_BuildValue("(nnnLi)", PyList_GET_SIZE(events), (Py_ssize_t)r->start, (Py_ssize_t)r->stop,
+                                 (long long)line, (int)r->word);
+        else
+            item = record_object(b, r, line, base_offset + (b->body + r->start - from));
+        if (item == NULL || PyList_Append(into, item) < 0) {
+            Py_XDECREF(item);
+            return -1;
+        }
+        Py_DECREF(item);
+        if (r->result != R_SLOW)
+            counts[r->kind]++;
+    }
+    return 0;
+}
 
 static PyObject *scan(PyObject *self, PyObject *args)
 {
@@ -965,9 +1072,10 @@ static PyObject *scan(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nnLLO!O!|i", &buf, &lo, &hi, &base_line, &base_offset, &PyTuple_Type,
                           &classes, &PyTuple_Type, &strings, &search_variant))
         return NULL;
+    PyObject *events = NULL, *slow = NULL, *result = NULL;
+    finder_t *f = NULL;
+    builder_t *b = NULL;
     search_fn search = pick_search(search_variant);
-    PyObject *result = NULL, *events = NULL, *slow = NULL;
-    ctx_t *ctx = NULL;
     if (search == NULL) {
         PyErr_Format(PyExc_ValueError, "scan: search variant %d is not available here", search_variant);
         goto done;
@@ -976,83 +1084,47 @@ static PyObject *scan(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "scan: 0 <= lo <= hi <= len(body) expected");
         goto done;
     }
-    if (PyTuple_GET_SIZE(classes) != N_KINDS || PyTuple_GET_SIZE(strings) != 2) {
-        PyErr_SetString(PyExc_ValueError, "scan: 13 event classes and (\"lru\", \"lcp\") expected");
+    if (check_classes(classes, strings) < 0)
         goto done;
-    }
-    for (int i = 0; i < N_KINDS; i++) {
-        PyObject *cls = PyTuple_GET_ITEM(classes, i);
-        if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
-            PyErr_SetString(PyExc_TypeError, "scan: event classes must be tuple subclasses");
-            goto done;
-        }
-    }
-    /* the number caches (zeroed here) live for this call only */
-    ctx_t c = {.body = buf.buf,
-               .classes = &PyTuple_GET_ITEM(classes, 0),
-               .lru = PyTuple_GET_ITEM(strings, 0), .lcp = PyTuple_GET_ITEM(strings, 1)};
-    ctx = &c;
+    f = PyMem_Malloc(sizeof *f); /* 240 KiB of records and 16 KiB of caches: not on the stack */
+    b = PyMem_Calloc(1, sizeof *b);
     events = PyList_New(0);
     slow = PyList_New(0);
+    if (f == NULL || b == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (events == NULL || slow == NULL)
         goto done;
-    Py_ssize_t counts[N_KINDS] = {0}, candidates = 0, ignored = 0;
-    int64_t newlines = 0;
-    /* The region is searched for the next trigger word; its line is read, and the search goes
-     * on after that line. Lines are numbered by counting the newlines skipped. The loads of the
-     * vector search may read on to the end of the buffer. */
-    cp body = buf.buf, from = body + lo, limit = body + hi, readable = body + buf.len;
-    cp counted = from; /* newlines before `counted` are in `newlines` */
-    for (cp p = from; p < limit;) {
-        found_t hit = search(from, limit, p, readable);
-        if (hit.at == NULL)
-            break;
-        cp s = line_start(p, hit.at);
-        cp nl = memchr(hit.at, '\n', (size_t)(limit - hit.at));
-        cp e = nl != NULL ? nl : limit;
-        newlines += count_newlines(counted, s);
-        counted = s;
-        int64_t ln = base_line + newlines + 1, off = base_offset + (s - from);
-        PyObject *ev = NULL;
-        int kind = 0;
-        int res = (e - s > MAX_LINE) ? R_SLOW : read_line(&c, s, e, hit.word, ln, off, &ev, &kind);
-        if (res == R_ERROR)
+    cp body = buf.buf;
+    const ctx_t c = {.body = body, .from = body + lo};
+    f->p = f->counted = body + lo;
+    f->newlines = f->candidates = f->ignored = 0;
+    b->body = body;
+    b->classes = &PyTuple_GET_ITEM(classes, 0);
+    b->lru = PyTuple_GET_ITEM(strings, 0);
+    b->lcp = PyTuple_GET_ITEM(strings, 1);
+    Py_ssize_t counts[N_KINDS] = {0};
+    int done;
+    do {
+        done = find_batch(f, &c, body + hi, body + buf.len, search);
+        if (build_batch(b, f, events, slow, base_line, base_offset, c.from, counts) < 0)
             goto done;
-        if (res == R_SLOW) {
-            PyObject *item = Py_BuildValue("(nnnLi)", PyList_GET_SIZE(events), (Py_ssize_t)(s - body),
-                                           (Py_ssize_t)(e - body), (long long)ln, hit.word);
-            if (item == NULL || PyList_Append(slow, item) < 0) {
-                Py_XDECREF(item);
-                goto done;
-            }
-            Py_DECREF(item);
-        } else if (res == R_BENIGN) {
-            candidates++;
-            ignored++;
-        } else {
-            candidates++;
-            counts[kind]++;
-            int failed = PyList_Append(events, ev);
-            Py_DECREF(ev);
-            if (failed < 0)
-                goto done;
-        }
-        if (nl == NULL)
-            break;
-        p = nl + 1;
-    }
-    newlines += count_newlines(counted, limit);
+    } while (!done);
     PyObject *tally = PyTuple_New(N_KINDS);
     if (tally == NULL)
         goto done;
     for (int i = 0; i < N_KINDS; i++)
         PyTuple_SET_ITEM(tally, i, PyLong_FromSsize_t(counts[i]));
-    result = Py_BuildValue("(OOLnnN)", events, slow, (long long)newlines, candidates, ignored, tally);
+    result = Py_BuildValue("(OOLnnN)", events, slow, (long long)f->newlines,
+                           f->candidates + PyList_GET_SIZE(events), f->ignored, tally);
 done:
-    if (ctx != NULL) {
-        cache_clear(&ctx->ints);
-        cache_clear(&ctx->floats);
+    if (b != NULL) {
+        cache_clear(&b->ints);
+        cache_clear(&b->floats);
     }
+    PyMem_Free(b);
+    PyMem_Free(f);
     Py_XDECREF(events);
     Py_XDECREF(slow);
     PyBuffer_Release(&buf);

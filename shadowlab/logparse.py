@@ -61,7 +61,7 @@ try:  # the optional C accelerator of the fast path (setup.py builds it when a c
     from shadowlab import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 1  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() arguments and records this file expects
+_ACCEL_ABI = 3  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() this file expects
 
 
 def _usable(module: Any) -> Any:
@@ -76,6 +76,7 @@ FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "reference", "none"
 
 BLOCK_SIZE = 8 << 20
 MAX_LINE = 1 << 20
+LOOK_BACK = 1 << 16  # how far `found better prompt` looks back for its prompt-cache candidate
 MAX_SAMPLES = 5
 SAMPLE_CHARS = 240
 
@@ -490,10 +491,57 @@ def _batches(
         return
     patterns = [ExtraPattern.from_regex(p) if isinstance(p, str) else p for p in extra_patterns]
     scanner = _Scanner(stats, [(p.trigger(), p, re.compile(p.regex)) for p in patterns])
+    splitter = _Splitter()
     for block in _blocks(source):
-        yield scanner.scan(block)
-    if scanner.pending:
-        yield scanner.scan(b"", final=True)
+        yield scanner.process(splitter.split(block))
+    if splitter.pending:
+        yield scanner.process(splitter.split(b"", final=True))
+
+
+# What _Splitter cuts a stream into: (_LINES, body, lo, hi): complete lines body[lo:hi];
+# (_SKIP, n): n bytes of an overlong line already judged; (_OVERLONG, head, n): a line of n bytes
+# longer than MAX_LINE, judged on its head.
+_LINES, _SKIP, _OVERLONG = "lines", "skip", "overlong"
+
+
+class _Splitter:
+    """Cuts chunks into pieces of complete lines, carrying a partial last line to the next."""
+
+    def __init__(self) -> None:
+        self.pending = b""  # partial last line of the previous chunk
+        self.skipping = False  # inside an overlong line whose head was already judged
+
+    def split(self, chunk: bytes | bytearray, final: bool = False) -> list[tuple]:
+        """The pieces `chunk` completes. They refer to `chunk` (no copy); what is kept for the
+        next chunk is copied."""
+        pieces: list[tuple] = []
+        pos, size = 0, len(chunk)
+        if self.skipping:  # the rest of an overlong line, already judged on its head
+            nl = chunk.find(b"\n")
+            if nl == -1:
+                return [(_SKIP, size)]
+            pieces.append((_SKIP, nl + 1))
+            pos, self.skipping = nl + 1, False
+        if self.pending:  # the line the previous chunk left open: completed on its own
+            nl = chunk.find(b"\n", pos)
+            if nl == -1 and not final:
+                self.pending += chunk[pos:]
+                pos = size
+            else:
+                stop = size if nl == -1 else nl + 1
+                line, self.pending, pos = self.pending + chunk[pos:stop], b"", stop
+                pieces.append((_LINES, line, 0, len(line)))
+        end = size if final else chunk.rfind(b"\n", pos) + 1
+        if end > pos:
+            pieces.append((_LINES, chunk, pos, end))
+            pos = end
+        if pos < size:
+            self.pending += chunk[pos:]
+        if len(self.pending) > MAX_LINE:
+            # judge an overlong line on its first MAX_LINE bytes, skip the rest
+            pieces.append((_OVERLONG, bytes(self.pending[:MAX_LINE]), len(self.pending)))
+            self.pending, self.skipping = b"", True
+        return pieces
 
 
 # --------------------------------------------------------------------------- reading
@@ -601,49 +649,28 @@ class _Scanner:
         # patterns are tried before the built-in rules there.
         self.fast = [pair[1] if extra else pair[0] for pair in _FAST_BY_WORD]
         # The C accelerator reads the built-in shapes only; matrix patterns need Python's rules.
-        self.accel = _logscan.scan if _logscan is not None and not extra else None
+        self.accel = _logscan is not None and not extra
         self.newlines = 0  # newlines counted by the last _scan_body
-        self.pending = b""  # partial last line of the previous block
-        self.offset = 0  # byte offset of the start of `pending`
+        self.offset = 0  # byte offset of the next piece
         self.line_no = 0  # lines completed so far
-        self.timing_context = b""  # tail of earlier text, to find a print_timing header
-        self.skipping = False  # inside an overlong line whose head was already judged
+        self.lo = 0  # where the lines of the body being read start
+        self.tail = b""  # the text before it (at most LOOK_BACK bytes): what lines look back into
 
-    def scan(self, chunk: bytes | bytearray, final: bool = False) -> list[Event]:
-        """The events of the lines `chunk` completes. `chunk` is only read during the call
-        (the file reader reuses its buffer); what is kept of it is copied."""
+    def process(self, pieces: list[tuple]) -> list[Event]:
+        """The events of `_Splitter` pieces, in order."""
         out: list[Event] = []
-        pos, size = 0, len(chunk)
-        if self.skipping:  # the rest of an overlong line, already judged on its head
-            nl = chunk.find(b"\n")
-            if nl == -1:
-                self._advance(size, 0)
-                return out
-            self._advance(nl + 1, 0)
-            pos, self.skipping = nl + 1, False
-        if self.pending:  # the line the previous chunk left open: completed on its own
-            nl = chunk.find(b"\n", pos)
-            if nl == -1 and not final:
-                self.pending += chunk[pos:]
-                pos = size
-            else:
-                stop = size if nl == -1 else nl + 1
-                line, self.pending, pos = self.pending + chunk[pos:stop], b"", stop
-                out += self._body(line, 0, len(line))
-        end = size if final else chunk.rfind(b"\n", pos) + 1
-        if end > pos:
-            out += self._body(chunk, pos, end)
-            pos = end
-        if pos < size:
-            self.pending += chunk[pos:]
-        if len(self.pending) > MAX_LINE:
-            # judge an overlong line on its first MAX_LINE bytes, skip the rest
-            head = bytes(self.pending[:MAX_LINE])
-            base_offset, base_line = self.offset, self.line_no
-            self._advance(len(self.pending), 1)
-            self.pending, self.skipping = b"", True
-            self.stats.overlong_lines += 1
-            out += self._scan_body(head, 0, len(head), base_offset, base_line)
+        for piece in pieces:
+            if piece[0] is _LINES:
+                out += self._body(piece[1], piece[2], piece[3])
+            elif piece[0] is _SKIP:
+                self._advance(piece[1], 0)
+            else:  # _OVERLONG
+                head, nbytes = piece[1], piece[2]
+                base_offset, base_line = self.offset, self.line_no
+                self._advance(nbytes, 1)
+                self.stats.overlong_lines += 1
+                self.lo, self.tail = 0, b""  # what stood before the head was not kept
+                out += self._scan_body(head, 0, len(head), base_offset, base_line)
         return out
 
     def _advance(self, nbytes: int, lines: int) -> None:
@@ -654,10 +681,14 @@ class _Scanner:
 
     def _body(self, body: bytes | bytearray, lo: int, hi: int) -> list[Event]:
         """The events of the complete lines in body[lo:hi]; counts them and moves on."""
+        self.lo = lo
         events = self._scan_body(body, lo, hi, self.offset, self.line_no)
         # _scan_body counted the newlines on its way (one pass over the block, not two)
         self._advance(hi - lo, self.newlines + (0 if body[hi - 1] == 10 else 1))
-        self.timing_context = bytes(body[max(lo, hi - 4096) : hi])
+        if hi - lo >= LOOK_BACK:
+            self.tail = bytes(body[hi - LOOK_BACK : hi])
+        else:
+            self.tail = (self.tail + body[lo:hi])[-LOOK_BACK:]
         return events
 
     def _scan_body(self, body: bytes | bytearray, lo: int, hi: int, base_offset: int, base_line: int) -> list[Event]:
@@ -667,7 +698,7 @@ class _Scanner:
         Candidate lines are found by one C-speed search per scan word; a line is matched whole
         by the regex of its first word (`_FAST_BY_WORD`, undecoded) and its event built with
         `tuple.__new__`, or else read by `_slow_line`."""
-        if self.accel is not None:
+        if self.accel:
             return self._scan_body_c(body, lo, hi, base_offset, base_line)
         stats = self.stats
         kinds = stats.kinds
@@ -709,7 +740,7 @@ class _Scanner:
     def _scan_body_c(self, body: bytes | bytearray, lo: int, hi: int, base_offset: int, base_line: int) -> list[Event]:
         """`_scan_body` by the C accelerator (shadowlab/_logscan.c): the lines it cannot read
         come back in `slow` and are read here, in their place among its events."""
-        events, slow, self.newlines, candidates, ignored, counts = self.accel(
+        events, slow, self.newlines, candidates, ignored, counts = _logscan.scan(
             body, lo, hi, base_line, base_offset, _ACCEL_CLASSES, _ACCEL_METHODS
         )
         stats = self.stats
@@ -908,10 +939,16 @@ class _Scanner:
         `found better prompt` (`- prompt with length N, lcp = L, f_keep = F, f_sim = S`)."""
         if f_keep is None or f_sim is None:
             return None
-        # the last matching candidate within 64 KiB before the line, searched from the end
-        low, i, want = max(0, start - 65536), start, (f_keep.encode(), f_sim.encode())
-        while (i := body.rfind(b"prompt with length", low, i)) != -1:
-            m = _CACHE_CANDIDATE.match(body, i, start)
+        # the last matching candidate within LOOK_BACK bytes before the line, searched from the
+        # end; near the start of the body the window takes in the text before it
+        if start - self.lo >= LOOK_BACK:
+            window, low, end = body, start - LOOK_BACK, start
+        else:
+            window = self.tail[max(0, len(self.tail) - (LOOK_BACK - (start - self.lo))) :] + body[self.lo : start]
+            low, end = 0, len(window)
+        i, want = end, (f_keep.encode(), f_sim.encode())
+        while (i := window.rfind(b"prompt with length", low, i)) != -1:
+            m = _CACHE_CANDIDATE.match(window, i, end)
             if m is not None and (m.group(2), m.group(3)) == want:
                 return int(m.group(1))
         return None
@@ -922,10 +959,11 @@ class _Scanner:
         if i != -1:
             hay = body[i : body.find(b"\n", i) if body.find(b"\n", i) != -1 else len(body)]
         else:
-            j = self.timing_context.rfind(b"print_timing")
+            context = self.tail[-4096:]
+            j = context.rfind(b"print_timing")
             if j == -1:
                 return None, None
-            hay = self.timing_context[j:]
+            hay = context[j:]
         m = _TIMING_HEADER.search(hay)
         return (int(m.group(1)), int(m.group(2))) if m else (None, None)
 

@@ -195,17 +195,30 @@ def test_found_better_prompt_finds_its_candidate_line_as_python_does(monkeypatch
     assert (loaded.n_tokens, loaded.f_keep, loaded.similarity) == (4556, 0.878, 0.915)
     (loaded,) = [e for e in lp.parse(cases["beyond 64 KiB"], "llama.cpp").events if e.kind == "cache_loaded"]
     assert loaded.n_tokens is None
+    # the candidate blocks before the line: the look-back reaches into the text kept from them
+    monkeypatch.setattr(lp, "BLOCK_SIZE", 4096)
+    for accelerated in (True, False):
+        if not accelerated:
+            monkeypatch.setattr(lp, "_logscan", None)
+        (loaded,) = [e for e in lp.parse(cases["far before"], "llama.cpp").events if e.kind == "cache_loaded"]
+        assert loaded.n_tokens == 4556, accelerated
+
+
+def _scan(data: bytes, lo: int, hi: int, variant: int = 0) -> tuple:
+    return lp._logscan.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
 
 
 @needs_c
-def test_scan_rejects_a_region_outside_the_buffer():
-    scan = lp._logscan.scan
+def test_scan_rejects_bad_arguments():
+    scan, data = lp._logscan.scan, b"abc\n"
     with pytest.raises(ValueError):
-        scan(b"abc\n", 2, 9, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS)
+        scan(data, 2, 9, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS)
     with pytest.raises(ValueError):
-        scan(b"abc\n", 0, 4, 0, 0, lp._ACCEL_CLASSES[:3], lp._ACCEL_METHODS)
+        scan(data, 3, 2, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS)
+    with pytest.raises(ValueError):
+        scan(data, 0, 4, 0, 0, lp._ACCEL_CLASSES[:3], lp._ACCEL_METHODS)
     with pytest.raises(TypeError):
-        scan(b"abc\n", 0, 4, 0, 0, (int,) * 13, lp._ACCEL_METHODS)
+        scan(data, 0, 4, 0, 0, (int,) * 13, lp._ACCEL_METHODS)
 
 
 def test_a_build_from_another_version_is_not_used():
@@ -222,7 +235,7 @@ def _search_variants() -> list[int]:
     variants = []
     for variant in (1, 2, 3):
         try:
-            lp._logscan.scan(b"x\n", 0, 2, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
+            _scan(b"x\n", 0, 2, variant)
         except ValueError:
             continue
         variants.append(variant)
@@ -240,8 +253,21 @@ def test_every_trigger_search_the_cpu_has_finds_the_same_lines():
     data += b"".join(m + b"\n" for line in _candidate_lines() for m in _mutations(line, rng))
     regions = [(0, len(data))] + [tuple(sorted(rng.sample(range(len(data)), 2))) for _ in range(40)]
     for lo, hi in regions:
-        results = {v: lp._logscan.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, v)
-                   for v in variants}
+        results = {v: _scan(data, lo, hi, v) for v in variants}
         assert all(r == results[1] for r in results.values()), (lo, hi)
     with pytest.raises(ValueError):
-        lp._logscan.scan(b"x\n", 0, 2, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, 9)
+        _scan(b"x\n", 0, 2, 9)
+
+
+@needs_c
+def test_a_region_of_many_batches_reads_as_one(tmp_path, monkeypatch):
+    """scan() reads a block in batches of 2048 lines (records, then objects): a block of many
+    batches, read as a file and as a line list, gives what the pure-Python parser gives."""
+    data = b"".join(p.read_bytes() for p in ALL_LOGS if _family(p) == "llama.cpp") * 3
+    assert data.endswith(b"\n") and data.count(b"\n") > 3 * 2048
+    path = tmp_path / "big.log"
+    path.write_bytes(data)
+    from_file, pure = _both(path, "llama.cpp", monkeypatch)
+    assert from_file == pure
+    from_lines, _ = _both(data.split(b"\n")[:-1], "llama.cpp", monkeypatch)
+    assert from_lines == from_file
