@@ -53,7 +53,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat as _repeat
+from itertools import chain, repeat as _repeat
 from operator import lshift as _shift, or_ as _or
 from typing import Any, ClassVar
 
@@ -472,8 +472,9 @@ def iter_events(
     extra_patterns: Sequence[ExtraPattern | str] = (),
     stats: ParseStats | None = None,
 ) -> Iterator[Event]:
-    for batch in _batches(source, family, extra_patterns, stats):
-        yield from batch
+    # chain walks each block's list in C: a generator here cost ~50 ns per event, 12% of the
+    # accelerated parse of a realistic log
+    return chain.from_iterable(_batches(source, family, extra_patterns, stats))
 
 
 def _batches(
