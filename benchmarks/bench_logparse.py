@@ -1,6 +1,6 @@
 """Parser throughput against `grep -c "context checkpoint"` on the same large log, same run.
 
-    python benchmarks/bench_logparse.py [--mode real,dense] [--size-mb 1100] [--repeat 3] [--pure]
+    python benchmarks/bench_logparse.py [--mode real,dense] [--size-mb 1100] [--repeat 3] [--pure] [--parse]
                                         [--baseline /tmp/logparse_old.py] [--keep] [--dir /tmp]
 
 Modes (each writes its own log under --dir, deleted afterwards unless --keep):
@@ -20,8 +20,9 @@ Modes (each writes its own log under --dir, deleted afterwards unless --keep):
 Per mode: one warm-up read so the page cache serves every tool alike, then --repeat rounds of
 `grep -c "context checkpoint"` (the issue's baseline), `grep -c -F` with every trigger word
 (the same line search the parser does: its count must equal the parser's candidate lines),
-the parser, the same parser without its C accelerator if --pure, and the --baseline parser
-(another logparse.py, e.g. the previous version) if given. Medians are printed, with the machine and the load average before and after.
+the parser (through iter_events: streaming), the same parser without its C accelerator if
+--pure, logparse.parse() (keeps every event, as verdicts do) if --parse, and the --baseline
+parser (another logparse.py, e.g. the previous version) if given. Medians are printed, with the machine and the load average before and after.
 """
 
 from __future__ import annotations
@@ -209,6 +210,16 @@ def _time_parser(module: ModuleType, path: Path, pure: bool = False) -> tuple[fl
     return time.perf_counter() - t0, time.process_time() - cpu0, (stats, n_events)
 
 
+def _time_parse_call(path: Path) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, events) of `logparse.parse`, which keeps every event (what
+    verdicts call); freeing them is not timed."""
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    parsed = logparse.parse(path, "llama.cpp")
+    timing = time.perf_counter() - t0, time.process_time() - cpu0, len(parsed.events)
+    del parsed
+    return timing
+
+
 def _load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("logparse_baseline", path)
     if spec is None or spec.loader is None:
@@ -251,7 +262,7 @@ def run_mode(mode: str, args: argparse.Namespace, baseline: ModuleType | None) -
         size = path.stat().st_size
         _read_through(path)
         load_before = _load_avg()
-        grep, grep_all, parser, old, pure = [], [], [], [], []
+        grep, grep_all, parser, old, pure, collect = [], [], [], [], [], []
         result = None
         for _ in range(args.repeat):
             grep.append(_time_cmd(["grep", "-c", GREP_WORD, str(path)]))
@@ -262,6 +273,8 @@ def run_mode(mode: str, args: argparse.Namespace, baseline: ModuleType | None) -
                 old.append(_time_parser(baseline, path))
             if args.pure and not pure:
                 pure.append(_time_parser(logparse, path, pure=True))
+            if args.parse:
+                collect.append(_time_parse_call(path))
         load_after = _load_avg()
         stats, n_events = result
         lines = stats.lines
@@ -291,6 +304,11 @@ def run_mode(mode: str, args: argparse.Namespace, baseline: ModuleType | None) -
             print(f"baseline parse : {_rate(lines, o)}  cpu {o_cpu:6.2f} s  ({1e6 * o / old_events:.2f} us per event; "
                   f"{'same' if same else 'DIFFERENT'} events and counts)  -> {o / p:.2f}x faster now ({o_cpu / p_cpu:.2f}x in cpu)")
             row["baseline"] = o
+        if collect:
+            c, c_cpu = med(collect, 0), med(collect, 1)
+            print(f"parse()        : {_rate(lines, c)}  cpu {c_cpu:6.2f} s  (keeps all {collect[0][2]:,} events, as verdicts "
+                  f"do)  -> {g / c:.3f} x grep -c wall")
+            row["parse_call"] = c
         if pure:
             (u, u_cpu, (pure_stats, pure_events)), = pure
             same = (pure_events, pure_stats.unknown_count, dict(pure_stats.kinds)) == (n_events, stats.unknown_count, dict(stats.kinds))
@@ -317,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=Path, help="another logparse.py to time on the same files")
     ap.add_argument("--baseline-repeat", type=int, default=1, help="timed runs of the baseline (it is slow)")
     ap.add_argument("--pure", action="store_true", help="also time this parser without its C accelerator (one run)")
+    ap.add_argument("--parse", action="store_true",
+                    help="also time logparse.parse(), which keeps every event (memory grows with the log)")
     args = ap.parse_args(argv)
     baseline = _load(args.baseline) if args.baseline else None
     print(f"machine        : {_machine()}", flush=True)

@@ -271,3 +271,26 @@ def test_a_region_of_many_batches_reads_as_one(tmp_path, monkeypatch):
     assert from_file == pure
     from_lines, _ = _both(data.split(b"\n")[:-1], "llama.cpp", monkeypatch)
     assert from_lines == from_file
+
+
+@needs_c
+def test_garbage_with_trigger_words_parses_the_same_with_and_without_c(monkeypatch):
+    """A hostile engine prints anything: random bytes around trigger words and pieces of real
+    lines, cut anywhere. The C code must read none of it differently (and must not crash)."""
+    rng = random.Random(4242)
+    pieces = [t for t in lp._TRIGGERS] + [b"| task ", b"id  0 ", b" | ", b"0.01.234.567 I ", b"slot ",
+                                          b"srv  ", b"(pos_min = ", b", size = 0.3 MiB)", b"f_keep = 0.5",
+                                          b"prompt with length 12, lcp = 1, f_keep = 0.5, f_sim = 0.5"]
+    pieces += _candidate_lines()[:200]
+    lines = []
+    for _ in range(3000):
+        parts = []
+        for _ in range(rng.randrange(1, 6)):
+            if rng.random() < 0.5:
+                parts.append(rng.choice(pieces))
+            else:
+                parts.append(bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40))))
+        line = b"".join(parts).replace(b"\n", b" ")
+        lines.append(line[: rng.randrange(1, len(line) + 2)] if line else line)
+    accelerated, pure = _both(lines, "llama.cpp", monkeypatch)
+    assert accelerated == pure
