@@ -8,9 +8,10 @@
  * event record (built like `tuple.__new__(cls, fields)`) or an ignored benign line; every other
  * candidate line is handed back to Python, which reads it with its own fast regex or tolerant
  * path. So this module may only ever be stricter than Python, never different: a number with
- * more than 18 digits, a line longer than MAX_LINE, the headless `prompt eval time` form and the
- * `kv cache rm` word all go back to Python. tests/shadowlab/test_logscan.py compares both paths
- * on every fixture line and on mutated lines.
+ * more than 18 digits, a line longer than MAX_LINE, the headless `prompt eval time` form, the
+ * `kv cache rm` word and a `found better prompt` whose look-back reaches before the block all go
+ * back to Python. tests/shadowlab/test_logscan.py compares both paths on every fixture line, on
+ * mutated lines and on random garbage.
  *
  *   scan(body, lo, hi, base_line, base_offset, classes, strings, search=0) ->
  *       (events, slow, newlines, candidates, ignored, counts)
@@ -49,7 +50,7 @@ enum word { W_CK, W_PROMPT, W_TRIM, W_KV, W_SELECTED, W_NONE = -1 };
 #define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
 #define MAX_FLOAT 40       /* characters of a decimal number read here */
 #define NO_INT INT64_MIN   /* an optional integer group that did not match */
-#define NEED_PY (INT64_MIN + 1) /* only Python can tell (a number too long for int64) */
+#define NEED_PY (INT64_MIN + 1) /* only Python can tell: the line goes back to it */
 
 typedef const unsigned char *cp;
 
@@ -302,9 +303,8 @@ static hit_t search_tail(cp s, cp e, cp p)
  * trigger_word(), in position order. READ_AHEAD: how far past a position the loads reach. */
 #define READ_AHEAD (15 + 32)
 
-/* MASK(hit) turns a vector of 0x00 / 0xff lanes into an integer with LANE_BITS bits per lane:
- * one instruction on x86 (pmovmskb), two 64-bit words elsewhere. */
-#define SEARCH_BODY(V, WIDTH, MASK_T, MASK, LANE_BITS)                                                   \
+/* MASK(hit) turns a vector of 0x00 / 0xff lanes into an integer with a bit per lane (pmovmskb). */
+#define SEARCH_BODY(V, WIDTH, MASK)                                                   \
     const V zero = {0};                                                                                   \
     const V k = zero + 'k', p_ = zero + 'p', m = zero + 'm', q = zero + 'q', v = zero + 'v',              \
             c = zero + 'c', y = zero + 'y';                                                              \
@@ -320,8 +320,8 @@ static hit_t search_tail(cp s, cp e, cp p)
         memcpy(&a15, p + 15, WIDTH);                                                                     \
         V hit = (V)(((a4 == k) & (a5 == p_)) | ((a0 == p_) & (a3 == m)) | ((a0 == m) & (a9 == q)) |         \
                     ((a1 == v) & (a10 == m)) | ((a4 == c) & (a15 == y)));                                \
-        for (MASK_T bits = MASK(hit); bits != 0; bits &= bits - 1) {                                     \
-            cp at = p + __builtin_ctzll(bits) / LANE_BITS;                                               \
+        for (uint32_t bits = MASK(hit); bits != 0; bits &= bits - 1) {                                   \
+            cp at = p + __builtin_ctz(bits);                                                             \
             if (at >= e)                                                                                 \
                 return (hit_t){NULL, W_NONE};                                                          \
             int w = trigger_word(s, e, at);                                                              \
@@ -351,13 +351,13 @@ typedef unsigned char v32 __attribute__((vector_size(32)));
 
 static hit_t search_v16(cp s, cp e, cp p, cp readable)
 {
-    SEARCH_BODY(v16, 16, uint32_t, MASK16, 1)
+    SEARCH_BODY(v16, 16, MASK16)
     return search_tail(s, e, p);
 }
 
 __attribute__((target("avx2"))) static hit_t search_v32(cp s, cp e, cp p, cp readable)
 {
-    SEARCH_BODY(v32, 32, uint32_t, MASK32, 1)
+    SEARCH_BODY(v32, 32, MASK32)
     return search_tail(s, e, p);
 }
 #endif
