@@ -1,0 +1,117 @@
+"""Fuzz the log parser's C accelerator under AddressSanitizer and UBSan.
+
+    python scripts/fuzz_logscan.py [--rounds 300] [--seed 1]
+
+Engine logs are untrusted text, and shadowlab/_logscan.c reads them with pointers. This script
+compiles the C file with -fsanitize=address,undefined into a temporary directory, re-runs itself
+under the sanitizer runtime (LD_PRELOAD), and feeds the sanitized build random logs: real
+fixture lines, the same lines with random bytes spliced in, and random bytes around trigger
+words and line heads, over random regions of the buffer, with every trigger search the CPU has.
+Each result must equal the pure-Python parser's (logparse without the accelerator). A memory
+error aborts with the sanitizer's report. Needs gcc with libasan / libubsan; Linux only.
+(tests/shadowlab/test_logscan.py runs the same comparisons without the sanitizers in CI.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "logs"
+
+
+def build(into: Path) -> Path:
+    target = into / "_logscan_sanitized.so"
+    subprocess.run(
+        ["gcc", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-std=c11", "-shared",
+         "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(ROOT / "shadowlab" / "_logscan.c"), "-o", str(target)],
+        check=True,
+    )
+    return target
+
+
+def random_log(rng: random.Random, candidates: list[bytes], pieces: list[bytes]) -> bytes:
+    lines = []
+    for _ in range(rng.randrange(1, 400)):
+        r = rng.random()
+        if r < 0.4:
+            line = rng.choice(candidates)
+        elif r < 0.7:
+            line = b"".join(
+                rng.choice(pieces) if rng.random() < 0.6 else rng.randbytes(rng.randrange(40))
+                for _ in range(rng.randrange(1, 6))
+            )
+        else:
+            line = rng.choice(candidates)
+            i = rng.randrange(len(line) + 1)
+            line = line[:i] + rng.randbytes(rng.randrange(5)) + line[i + rng.randrange(3) :]
+        lines.append(line)
+    return b"\n".join(lines)
+
+
+def fuzz(module_path: Path, rounds: int, seed: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    from shadowlab import logparse as lp
+
+    spec = importlib.util.spec_from_file_location("shadowlab._logscan", module_path)
+    assert spec is not None and spec.loader is not None
+    sanitized = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sanitized)
+    lines = [line for path in sorted(FIXTURES.glob("*/*.log")) for line in path.read_bytes().splitlines()]
+    candidates = [line for line in lines if any(t in line for t in lp._TRIGGERS)]
+    pieces = list(lp._TRIGGERS) + [b"| task ", b"id  0 ", b" | ", b"0.01.234.567 I ", b"srv  ", b"\n",
+                                   b"load:  - found better prompt with f_keep = 0.5, f_sim = 0.5",
+                                   b"prompt with length 12, lcp = 1, f_keep = 0.5, f_sim = 0.5"]
+    variants = []
+    for variant in (1, 2, 3):
+        try:
+            sanitized.scan(b"x\n", 0, 2, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
+            variants.append(variant)
+        except ValueError:
+            pass
+    rng = random.Random(seed)
+    for _ in range(rounds):
+        data = random_log(rng, candidates, pieces)
+        lo = rng.randrange(0, max(1, len(data) // 4))
+        hi = data.rfind(b"\n", lo, rng.randrange(lo, len(data) + 1)) + 1 or len(data)
+        lp._logscan = sanitized
+        for variant in variants:
+            got = sanitized.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
+            assert got == sanitized.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, 1)
+        with_c = lp.parse(data[lo:hi].split(b"\n"), "llama.cpp")
+        lp._logscan = None
+        pure = lp.parse(data[lo:hi].split(b"\n"), "llama.cpp")
+        assert (with_c.events, with_c.counts, with_c.unknown_count) == (pure.events, pure.counts, pure.unknown_count)
+    print(f"fuzz_logscan: {rounds} rounds, search variants {variants}: no sanitizer report, C == Python")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--module", type=Path, help=argparse.SUPPRESS)  # set when re-run under the sanitizers
+    args = ap.parse_args()
+    if args.module is not None:
+        fuzz(args.module, args.rounds, args.seed)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="shadowlab-fuzz-") as tmp:
+        module = build(Path(tmp))
+        runtimes = [subprocess.run(["gcc", f"-print-file-name={lib}"], capture_output=True, text=True,
+                                   check=True).stdout.strip() for lib in ("libasan.so", "libubsan.so")]
+        env = dict(os.environ, LD_PRELOAD=":".join(runtimes), ASAN_OPTIONS="detect_leaks=0",
+                   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+        command = [sys.executable, __file__, "--module", str(module), "--rounds", str(args.rounds),
+                   "--seed", str(args.seed)]
+        return subprocess.run(command, env=env, check=False).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
