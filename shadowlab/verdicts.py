@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-VERDICTS_SCHEMA_VERSION = 1
+VERDICTS_SCHEMA_VERSION = 2  # 2: TurnVerdict.cascade_checked (v1 files are upgraded on read)
 
 
 class Outcome(str, enum.Enum):
@@ -199,7 +199,26 @@ class RunVerdict:
                 f"verdicts.json schema_version {version!r} is not one this shadowlab reads "
                 f"(<= {VERDICTS_SCHEMA_VERSION})"
             )
+        if version == 1:
+            data = _upgrade_v1(data)
         return _from_json(cls, data)
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """verdicts.json v1 -> v2: `TurnVerdict.cascade_checked` did not exist. It is derived the way
+    `compute` sets it: the cell has a log, the re-entry point is known, and the turn is neither
+    the first of its slot (cold) nor failed. (compute also needs the log to have parsed; a v1
+    file does not say, so a cell with a log family counts as parsed.)"""
+    cells = []
+    for cell in data.get("cells", []):
+        has_log = cell.get("log_family", "none") != "none"
+        turns = [
+            {"cascade_checked": has_log and turn.get("re_entry_point") is not None
+             and turn.get("outcome") not in (Outcome.COLD.value, Outcome.ERROR.value), **turn}
+            for turn in cell.get("turns", [])
+        ]
+        cells.append({**cell, "turns": turns})
+    return {**data, "cells": cells, "schema_version": 2}
 
 
 def _add_json_methods(cls: type) -> None:

@@ -199,11 +199,27 @@ def test_verdicts_json_is_written_and_reads_back_equal(tmp_path):
     verdict = compute(run)
     assert read(run) == verdict
     data = json.loads((run / "verdicts.json").read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     (warm,) = [c for c in data["cells"] if c["cell_id"] == "reference.policy0.warm"]
     assert warm["turns"][1]["outcome"] == "restored"
     with pytest.raises(ValueError):
         RunVerdict.from_dict({**data, "schema_version": 99})
+
+
+def test_a_v1_verdicts_json_is_upgraded_with_the_cascade_judgement_compute_makes(tmp_path):
+    """v1 files have no `cascade_checked`; reading one derives it, so a declared `cascade: true`
+    gated from an old verdicts.json alone is judged, not failed as unknown."""
+    run = policy0_run(tmp_path)
+    verdict = compute(run)
+    data = json.loads((run / "verdicts.json").read_text())
+    for cell in data["cells"]:
+        for turn in cell["turns"]:
+            del turn["cascade_checked"]
+    upgraded = RunVerdict.from_dict({**data, "schema_version": 1})
+    checked = [(c.cell_id, t.index, t.cascade_checked) for c in verdict.cells for t in c.turns]
+    assert [(c.cell_id, t.index, t.cascade_checked) for c in upgraded.cells for t in c.turns] == checked
+    assert any(flag for _, _, flag in checked) and not all(flag for _, _, flag in checked)
+    assert upgraded == verdict
 
 
 # ---------------------------------------------------------------- broken engines
