@@ -643,7 +643,8 @@ _ANSI = re.compile(r"\x1b\[[\d;]*m")
 
 
 class _Scanner:
-    """Carries a partial last line, line numbers and offsets from one block to the next."""
+    """Reads `_Splitter` pieces in order, carrying line numbers, offsets, the counters and the
+    text a line may look back into from one piece to the next."""
 
     def __init__(self, stats: ParseStats, extra: list[tuple[bytes, ExtraPattern, re.Pattern[str]]]):
         self.stats = stats
