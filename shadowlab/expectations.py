@@ -9,6 +9,9 @@ Two families of checks come out of here, both as `CheckResult`:
   `max_forced`, `checkpoints_created_at`, `identity`, `cascade`.
 - **default** — rules every run must satisfy whatever the matrix says:
   `ran` (each planned cell ran to the end; otherwise an infrastructure failure),
+  `plausible` (no figure of the cell is impossible — shadowlab/plausibility.py; otherwise the
+  engine cannot be believed: an infrastructure failure, and the cell's declared checks are
+  not judged),
   `answered` (each turn got an answer), `identity` (with `identity.required`, the default: a
   warm turn that reused cache must equal its cold run byte for byte; any mismatch fails),
   `control` (the cold-vs-cold control matched: otherwise every identity result of that engine
@@ -40,6 +43,7 @@ WARM = "warm"
 CONTROL = "control"
 CELL_OK = "ok"
 CASCADE_EXPECTED = "no stale checkpoint kept"
+POSSIBLE = "every figure possible"
 
 
 class CheckStatus(str, enum.Enum):
@@ -88,6 +92,7 @@ def evaluate(matrix: Matrix, run: RunVerdict, planned: Sequence[str] = ()) -> tu
     """
     results: list[CheckResult] = []
     results += ran_checks(run, planned)
+    results += plausible_checks(run)
     results += answered_checks(run)
     if matrix.identity.required:
         results += identity_checks(run, _waived(matrix, run, "identity"))
@@ -120,6 +125,26 @@ def ran_checks(run: RunVerdict, planned: Sequence[str] = ()) -> list[CheckResult
             out.append(CheckResult("ran", CheckStatus.ERROR, cell_id, "status ok", "no record",
                                    "planned cell has no meta.json: it never ran (interrupted run?)",
                                    "default", cell_id=cell_id))
+    return out
+
+
+def plausible_checks(run: RunVerdict, shown: int = 4) -> list[CheckResult]:
+    """One result per cell that recorded turns: every figure its engine reported is possible.
+    An impossible one is an ERROR: the engine cannot be believed, whatever else it says."""
+    out = []
+    for cell in run.cells:
+        if not cell.turns:
+            continue
+        found = [(t, p) for t in cell.turns for p in t.implausible]
+        if not found:
+            out.append(_result("plausible", CheckStatus.PASS, cell, None, POSSIBLE, "possible",
+                               f"{len(cell.turns)} turn(s): every figure possible"))
+            continue
+        listed = "; ".join(f"turn {t.index} ({t.prompt_id}): {p}" for t, p in found[:shown])
+        more = f"; and {len(found) - shown} more" if len(found) > shown else ""
+        out.append(_result("plausible", CheckStatus.ERROR, cell, None, POSSIBLE,
+                           f"{len(found)} impossible",
+                           f"the engine reported impossible figures, so it cannot be believed: {listed}{more}"))
     return out
 
 
@@ -280,6 +305,10 @@ def _declared_checks(x: Expectation) -> list[str]:
 
 
 def _turn_check(name: str, x: Expectation, cell: CellVerdict, turn: TurnVerdict, source: str) -> CheckResult:
+    if turn.implausible:  # a pass on figures that cannot be true would be no pass
+        return CheckResult(name, CheckStatus.ERROR, _subject(cell, turn), _expected_text(x, name), "not judged",
+                           f"not judged: the engine's figures for this turn are impossible ({turn.implausible[0]})",
+                           source, cell.cell_id, turn.index, x.description)
     if name == "identity":
         if turn.identity is None:
             return CheckResult("identity", CheckStatus.FAIL, _subject(cell, turn), "identical to cold",

@@ -13,8 +13,11 @@ Exit codes (GATE_HELP, README):
     2  usage or matrix error: not a run directory, matrix.yaml unreadable or invalid, a record
        newer than this shadowlab understands
     3  infrastructure failure: an engine never started, or a cell could not run to the end
-       (crashed, hung, interrupted). Takes precedence over 1: a run with a missing cell is
-       never reported as merely "a check failed"; the summary still lists every failed check.
+       (crashed, hung, interrupted), or an engine reported figures no engine can truthfully
+       report (reused more tokens than the prompt has, a negative prefill time, reuse on the
+       first turn of a fresh process, ... — shadowlab/plausibility.py): it cannot be believed.
+       Takes precedence over 1: a run with a missing cell is never reported as merely "a check
+       failed"; the summary still lists every failed check.
 
 A pure function of the run directory: verdicts come from `shadowlab.verdicts.compute(run_dir)`
 (or `verdicts.json` when the raw cell records are not there), so the gate can be re-run on
@@ -52,8 +55,8 @@ exit codes:
      that reused cache vs its cold run, a cold-vs-cold control mismatch (identity
      inconclusive), a cascade that kept stale checkpoints, or a turn answered with an error
   2  usage or matrix error: not a run directory, matrix.yaml unreadable or invalid
-  3  infrastructure failure: an engine never started or a cell could not run to the end
-     (takes precedence over 1)
+  3  infrastructure failure: an engine never started, a cell could not run to the end, or
+     an engine reported impossible figures (it cannot be believed); takes precedence over 1
 """
 
 
@@ -92,6 +95,8 @@ class GateResult:
 
     @property
     def verdict_text(self) -> str:
+        if self.exit_code == EXIT_INFRASTRUCTURE and any(c.check == "plausible" for c in self.failures):
+            return "not qualified: an engine reported impossible figures (infrastructure failure)"
         return {
             EXIT_QUALIFIED: "qualified",
             EXIT_CHECK_FAILED: "not qualified: a check failed",

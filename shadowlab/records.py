@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from shadowlab.errors import RunDirError
+from shadowlab.escape import visible
 
 SCHEMA_VERSION = 1
 
@@ -266,14 +267,10 @@ def json_bytes(obj: Any) -> bytes:
         return (json.dumps(obj, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
 
 
-_TERMINAL_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
 def terminal_safe(text: str) -> str:
-    """Text for a terminal or CI log: engine-made control bytes (ANSI escapes, NUL, CR) and lone
-    surrogates shown as `\\xNN` / `\\uNNNN` escapes; newlines and tabs kept."""
-    return _TERMINAL_UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                else f"\\u{ord(m.group()):04x}", text)
+    """Text for a terminal or CI log: `shadowlab.escape.visible` (the one escape every output
+    uses: control bytes, bidirectional controls, lone surrogates; newlines and tabs kept)."""
+    return visible(text)
 
 
 def _finite(obj: Any) -> Any:

@@ -18,7 +18,7 @@ checks, so the report, the gate and CI never disagree.
 from __future__ import annotations
 
 import math
-import re
+import shlex
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from shadowlab import gate as gate_mod
+from shadowlab.escape import visible, xml_text
 from shadowlab.expectations import CheckResult, CheckStatus
 from shadowlab.gate import GateResult, RunInputs
 from shadowlab.records import CellMeta, read_cell_metas, write_bytes_atomic
@@ -36,6 +38,7 @@ from shadowlab.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outco
 HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"
 JUNIT_NAME = "junit.xml"
+CELL_ERRORS = ("ran", "plausible")  # checks that make a cell's own junit case an <error>
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def render_run(run_dir: str | Path) -> ReportPaths:
     metas = read_cell_metas(root) if (root / "cells").is_dir() else {}
     paths = ReportPaths(root / HTML_NAME, root / MARKDOWN_NAME, root / JUNIT_NAME)
     write_bytes_atomic(paths.html, _encode(render_html(inputs, result, metas)))
-    write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result)))
+    write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result, metas)))
     write_bytes_atomic(paths.junit, render_junit(inputs, result))
     return paths
 
@@ -67,28 +70,6 @@ def _encode(text: str) -> bytes:
 
 
 # ---------------------------------------------------------------- text from engines
-
-
-_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-_XML_INVALID = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-
-
-def visible(text: Any) -> str:
-    """Engine text made safe to show: control bytes and lone surrogates as `\\xNN` / `\\udcNN`.
-    (HTML escaping itself is Jinja's autoescape; this only makes invisible bytes visible.)"""
-    if text is None:
-        return ""
-    return _INVISIBLE.sub(lambda m: _escape_char(m.group()), str(text))
-
-
-def _escape_char(ch: str) -> str:
-    code = ord(ch)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def xml_text(text: Any) -> str:
-    """Text allowed in XML 1.0 (ElementTree escapes markup but writes control bytes raw)."""
-    return _XML_INVALID.sub(lambda m: _escape_char(m.group()), "" if text is None else str(text))
 
 
 def md_cell(text: Any) -> str:
@@ -358,6 +339,36 @@ def engine_provenance(metas: dict[str, CellMeta]) -> list[EngineProvenance]:
     return out
 
 
+@dataclass(frozen=True)
+class EngineProcess:
+    """What ran for one cell: a matrix is trusted code (it names any program and environment),
+    so the report shows exactly what it started."""
+
+    cell_id: str
+    status: str
+    command: str  # shell-quoted, as started
+    env_delta: tuple[tuple[str, str], ...]  # variables set or changed against shadowlab's own
+
+
+def engine_processes(metas: dict[str, CellMeta]) -> list[EngineProcess]:
+    return [EngineProcess(cell_id, getattr(m.status, "value", str(m.status)),
+                          shlex.join(str(a) for a in m.command or ()),
+                          tuple(sorted((str(k), str(v)) for k, v in (m.env_delta or {}).items())))
+            for cell_id, m in metas.items()]
+
+
+@dataclass(frozen=True)
+class ImpossibleFigure:
+    cell: CellVerdict
+    turn: TurnVerdict
+    problem: str
+
+
+def impossible_figures(run: RunVerdict) -> list[ImpossibleFigure]:
+    """Every figure the plausibility rules refused, cell by cell, turn by turn."""
+    return [ImpossibleFigure(c, t, p) for c in run.cells for t in c.turns for p in t.implausible]
+
+
 # ---------------------------------------------------------------- HTML
 
 
@@ -368,9 +379,18 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_visible_output,  # every {{ }}: no field can forget `| visible`
     )
     env.filters.update(visible=visible, pct=_pct, num=_num, ms=_ms, short_sha=_short_sha)
     return env
+
+
+def _visible_output(value: Any) -> Any:
+    """Each template output made visible before autoescape. Markup (a macro's own HTML, whose
+    parts went through here already) passes as it is."""
+    if value is None or isinstance(value, (markupsafe.Markup, int, float)):
+        return value
+    return visible(value)
 
 
 def render_html(inputs: RunInputs, result: GateResult, metas: dict[str, CellMeta]) -> str:
@@ -384,6 +404,7 @@ def render_html(inputs: RunInputs, result: GateResult, metas: dict[str, CellMeta
         expectation_checks=[c for c in result.checks if c.source != "default"],
         default_checks=[c for c in result.checks if c.source == "default"],
         engines=engine_provenance(metas), failures=result.failures,
+        processes=engine_processes(metas), impossible=impossible_figures(run),
         counts=_status_counts(result.checks), totals=_totals(warm),
         outcome_class=OUTCOME_CLASS, identity_mark=IDENTITY_MARK, diff_split=diff_split,
         describe_turn=describe_turn,
@@ -435,7 +456,7 @@ def _short_sha(value: str | None) -> str:
 # ---------------------------------------------------------------- Markdown
 
 
-def render_markdown(inputs: RunInputs, result: GateResult) -> str:
+def render_markdown(inputs: RunInputs, result: GateResult, metas: dict[str, CellMeta] | None = None) -> str:
     run = inputs.verdict
     icon = "✅" if result.qualified else "❌"
     lines = [f"## {icon} shadowlab `{md_cell(inputs.matrix.name)}` — {result.verdict_text} "
@@ -444,6 +465,14 @@ def render_markdown(inputs: RunInputs, result: GateResult) -> str:
     lines.append(f"run `{md_cell(run.run_id)}` · {len(run.cells)} cells · checks: "
                  + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
     lines.append("")
+    impossible = impossible_figures(run)
+    if impossible:
+        lines += ["### ⛔ Impossible figures — the engine cannot be believed", "",
+                  "An engine reported figures no engine can truthfully report; its cells fail as an "
+                  "infrastructure failure (exit 3).", "", "| cell | turn | impossible figure |", "|---|---|---|"]
+        lines += [f"| {md_cell(f.cell.cell_id)} | {f.turn.index} {md_cell(f.turn.prompt_id)} | {md_cell(f.problem)} |"
+                  for f in impossible]
+        lines.append("")
     if result.failures:
         lines += ["### Failed checks", "", "| status | check | subject | expected | actual | message |",
                   "|---|---|---|---|---|---|"]
@@ -468,7 +497,7 @@ def render_markdown(inputs: RunInputs, result: GateResult) -> str:
             lines.append(
                 f"| {md_cell(cell.cell_id)} | {t.index} | {md_cell(t.prompt_id)} | {_num(t.prompt_tokens)} | "
                 f"{_num(t.divergence_point)} | {_num(t.re_entry_point)} | {_num(t.reused_tokens)} | "
-                f"{_pct(t.saved_fraction)} | {t.outcome.value} | {ident} |")
+                f"{_pct(t.saved_fraction)} | {t.outcome.value}{' ⛔ impossible figures' if t.implausible else ''} | {ident} |")
     lines.append("")
     declared = [c for c in result.checks if c.source != "default"]
     if declared:
@@ -479,6 +508,7 @@ def render_markdown(inputs: RunInputs, result: GateResult) -> str:
             lines.append(f"| {'pass' if c.passed else '**' + c.status.value + '**'} | {md_cell(c.check)} | "
                          f"{md_cell(c.subject)} | {md_cell(c.expected)} | {md_cell(c.actual)} |")
         lines.append("")
+    lines += _md_processes(engine_processes(metas or {}))
     env = inputs.environment
     sl = env.get("shadowlab", {}) if isinstance(env.get("shadowlab"), dict) else {}
     lines.append(f"<sub>shadowlab {md_cell(sl.get('version'))} @ {md_cell(_short_sha(sl.get('commit')))}"
@@ -487,12 +517,24 @@ def render_markdown(inputs: RunInputs, result: GateResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _md_processes(processes: Sequence[EngineProcess]) -> list[str]:
+    """Every engine process's command line and environment delta (a matrix is trusted code)."""
+    if not processes:
+        return []
+    lines = [f"<details><summary>Engine processes ({len(processes)}): command line and environment "
+             "delta of each</summary>", "", "| cell | status | command | environment delta |", "|---|---|---|---|"]
+    for p in processes:
+        env = " ".join(f"{k}={v}" for k, v in p.env_delta) or "—"
+        lines.append(f"| {md_cell(p.cell_id)} | {md_cell(p.status)} | {md_cell(p.command)} | {md_cell(env)} |")
+    return lines + ["", "</details>", ""]
+
+
 def _md_grid_cell(cell: CellVerdict | None) -> str:
     if cell is None:
         return "—"
     if cell.status != "ok":
         return f"**{md_cell(cell.status)}**"
-    parts = []
+    parts = ["**⛔ impossible figures**"] if any(t.implausible for t in cell.turns) else []
     for t in cell.turns:
         text = f"{md_cell(t.prompt_id)}:{t.outcome.value}"
         if t.index > 0 and t.saved_fraction is not None:
@@ -519,10 +561,11 @@ def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
     for cell_id in cell_ids:
         case = ET.SubElement(cells, "testcase", classname=xml_text(f"shadowlab.cells.{_kind(known, cell_id)}"),
                              name=xml_text(cell_id))
-        ran = [c for c in by_cell.get(cell_id, []) if c.check == "ran"]
-        failed = [c for c in by_cell.get(cell_id, []) if c.status.failed and c.check != "ran"]
-        if any(c.status is CheckStatus.ERROR for c in ran):
-            _fail(case, "error", ran[0].message, "\n".join(c.message for c in ran))
+        # A cell that did not run, or whose engine cannot be believed (`plausible`), is an error.
+        errors = [c for c in by_cell.get(cell_id, []) if c.status is CheckStatus.ERROR and c.check in CELL_ERRORS]
+        failed = [c for c in by_cell.get(cell_id, []) if c.status.failed and c.check not in CELL_ERRORS]
+        if errors:
+            _fail(case, "error", errors[0].message, "\n".join(f"{c.check}: {c.message}" for c in errors))
         elif failed:
             _fail(case, "failure", f"{len(failed)} check(s) failed on this cell",
                   "\n".join(f"{c.check}: {c.subject}: {c.message}" for c in failed))

@@ -33,7 +33,10 @@ Checks that catch a broken engine: ``cascade_missed`` (checkpoints alive at turn
 ``pos_max`` above the re-entry point that no erase line removed — llama.cpp erases every
 ``pos_max > pos_next``; ``cascade_checked`` says whether the turn could be judged at all), and
 ``disagreements`` (API vs log figures, a restore that re-enters beyond the tokens its checkpoint
-covers, a re-entry above the divergence point).
+covers). Figures no engine can truthfully report (reused more than the prompt, a negative
+prefill time, reuse on the first turn of a fresh process, a re-entry above the divergence point,
+...) go to ``implausible`` instead, by the rules of ``shadowlab/plausibility.py``: the gate fails
+such a cell as an infrastructure failure, since its engine cannot be believed.
 """
 
 from __future__ import annotations
@@ -47,7 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-VERDICTS_SCHEMA_VERSION = 2  # 2: TurnVerdict.cascade_checked (v1 files are upgraded on read)
+from shadowlab import plausibility
+
+VERDICTS_SCHEMA_VERSION = 3  # 2: TurnVerdict.cascade_checked; 3: implausible, divergence_lower_bound
+# (older files are upgraded on read)
 
 
 class Outcome(str, enum.Enum):
@@ -113,6 +119,9 @@ class TurnVerdict:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # slot cache length at turn start (records: prompt + completion)
     divergence_point: int | None = None  # LCP with the slot cache (records); None: unknown
+    # The previous completion came back without token ids: the LCP may run on into it, so
+    # divergence_point is only a lower bound (a re-entry above it is then no contradiction).
+    divergence_lower_bound: bool = False
     re_entry_point: int | None = None  # where prefill restarted
     re_entry_source: str | None = None  # "restore" | "cache_trim" | "timings"
     reused_tokens: int | None = None  # the figure used downstream (API when present, else log)
@@ -121,7 +130,10 @@ class TurnVerdict:
     processed_api: int | None = None
     reused_log: int | None = None
     processed_log: int | None = None
-    disagreements: tuple[str, ...] = ()  # API vs log (and re-entry vs divergence) conflicts
+    disagreements: tuple[str, ...] = ()  # API vs log conflicts, a restore past its checkpoint
+    # Figures no engine can truthfully report (shadowlab/plausibility.py): the cell's engine
+    # cannot be believed, an infrastructure failure for the gate.
+    implausible: tuple[str, ...] = ()
     saved_fraction: float | None = None  # reused / prompt_tokens
     prefill_ms: float | None = None
     forcing_line: bool = False  # the log printed the forcing line for this turn
@@ -201,7 +213,10 @@ class RunVerdict:
             )
         if version == 1:
             data = _upgrade_v1(data)
-        return _from_json(cls, data)
+        if version <= 2:
+            data = _upgrade_v2(data)
+        run = _from_json(cls, data)
+        return _judge_plausibility(run) if version <= 2 else run
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
@@ -219,6 +234,32 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
         ]
         cells.append({**cell, "turns": turns})
     return {**data, "cells": cells, "schema_version": 2}
+
+
+_LOWER_BOUND_NOTE = "is a lower bound"  # compute's note, written exactly when the flag is set
+
+
+def _upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """verdicts.json v2 -> v3: `TurnVerdict.divergence_lower_bound` did not exist; compute wrote
+    a note saying so exactly when it holds. `implausible` is filled after loading, by the same
+    rules compute applies (`_judge_plausibility`), from the turn's own figures: the raw API
+    timings are not in verdicts.json, so only their rule cannot be re-applied."""
+    cells = []
+    for cell in data.get("cells", []):
+        turns = [
+            {"divergence_lower_bound": any(_LOWER_BOUND_NOTE in str(n) for n in turn.get("notes", ())), **turn}
+            for turn in cell.get("turns", [])
+        ]
+        cells.append({**cell, "turns": turns})
+    return {**data, "cells": cells, "schema_version": 3}
+
+
+def _judge_plausibility(run: "RunVerdict") -> "RunVerdict":
+    cells = []
+    for cell in run.cells:
+        turns = tuple(dataclasses.replace(t, implausible=plausibility.turn_problems(t)) for t in cell.turns)
+        cells.append(dataclasses.replace(cell, turns=turns))
+    return dataclasses.replace(run, cells=tuple(cells), schema_version=VERDICTS_SCHEMA_VERSION)
 
 
 def _add_json_methods(cls: type) -> None:
@@ -615,14 +656,10 @@ def _judge_turn(
     reused_api, processed_api = t.reused_tokens, t.processed_tokens
     if re_entry is None and reused_api is not None:
         re_entry, source = reused_api, "timings"
-    disagreements += _cross_check(reused_api, processed_api, reused_log, processed_log, prompt_len)
+    disagreements += _cross_check(reused_api, processed_api, reused_log, processed_log)
     # The previous completion's token ids are unknown and this prompt holds all of the previous
     # prompt: the slot LCP may run on into the completion, so `divergence` is only a lower bound.
     lower_bound = tail_unknown and divergence is not None and cache is not None and divergence == len(cache)
-    if re_entry is not None and divergence is not None and re_entry > divergence and not fresh and not lower_bound:
-        disagreements.append(
-            f"re-entry {re_entry} lies above the divergence point {divergence}: tokens that differ were reused"
-        )
     reused = reused_api if reused_api is not None else reused_log
     processed = processed_api if processed_api is not None else processed_log
 
@@ -651,13 +688,14 @@ def _judge_turn(
     if cascade_checked and re_entry is not None:
         missed = _cascade_missed(alive, erased_by_turn, re_entry)
     restored_ref = _ref(restored_ev, None) if restored_ev is not None else None
-    return TurnVerdict(
+    verdict = TurnVerdict(
         index=t.index,
         prompt_id=t.prompt_id,
         outcome=outcome,
         prompt_tokens=prompt_len,
         cached_tokens=len(cache) if cache is not None else None,
         divergence_point=divergence,
+        divergence_lower_bound=lower_bound,
         re_entry_point=re_entry,
         re_entry_source=source,
         reused_tokens=reused,
@@ -688,6 +726,7 @@ def _judge_turn(
         error=t.error or (None if _turn_ok(t) else f"HTTP {t.http_status}"),
         notes=tuple(notes),
     )
+    return dataclasses.replace(verdict, implausible=plausibility.turn_problems(verdict, t.timings))
 
 
 def _log_reuse(restored_ev: Any, trim: Any, forced: bool) -> tuple[int | None, str | None, int | None, list[str]]:
@@ -713,17 +752,13 @@ def _log_reuse(restored_ev: Any, trim: Any, forced: bool) -> tuple[int | None, s
 
 def _cross_check(
     reused_api: int | None, processed_api: int | None, reused_log: int | None, processed_log: int | None,
-    prompt_len: int | None,
 ) -> list[str]:
     out = []
     if reused_api is not None and reused_log is not None and reused_api != reused_log:
         out.append(f"reused: API says {reused_api}, log says {reused_log}")
     if processed_api is not None and processed_log is not None and processed_api != processed_log:
         out.append(f"processed: API says {processed_api}, log says {processed_log}")
-    if reused_api is not None and processed_api is not None and prompt_len is not None:
-        if reused_api + processed_api != prompt_len:
-            out.append(f"API: reused {reused_api} + processed {processed_api} != prompt {prompt_len}")
-    return out
+    return out  # reused + processed != prompt is no disagreement but impossible: plausibility.py
 
 
 def _outcome(

@@ -32,6 +32,13 @@ Modes (repeatable):
   slow-health      /health answers 200, then trickles its body forever
   slow-tokenize    /tokenize answers 200, then trickles its body forever
   no-tokenize      no /tokenize or /detokenize (like most OpenAI-compatible servers)
+  lie-reuse        the API says it reused three times the prompt (900 of 300 tokens), also on
+                   the first turn of the fresh process
+  negative-timing  timings.prompt_ms is -5 ms
+  reentry-above-divergence  after the first request: restore and re-enter 8 tokens past the
+                   longest common prefix with the previous prompt + completion (log and API agree)
+  bidi-content     bidirectional controls (U+202E, isolates, marks), markup and ANSI escapes in
+                   the completion (which differs once the process is warm), the log and /props
 """
 
 from __future__ import annotations
@@ -52,6 +59,10 @@ LOG = sys.stderr.buffer
 TASK = [0]
 
 SCRIPT = "<script>alert('engine')</script>"
+# Reads "safe … txt.exe" in a browser or terminal that honours the override: Trojan Source.
+BIDI = "safe\u202egnp.exe\u202c \u2066iso\u2069 \u202aemb\u202b\u202d\u200e\u200f\u061c " + SCRIPT + " \x1b[31mred"
+CACHED: list[list[int]] = []  # the slot's tokens after the last request (prompt + completion)
+COMPLETION = [97, 98, 32, 99]
 
 
 def log(line: bytes) -> None:
@@ -85,7 +96,8 @@ class Handler(BaseHTTPRequestHandler):
             if "exit-after-health" in MODES:
                 os._exit(0)
         elif self.path == "/props":
-            self._json(200, {"device": "cpu", "build_info": "hostile <script>x</script>",
+            self._json(200, {"device": "cpu", "build_info": "hostile <script>x</script>"
+                             + (BIDI if "bidi-content" in MODES else ""),
                              "total_slots": 1})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": "hostile", "object": "model"}]})
@@ -158,20 +170,31 @@ class Handler(BaseHTTPRequestHandler):
                                     "stop_type": ["eos"], "timings": [1, 2],
                                     "choices": "none", "usage": {"prompt_tokens": "12",
                                                                  "prompt_tokens_details": {"cached_tokens": -5}}})
+        if "bidi-content" in MODES:
+            log(("slot update_slots: id  0 | task %d | " % task + BIDI).encode("utf-8"))
+        cached = n - 1 if "lie-timings" in MODES else 0  # the API claims reuse ...
+        if "lie-timings" not in MODES and "reentry-above-divergence" in MODES and CACHED and isinstance(prompt, list):
+            cached = self._restore_past_divergence(task, prompt)
+        processed = n - cached
+        if "lie-reuse" in MODES:
+            cached, processed = 3 * n, n
         if "lie-timings" in MODES:
-            # The log says every token was processed (full re-processing) ...
+            # ... while the log says every token was processed (full re-processing)
             log(b"slot update_slots: id  0 | task %d | forcing full prompt re-processing due to lack of "
                 b"cache data (likely due to SWA or hybrid/recurrent memory, see x)" % task)
         log(b"slot print_timing: id  0 | task %d | prompt eval time =       1.00 ms / %5d tokens "
-            b"(    0.01 ms per token, 1000.00 tokens per second)" % (task, n))
+            b"(    0.01 ms per token, 1000.00 tokens per second)" % (task, n if "lie-timings" in MODES else processed))
         log(b"slot      release: id  0 | task %d | stop processing: n_tokens = %d" % (task, n + 4))
         text = "ab c" if "evil-content" not in MODES else (
             SCRIPT + "\x00\x1b[2J</svg>]]></failure><!-- *[x](javascript:alert(1))* | | \ud800 \udcff")
-        cached = n - 1 if "lie-timings" in MODES else 0  # ... while the API claims reuse
+        if "bidi-content" in MODES:
+            text = BIDI + (" (warm)" if task > 1 else "")
+        CACHED[:] = [list(prompt) + COMPLETION if isinstance(prompt, list) else []]
         self._json(200, {
-            "content": text, "tokens": [97, 98, 32, 99], "stop_type": "limit",
-            "timings": {"prompt_n": n - cached, "cache_n": cached, "predicted_n": 4,
-                        "prompt_ms": float("nan") if "nan-timings" in MODES else 1.0,
+            "content": text, "tokens": COMPLETION, "stop_type": "limit",
+            "timings": {"prompt_n": processed, "cache_n": cached, "predicted_n": 4,
+                        "prompt_ms": float("nan") if "nan-timings" in MODES
+                        else -5.0 if "negative-timing" in MODES else 1.0,
                         "predicted_ms": float("inf"), "huge": 10**30},
             "choices": [{"index": 0, "text": text, "message": {"role": "assistant", "content": text},
                          "finish_reason": "length"}],
@@ -179,6 +202,17 @@ class Handler(BaseHTTPRequestHandler):
                       "prompt_tokens_details": {"cached_tokens": cached}},
         })
         return None
+
+    @staticmethod
+    def _restore_past_divergence(task: int, prompt: list) -> int:
+        """Log a restore that re-enters 8 tokens past the LCP with the cache; return the re-entry."""
+        cache = CACHED[0]
+        lcp = next((i for i, (a, b) in enumerate(zip(cache, prompt)) if a != b), min(len(cache), len(prompt)))
+        r = min(lcp + 8, len(prompt) - 1)
+        log(b"slot operator(): id  0 | task %d | restored context checkpoint (pos_min = %d, pos_max = %d, "
+            b"n_tokens = %d, n_past = %d, size = 0.032 MiB, took 0.10 ms)" % (task, r - 1, r - 1, r, r))
+        log(b"slot operator(): id  0 | task %d | cached n_tokens = %d, memory_seq_rm [%d, end)" % (task, r, r))
+        return r
 
     def _trickle(self) -> None:
         self.send_response(200)
