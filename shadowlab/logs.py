@@ -1,0 +1,750 @@
+"""``shadowlab logs``: production llama-server logs → the numbers that decide what to qualify.
+
+    shadowlab logs FILE... [--out DIR] [--json] [--trace TRACE.jsonl]
+                   [--since T --until T] [--slot N] [--family F]
+
+Files
+-----
+Plain or gzip (recognised by its magic bytes, not its name), streamed in line-aligned 8 MiB
+chunks through ``logparse.iter_events`` and ``lifecycle.Replay``: memory stays flat in the log
+size (per-request figures are kept as arrays of numbers; ``--trace`` is written as it goes).
+Files are grouped into servers by name: ``foo.log``, ``foo.log.1``, ``foo.log.2.gz`` are the
+rotated pieces of one server, read oldest first (highest number first, the bare name last) as
+one stream; every other name is a server of its own. A file that cannot be opened, or a gzip
+that is corrupt half-way (the events before the damage are kept), is reported with the reason
+and where. A last line without its newline (a file cut mid-write) is never parsed: it is
+counted as not understood, so a cut number can never give a wrong value.
+
+Family: ``--family``, else from the first 64 KiB of the server's first piece: b11434-style
+timestamps (``M.SS.mmm.uuu L ...``) → ``llama.cpp`` (``reference`` when the reference engine's
+banner is there); ``INFO [ ... ] ... timestamp=`` lines → ``ik_llama.cpp``; otherwise
+``llama.cpp`` (older upstream prints the same words).
+
+Times: b11434 prints the time elapsed since the server started (seconds here; a backwards jump
+is a restart and continues from the last time seen); ik_llama.cpp prints none on its slot lines,
+so a request takes the Unix time of the nearest ``INFO [...] timestamp=`` line before it.
+``--since`` / ``--until`` take a duration (``90``, ``15m``, ``36h``, ``2d``, ``1:30:00``),
+compared with the time since the first request of each server, or an ISO date
+(``2026-10-15T12:00``, UTC) compared with Unix times, which only ik_llama.cpp logs have: a server
+without them is then not filtered, and the output says so.
+
+Figures (per server, per slot, overall): see README "Reading production logs" and lifecycle.py
+for the definitions of outcomes and failure conditions. Distributions use nearest-rank
+percentiles (p-th: the ceil(p·n/100)-th smallest value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gzip
+import json
+import math
+import os
+import re
+import sys
+import zlib
+from array import array
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from shadowlab import lifecycle, logparse
+from shadowlab.records import terminal_safe
+
+VERSION = 1
+TRACE_VERSION = 1
+CHUNK = logparse.BLOCK_SIZE
+SNIFF = 1 << 16
+EVENT_COUNT_KINDS = (
+    "created", "restored", "erased_invalidated", "erased_old", "erased_too_close", "erased_superseded",
+    "forced", "cache_saved", "cache_loaded",
+)
+PERCENTILES = (("min", 0), ("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90), ("max", 100))
+LARGE_SHARED = 4096
+TIME_BINS = 48
+MAX_ROWS = 200  # per-request rows in JSON / HTML (every row is in --trace)
+
+_ROTATED = re.compile(r"^(?P<base>.+?)\.(?P<n>\d+)(?:\.gz)?$|^(?P<gzbase>.+?)\.gz$")
+_B11434_TIME = re.compile(rb"(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) ")
+_B11434_HEAD = re.compile(rb"^\d+\.\d\d\.\d{3}\.\d{3} [A-Z] ", re.M)
+_IK_INFO = re.compile(rb"^(?:INFO|WARN|VERB) \[[^\]]*\].*\btimestamp=\d+", re.M)
+_UNIX = re.compile(rb"timestamp=(\d{1,12})")
+_SIM_WORD = b"checking sim = "
+_SIM = re.compile(rb"id +(\d+) \| task -?\d+ \| +- checking sim = [\d.]+ \((\d+)/(\d+)\)")
+
+
+class UsageError(Exception):
+    """Bad arguments or no readable input: exit 2."""
+
+
+# --------------------------------------------------------------------------- files
+
+
+@dataclass
+class FileReport:
+    path: str
+    server: str
+    compressed: bool = False
+    lines: int = 0
+    bytes: int = 0
+    unknown: int = 0
+    unknown_samples: list[tuple[int, str]] = field(default_factory=list)
+    overlong: int = 0
+    cut_last_line: bool = False
+    error: str | None = None  # could not be read at all
+    damage: str | None = None  # read up to a point
+
+
+def group_servers(paths: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """(server name, its pieces oldest first), servers in the order first named."""
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for p in paths:
+        name = os.path.basename(p)
+        m = _ROTATED.match(name)
+        if m and m.group("base"):
+            base, n = m.group("base"), int(m.group("n"))
+        elif m and m.group("gzbase"):
+            base, n = m.group("gzbase"), 0
+        else:
+            base, n = name, 0
+        key = os.path.join(os.path.dirname(p), base)
+        groups.setdefault(key, []).append((n, p))
+    return [(k, [p for _, p in sorted(v, key=lambda t: (-t[0], t[1].endswith(".gz") is False, t[1]))])
+            for k, v in groups.items()]
+
+
+class _Reader:
+    """Line-aligned chunks of one file (gzip or plain), with the bookkeeping the clock and the
+    damage report need. The last two chunks are kept so an event's line can be looked at."""
+
+    def __init__(self, path: str, report: FileReport, sims: deque):
+        self.path, self.report, self.sims = path, report, sims
+        self.recent: deque[tuple[int, bytes]] = deque(maxlen=2)
+        self.pos = 0  # decompressed bytes handed on
+        self.lines = 0  # lines handed on
+
+    def chunks(self) -> Iterator[bytes]:
+        rep = self.report
+        try:
+            raw = open(self.path, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            rep.error = f"cannot open: {exc.strerror or exc}"
+            return
+        with raw:
+            try:
+                head = raw.read(2)
+                raw.seek(0)
+            except OSError as exc:
+                rep.error = f"cannot read: {exc.strerror or exc}"
+                return
+            rep.compressed = head == b"\x1f\x8b"
+            src: Any = gzip.GzipFile(fileobj=raw, mode="rb") if rep.compressed else raw
+            carry = b""
+            while True:
+                try:
+                    block = src.read(CHUNK)
+                except (OSError, EOFError, zlib.error) as exc:
+                    where = f"compressed byte {raw.tell()}" if rep.compressed else f"byte {self.pos + len(carry)}"
+                    line = self.lines + carry.count(b"\n") + 1
+                    rep.damage = f"unreadable after {where} (line {line}): {exc}"
+                    break
+                if not block:
+                    break
+                data = carry + block if carry else block
+                nl = data.rfind(b"\n")
+                if nl < 0:
+                    carry = data
+                    if len(carry) > 2 * logparse.MAX_LINE:  # one endless line: hand it on whole
+                        carry = self._hand(carry + b"\n")
+                    continue
+                carry = data[nl + 1:]
+                yield self._hand(data[: nl + 1])
+            if carry:  # a line cut mid-write: never parsed (a cut number would read as another)
+                rep.cut_last_line = True
+                rep.unknown += 1
+                if len(rep.unknown_samples) < logparse.MAX_SAMPLES:
+                    rep.unknown_samples.append((-1, carry[: logparse.SAMPLE_CHARS].decode("utf-8", "replace")))
+
+    def _hand(self, chunk: bytes) -> bytes:
+        start = self.pos
+        self.recent.append((start, chunk))
+        self.pos += len(chunk)
+        self.lines += chunk.count(b"\n")
+        i = chunk.find(_SIM_WORD)
+        while i >= 0:  # b11434's slot-selection lines state the shared prefix (not events)
+            line_start = chunk.rfind(b"\n", 0, i) + 1
+            m = _SIM.search(chunk, line_start, i + 40)
+            if m:
+                self.sims.append(lifecycle.SharedPrefix(int(m[1]), int(m[2]), int(m[3]), start + line_start))
+            i = chunk.find(_SIM_WORD, i + 1)
+        return chunk
+
+    def line_at(self, offset: int) -> tuple[bytes, int] | None:
+        for start, chunk in reversed(self.recent):
+            if start <= offset < start + len(chunk):
+                return chunk, offset - start
+        return None
+
+
+def sniff_family(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(SNIFF)
+        if head[:2] == b"\x1f\x8b":
+            try:
+                head = zlib.decompressobj(47).decompress(head, SNIFF)
+            except zlib.error:
+                return "llama.cpp"
+    except OSError:
+        return "llama.cpp"
+    if _B11434_HEAD.search(head):
+        return "reference" if b"shadowlab-engine" in head else "llama.cpp"
+    if _IK_INFO.search(head):
+        return "ik_llama.cpp"
+    return "llama.cpp"
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _pct(sorted_values: Sequence[int], p: int) -> int | None:
+    n = len(sorted_values)
+    if not n:
+        return None
+    return sorted_values[max(0, math.ceil(p * n / 100) - 1)] if p else sorted_values[0]
+
+
+def distribution(values: Sequence[int]) -> dict[str, Any]:
+    v = sorted(values)
+    out: dict[str, Any] = {name: _pct(v, p) for name, p in PERCENTILES}
+    out["n"] = len(v)
+    return out
+
+
+class Figures:
+    """What one scope (overall, a server, a slot) adds up. Cheap per request: sums and arrays."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.outcomes: Counter = Counter()
+        self.events: Counter = Counter()
+        self.shared = array("q")  # over warm requests with a known shared prefix
+        self.shared_stated = 0
+        self.prompts = array("q")
+        self.prompt_tokens = self.reusable = self.reused = self.processed = self.avoidable = 0
+        self.prefill_ms = 0.0
+        self.timed_tokens = 0
+        self.placement = self.retention = self.baseline = 0
+        self.create_n = self.create_mib_n = self.create_ms_n = 0
+        self.create_mib = self.create_ms = 0.0
+        self.restore_n = self.restore_mib_n = self.restore_ms_n = 0
+        self.restore_mib = self.restore_ms = 0.0
+        self.t0: float | None = None
+        self.t1: float | None = None
+
+    def add(self, r: lifecycle.Request) -> None:
+        self.requests += 1
+        self.outcomes[r.outcome] += 1
+        ev = self.events
+        ev["created"] += len(r.created)
+        for k, n in r.erase_counts.items():
+            ev[k] += n
+        ev["restored"] += r.restored is not None
+        ev["forced"] += r.forced
+        ev["cache_saved"] += r.cache_saved
+        ev["cache_loaded"] += r.cache_loaded
+        if r.prompt_tokens is not None:
+            self.prompts.append(r.prompt_tokens)
+            self.prompt_tokens += r.prompt_tokens
+        if r.outcome != "cold" and r.shared_prefix is not None:
+            self.shared.append(r.shared_prefix)
+            self.shared_stated += r.shared_source == "lcp"
+            self.reusable += r.shared_prefix
+            self.avoidable += max(0, r.shared_prefix - (r.reused or 0))
+        self.reused += r.reused or 0
+        if r.processed is not None:
+            self.processed += r.processed
+            if r.prefill_ms is not None:
+                self.prefill_ms += r.prefill_ms
+                self.timed_tokens += r.processed
+        self.placement += r.placement
+        self.retention += r.retention
+        self.baseline += r.baseline_loss
+        for c in r.created:
+            self.create_n += 1
+            if c.size_mib is not None:
+                self.create_mib += c.size_mib
+                self.create_mib_n += 1
+            if c.took_ms is not None:
+                self.create_ms += c.took_ms
+                self.create_ms_n += 1
+        if r.restored is not None:
+            c = r.restored
+            self.restore_n += 1
+            if c.size_mib is not None:
+                self.restore_mib += c.size_mib
+                self.restore_mib_n += 1
+            if c.took_ms is not None:
+                self.restore_ms += c.took_ms
+                self.restore_ms_n += 1
+        if r.time is not None:
+            self.t0 = r.time if self.t0 is None else min(self.t0, r.time)
+            self.t1 = r.time if self.t1 is None else max(self.t1, r.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        shared = distribution(self.shared)
+        n = len(self.shared)
+        rate = self.timed_tokens / (self.prefill_ms / 1000) if self.prefill_ms > 0 else None
+        return {
+            "requests": self.requests,
+            "outcomes": {o: self.outcomes.get(o, 0) for o in lifecycle.OUTCOMES},
+            "events": {k: self.events.get(k, 0) for k in EVENT_COUNT_KINDS},
+            "forced_vs_restored": [self.outcomes.get("forced", 0), self.outcomes.get("restored", 0)],
+            "shared_prefix": shared | {
+                "stated_by_log": self.shared_stated,
+                "share_under_512": _ratio(sum(1 for v in self.shared if v < lifecycle.BASELINE_TOKENS), n),
+                "share_4096_or_more": _ratio(sum(1 for v in self.shared if v >= LARGE_SHARED), n),
+            },
+            "prompt_tokens": distribution(self.prompts) | {"sum": self.prompt_tokens},
+            "reusable_tokens": self.reusable,
+            "reusable_share": _ratio(self.reusable, self.prompt_tokens),
+            "reused_tokens": self.reused,
+            "processed_tokens": self.processed,
+            "prefill_ms": round(self.prefill_ms, 3),
+            "prefill_tokens_per_s": round(rate, 3) if rate else None,
+            "avoidable_tokens": self.avoidable,
+            "avoidable_prefill_s": round(self.avoidable / rate, 3) if rate else None,
+            "failures": {"placement": self.placement, "retention": self.retention, "baseline_loss": self.baseline},
+            "checkpoint_cost": {
+                "created": self.create_n,
+                "created_mib_each": _mean(self.create_mib, self.create_mib_n),
+                "created_ms_each": _mean(self.create_ms, self.create_ms_n),
+                "restored": self.restore_n,
+                "restored_mib_each": _mean(self.restore_mib, self.restore_mib_n),
+                "restored_ms_each": _mean(self.restore_ms, self.restore_ms_n),
+                "creations_per_request": _ratio(self.create_n, self.requests),
+            },
+            "time_span_s": [self.t0, self.t1],
+        }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 6) if b else None
+
+
+def _mean(total: float, n: int) -> float | None:
+    return round(total / n, 6) if n else None
+
+
+# --------------------------------------------------------------------------- time
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class TimeBound:
+    seconds: float
+    absolute: bool  # an ISO date (Unix seconds) rather than a duration since the first request
+
+
+def parse_time(text: str) -> TimeBound:
+    m = _DURATION.match(text)
+    if m:
+        return TimeBound(float(m[1]) * _UNITS[m[2]], False)
+    if re.fullmatch(r"\d+(?::\d{1,2}){1,2}", text.strip()):
+        parts = [int(p) for p in text.strip().split(":")]
+        while len(parts) < 3:
+            parts.insert(0, 0)
+        return TimeBound(parts[0] * 3600 + parts[1] * 60 + parts[2], False)
+    try:
+        when = _dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--since/--until {text!r}: give a duration (90, 15m, 36h, 2d, 1:30:00) or an ISO date") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.timezone.utc)
+    return TimeBound(when.timestamp(), True)
+
+
+class _Clock:
+    """The time of a request's first line, from the lines themselves (see the module docstring)."""
+
+    def __init__(self, family: str):
+        self.unix = family == "ik_llama.cpp"
+        self.reader: _Reader | None = None
+        self.base = 0.0
+        self.last: float | None = None
+
+    def __call__(self, offset: int) -> float | None:
+        found = self.reader.line_at(offset) if self.reader is not None else None
+        if found is None:
+            return self.last
+        chunk, i = found
+        if self.unix:
+            j = chunk.rfind(b"timestamp=", max(0, i - SNIFF), i)
+            m = _UNIX.match(chunk, j) if j >= 0 else None
+            if m:
+                self.last = float(m[1])
+            return self.last
+        m = _B11434_TIME.match(chunk, i)
+        if not m:
+            return self.last
+        elapsed = int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
+        t = elapsed + self.base
+        if self.last is not None and t < self.last - 1.0:  # the server restarted: time goes on
+            self.base = self.last
+            t = elapsed + self.base
+        self.last = t
+        return t
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+@dataclass
+class Options:
+    family: str | None = None
+    since: TimeBound | None = None
+    until: TimeBound | None = None
+    slot: int | None = None
+    trace: TextIO | None = None
+
+
+class Scope:
+    def __init__(self) -> None:
+        self.figures = Figures()
+        self.bins: list[tuple[float, int]] = []  # (time, outcome index) for the picture
+
+
+def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
+    """Read every file; the whole result as the JSON document (``version`` 1)."""
+    overall = Figures()
+    servers_out = []
+    files_out: list[FileReport] = []
+    rows: list[dict[str, Any]] = []
+    times = array("d")
+    codes = array("b")
+    notes: list[str] = []
+    if options.trace is not None:
+        options.trace.write(json.dumps({"format": "shadowlab-trace", "version": TRACE_VERSION,
+                                        "time_unit": "s", "source": "shadowlab logs"}) + "\n")
+    for server, pieces in group_servers(paths):
+        family = options.family or sniff_family(pieces[0])
+        clock = _Clock(family)
+        replay = lifecycle.Replay(clock)
+        fig = Figures()
+        slots: dict[Any, Figures] = {}
+        sims: deque = deque()
+        first_time: list[float | None] = [None]
+        server_notes: list[str] = []
+        absolute_filter = any(b is not None and b.absolute for b in (options.since, options.until))
+        if absolute_filter and not clock.unix:
+            server_notes.append("--since/--until dates not applied: this log has elapsed times only (no wall clock)")
+
+        def take(reqs: list[lifecycle.Request]) -> None:
+            for r in reqs:
+                if first_time[0] is None and r.time is not None:
+                    first_time[0] = r.time
+                if options.slot is not None and r.slot != options.slot:
+                    continue
+                if not _in_window(r.time, first_time[0], options, clock.unix):
+                    continue
+                fig.add(r)
+                overall.add(r)
+                slots.setdefault(r.slot, Figures()).add(r)
+                if r.time is not None:
+                    times.append(r.time - (first_time[0] or 0.0))
+                    codes.append(lifecycle.OUTCOMES.index(r.outcome))
+                row = _row(server, r)
+                if len(rows) < MAX_ROWS:
+                    rows.append(row)
+                if options.trace is not None:
+                    options.trace.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+        for path in pieces:
+            rep = FileReport(path=path, server=server)
+            files_out.append(rep)
+            reader = _Reader(path, rep, sims)
+            clock.reader = reader
+            stats = logparse.ParseStats(family=family)
+            feed = replay.feed
+            try:
+                for ev in logparse.iter_events(reader.chunks(), family, stats=stats):
+                    while sims and sims[0].offset < ev.offset:
+                        feed(sims.popleft())
+                    done = feed(ev)
+                    if done:
+                        take(done)
+            except MemoryError:  # pragma: no cover - a hostile file must not take the host down
+                rep.damage = "out of memory while reading"
+            while sims:
+                feed(sims.popleft())
+            rep.lines, rep.bytes = stats.lines, stats.bytes
+            rep.unknown += stats.unknown_count
+            rep.unknown_samples = (stats.unknown_samples + rep.unknown_samples)[: logparse.MAX_SAMPLES]
+            rep.overlong = stats.overlong_lines
+        take(replay.finish())
+        server_notes += replay.notes[:5] + [n for ring in replay.rings.values() for n in ring.notes][:5]
+        servers_out.append({
+            "server": server, "family": family, "files": pieces,
+            "time": "unix" if clock.unix else "elapsed", "restarts": replay.restarts,
+            "figures": fig.to_dict(),
+            "slots": {str(k): v.to_dict() for k, v in sorted(slots.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
+            "notes": server_notes,
+        })
+    readable = [f for f in files_out if f.error is None]
+    overall_doc = overall.to_dict()
+    if len({s["time"] for s in servers_out}) > 1:  # elapsed and Unix times do not add up
+        overall_doc["time_span_s"] = [None, None]
+        notes.append("servers mix elapsed and Unix times: no overall time span")
+    return {
+        "version": VERSION,
+        "tool": "shadowlab logs",
+        "overall": overall_doc,
+        "servers": servers_out,
+        "files": [_file_dict(f) for f in files_out],
+        "lines_read": sum(f.lines for f in files_out),
+        "lines_not_understood": sum(f.unknown for f in files_out),
+        "unreadable_files": [{"path": f.path, "why": f.error} for f in files_out if f.error],
+        "damaged_files": [{"path": f.path, "why": f.damage} for f in files_out if f.damage],
+        "readable_files": len(readable),
+        "filters": {"since": _bound(options.since), "until": _bound(options.until), "slot": options.slot,
+                    "family": options.family},
+        "requests": rows,
+        "requests_shown": len(rows),
+        "over_time": _over_time(times, codes),
+        "notes": notes,
+        "_hist": log_bins(overall.shared),  # for the HTML picture only; not in the JSON
+    }
+
+
+def _in_window(t: float | None, first: float | None, options: Options, unix: bool) -> bool:
+    for bound, after in ((options.since, True), (options.until, False)):
+        if bound is None:
+            continue
+        if bound.absolute:
+            if not unix or t is None:
+                continue  # said in the server's notes
+            value = t
+        else:
+            if t is None or first is None:
+                continue
+            value = t - first
+        if (after and value < bound.seconds) or (not after and value > bound.seconds):
+            return False
+    return True
+
+
+def _bound(b: TimeBound | None) -> Any:
+    return None if b is None else {"seconds": b.seconds, "absolute": b.absolute}
+
+
+def _file_dict(f: FileReport) -> dict[str, Any]:
+    return {"path": f.path, "server": f.server, "gzip": f.compressed, "lines": f.lines, "bytes": f.bytes,
+            "not_understood": f.unknown, "samples": [{"line": ln, "text": t} for ln, t in f.unknown_samples],
+            "overlong_lines": f.overlong, "cut_last_line": f.cut_last_line, "error": f.error, "damage": f.damage}
+
+
+def _ck(c: Any) -> list[Any]:
+    return [c.pos_min, c.pos_max, c.n_tokens]
+
+
+def _row(server: str, r: lifecycle.Request) -> dict[str, Any]:
+    """One request as a trace line (docs/trace.md)."""
+    return {
+        "time": r.time, "server": server, "slot": r.slot, "task": r.task, "line": r.line,
+        "prompt_tokens": r.prompt_tokens, "shared_prefix": r.shared_prefix, "shared_source": r.shared_source,
+        "reused": r.reused, "processed": r.processed, "outcome": r.outcome, "prefill_ms": r.prefill_ms,
+        "checkpoints": {
+            "alive_before": [_ck(c) for c in r.alive_before],
+            "created": [_ck(c) for c in r.created],
+            "restored": _ck(r.restored) if r.restored is not None else None,
+            "erased": dict(r.erase_counts),
+            "forced": r.forced, "cache_saved": r.cache_saved, "cache_loaded": r.cache_loaded,
+        },
+        "failures": [n for n, f in (("placement", r.placement), ("retention", r.retention),
+                                    ("baseline_loss", r.baseline_loss)) if f],
+    }
+
+
+def _over_time(times: array, codes: array) -> dict[str, Any]:
+    if not times:
+        return {"bins": [], "bin_s": None}
+    span = max(times) or 1.0
+    width = span / TIME_BINS
+    bins = [[0] * len(lifecycle.OUTCOMES) for _ in range(TIME_BINS)]
+    for t, c in zip(times, codes):
+        bins[min(TIME_BINS - 1, int(t / width))][c] += 1
+    return {"bin_s": width, "outcomes": list(lifecycle.OUTCOMES), "bins": bins}
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """The terminal summary. Everything that came from a log goes through terminal_safe."""
+    out: list[str] = []
+    add = out.append
+    add(f"shadowlab logs: {doc['readable_files']} file(s) read, {doc['lines_read']:,} lines, "
+        f"{doc['lines_not_understood']:,} not understood")
+    for s in doc["servers"]:
+        add("")
+        add(f"server {s['server']} ({s['family']}, {len(s['files'])} piece(s), times {s['time']})")
+        _figures_lines(s["figures"], add, "  ")
+        if len(s["slots"]) > 1:
+            for slot, f in s["slots"].items():
+                oc = f["outcomes"]
+                add(f"  slot {slot}: {f['requests']} requests, " + ", ".join(f"{k} {v}" for k, v in oc.items()))
+        for n in s["notes"]:
+            add(f"  note: {n}")
+    if len(doc["servers"]) > 1:
+        add("")
+        add("overall")
+        _figures_lines(doc["overall"], add, "  ")
+    for f in doc["files"]:
+        if f["not_understood"]:
+            add(f"not understood in {f['path']}: {f['not_understood']}")
+            for smp in f["samples"][:3]:
+                where = "last line (cut short)" if smp["line"] == -1 else f"line {smp['line']}"
+                add(f"  {where}: {smp['text'][:160]}")
+    for u in doc["unreadable_files"]:
+        add(f"unreadable: {u['path']}: {u['why']}")
+    for d in doc["damaged_files"]:
+        add(f"damaged: {d['path']}: {d['why']}")
+    return terminal_safe("\n".join(out)) + "\n"
+
+
+def _fmt(v: Any, spec: str = ",") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec)
+
+
+def _figures_lines(f: dict[str, Any], add: Any, ind: str) -> None:
+    oc, ev, sp, pt = f["outcomes"], f["events"], f["shared_prefix"], f["prompt_tokens"]
+    add(f"{ind}requests {f['requests']:,}: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in oc.items()))
+    add(f"{ind}events: " + ", ".join(f"{k} {v:,}" for k, v in ev.items()))
+    add(f"{ind}forced vs restored: {oc['forced']:,} vs {oc['restored']:,}")
+    label = "shared prefix" if sp["stated_by_log"] == sp["n"] else (
+        "re-entry point (shared prefix not stated)" if not sp["stated_by_log"] else
+        f"shared prefix ({sp['stated_by_log']:,} of {sp['n']:,} stated, the rest re-entry points)")
+    add(f"{ind}{label} over {sp['n']:,} warm requests: " + ", ".join(f"{k} {_fmt(sp[k])}" for k, _ in PERCENTILES)
+        + f"; under 512: {_pc(sp['share_under_512'])}, 4,096+: {_pc(sp['share_4096_or_more'])}")
+    add(f"{ind}prompt tokens: " + ", ".join(f"{k} {_fmt(pt[k])}" for k, _ in PERCENTILES) + f"; sum {pt['sum']:,}")
+    add(f"{ind}reusable prefix {f['reusable_tokens']:,} of {pt['sum']:,} prompt tokens ({_pc(f['reusable_share'])}); "
+        f"reused {f['reused_tokens']:,}, processed {f['processed_tokens']:,}")
+    add(f"{ind}prefill rate {_fmt(f['prefill_tokens_per_s'], ',.0f')} tok/s (measured); avoidable "
+        f"{f['avoidable_tokens']:,} tokens = {_fmt(f['avoidable_prefill_s'], ',.1f')} s")
+    fl = f["failures"]
+    add(f"{ind}failures: placement {fl['placement']:,}, retention {fl['retention']:,} (upper bound), "
+        f"baseline loss {fl['baseline_loss']:,}")
+    c = f["checkpoint_cost"]
+    add(f"{ind}checkpoint cost: {c['created']:,} created ({_fmt(c['created_mib_each'], '.3f')} MiB, "
+        f"{_fmt(c['created_ms_each'], '.2f')} ms each), {c['restored']:,} restored ({_fmt(c['restored_mib_each'], '.3f')} MiB, "
+        f"{_fmt(c['restored_ms_each'], '.2f')} ms each), {_fmt(c['creations_per_request'], '.2f')} creations per request")
+    t0, t1 = f["time_span_s"]
+    add(f"{ind}time span: {_fmt(t0, '.3f')} .. {_fmt(t1, '.3f')} s ({_fmt(None if t0 is None else t1 - t0, ',.1f')} s)")
+
+
+def _pc(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f} %"
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    from shadowlab import report  # the report's environment: autoescape, |visible, StrictUndefined
+
+    env = report._environment()
+    return env.get_template("logs.html.j2").render(doc=doc, pictures=_pictures(doc), percentiles=PERCENTILES)
+
+
+def _pictures(doc: dict[str, Any]) -> dict[str, Any]:
+    """Numbers the template draws as SVG: log-scale shared-prefix bins and outcomes over time."""
+    return {"shared_bins": _log_bins_of(doc), "over_time": doc["over_time"]}
+
+
+def _log_bins_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return doc.get("_hist") or []
+
+
+def log_bins(values: Sequence[int]) -> list[dict[str, Any]]:
+    """Counts in bins [0], [1,2), [2,4), ... [2^k, 2^(k+1)): equal width on a log scale."""
+    counts: Counter = Counter()
+    for v in values:
+        counts[0 if v <= 0 else v.bit_length()] += 1
+    if not counts:
+        return []
+    top = max(counts)
+    return [{"lo": 0 if k == 0 else 1 << (k - 1), "hi": 1 if k == 0 else 1 << k, "n": counts.get(k, 0)}
+            for k in range(top + 1)]
+
+
+# --------------------------------------------------------------------------- command
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="llama-server logs (plain or .gz; rotated pieces)")
+    p.add_argument("--out", type=Path, default=None, help="write logs.html and logs.json into DIR")
+    p.add_argument("--json", action="store_true", help="print the JSON document (version 1) instead of the summary")
+    p.add_argument("--trace", type=Path, default=None, metavar="TRACE.jsonl",
+                   help="one JSON line per request (docs/trace.md)")
+    p.add_argument("--since", default=None, metavar="T", help="duration since the first request (36h) or ISO date")
+    p.add_argument("--until", default=None, metavar="T", help="as --since")
+    p.add_argument("--slot", type=int, default=None, metavar="N", help="only requests of slot N")
+    p.add_argument("--family", default=None, choices=[f for f in logparse.FAMILIES if f != "none"],
+                   help="log family (default: recognised per server)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The subcommand: 0 when at least one file was read, 2 on usage errors or no readable input."""
+    try:
+        options = Options(family=args.family, slot=args.slot,
+                          since=parse_time(args.since) if args.since else None,
+                          until=parse_time(args.until) if args.until else None)
+    except UsageError as exc:
+        print(f"shadowlab logs: {exc}", file=sys.stderr)
+        return 2
+    trace_fh = None
+    try:
+        if args.trace is not None:
+            try:
+                trace_fh = open(args.trace, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                print(f"shadowlab logs: cannot write --trace {terminal_safe(str(args.trace))}: {exc.strerror}", file=sys.stderr)
+                return 2
+            options.trace = trace_fh
+        doc = analyse([str(f) for f in args.files], options)
+    finally:
+        if trace_fh is not None:
+            trace_fh.close()
+    if not doc["readable_files"]:
+        sys.stderr.write(summary(doc))
+        print("shadowlab logs: no readable input", file=sys.stderr)
+        return 2
+    hist = doc.pop("_hist", None)
+    text = json.dumps(doc, indent=1, ensure_ascii=True)
+    if args.out is not None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "logs.json").write_text(text + "\n", encoding="utf-8")
+            doc["_hist"] = hist
+            (args.out / "logs.html").write_text(render_html(doc), encoding="utf-8")
+            doc.pop("_hist", None)
+        except OSError as exc:
+            print(f"shadowlab logs: cannot write --out {terminal_safe(str(args.out))}: {exc.strerror}", file=sys.stderr)
+            return 2
+    sys.stdout.write(text + "\n" if args.json else summary(doc))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shadowlab logs", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
