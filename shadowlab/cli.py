@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("run_dir", type=Path)
+    logs = sub.add_parser("logs", help="read production llama-server logs: lifecycle counts, shared prefixes, trace")
+    importlib.import_module("shadowlab.logs").add_arguments(logs)
     return parser
 
 
@@ -101,6 +103,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _run(args)
         if args.command == "report":
             return _report(args.run_dir)
+        if args.command == "logs":
+            return int(importlib.import_module("shadowlab.logs").run(args))
         return _gate(args.run_dir)
     except BrokenPipeError:
         raise
