@@ -33,6 +33,7 @@ from safetensors import safe_open
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .modelfile import read_config, sha256_file
 
 F64 = torch.float64
 
@@ -306,7 +307,6 @@ class HybridModel:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "cpu") -> "HybridModel":
-        from .weights import read_config, sha256_file
         path = Path(path)
         config = read_config(path)
         tensors = {}

@@ -18,32 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from filelock import FileLock
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import CONFIG_METADATA_KEY, ModelConfig, preset
 from .model import Transformer
+from .modelfile import read_config, sha256_file, stored_config  # noqa: F401 - public here too
 from .tokenizer import N_TOKENS
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _stored_config(path: str | Path) -> str | None:
-    with safe_open(str(path), framework="pt") as f:
-        return (f.metadata() or {}).get(CONFIG_METADATA_KEY)
-
-
-def read_config(path: str | Path) -> ModelConfig:
-    text = _stored_config(path)
-    if text is None:
-        raise ValueError(f"{path}: no {CONFIG_METADATA_KEY!r} metadata; not a shadowlab model (see scripts/make_ref_model.py)")
-    return ModelConfig.from_json(text)
 
 
 def _normal(seed: int, name: str, shape: tuple[int, ...], std: float = 1.0) -> np.ndarray:
@@ -141,6 +121,6 @@ def ensure_model(preset_name: str, seed: int = 0, cache_dir: str | Path = Path("
 
 def _cached_config(path: Path) -> str | None:
     try:
-        return _stored_config(path)
+        return stored_config(path)
     except Exception:   # truncated or foreign file: regenerate it
         return None
