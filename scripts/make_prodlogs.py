@@ -197,16 +197,18 @@ class Server:
             outcome = "cold"
         else:
             outcome = "silent_reset"
-        stated = self.fmt == "b11434"
+        stated = self.fmt == "b11434" and cached > 0  # a `checking sim` line names every non-empty slot
         retention = outcome in ("forced", "silent_reset") and any(c["n"] < L for c in slot.erased_by_last)
         slot.erased_by_last = [c for c in erased if c["by"] != index]
+        true_lcp = shared
         if stated:
             baseline = outcome != "cold" and shared < lifecycle.BASELINE_TOKENS
         else:
             baseline = outcome != "cold" and not forced and reused < lifecycle.BASELINE_TOKENS
+            shared = reused if not stated else shared
         self.truth.append({
             "index": index, "kind": kind, "slot": sid, "task": task, "time": round(self.t, 6),
-            "prompt_tokens": L, "shared_prefix": shared if stated else reused, "lcp": shared,
+            "prompt_tokens": L, "shared_prefix": shared, "lcp": true_lcp,
             "shared_source": "lcp" if stated else "re_entry", "reused": reused, "processed": processed,
             "prefill_ms": ms, "outcome": outcome, "created": created, "erased_invalidated": len(erased),
             "restored": restored["n"] if restored else None, "alive_before": alive_before, "method": method,

@@ -1,0 +1,87 @@
+"""The lifecycle replay from a parsed log alone, against real captures and the generator's truth."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from shadowlab import lifecycle, logparse
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "logs"
+spec = importlib.util.spec_from_file_location("make_prodlogs", ROOT / "scripts" / "make_prodlogs.py")
+make_prodlogs = importlib.util.module_from_spec(spec)
+sys.modules["make_prodlogs"] = make_prodlogs
+spec.loader.exec_module(make_prodlogs)
+
+
+def _requests(path: Path, family: str = "llama.cpp") -> list[lifecycle.Request]:
+    return lifecycle.replay(logparse.parse(path, family).events)
+
+
+def test_real_b11434_a_c_is_forced_with_every_checkpoint_above_the_divergence():
+    reqs = _requests(FIX / "llama.cpp-b11434" / "A-C.cram0.log")
+    assert [r.outcome for r in reqs] == ["cold", "forced"]
+    c = reqs[1]
+    assert (c.prompt_tokens, c.reused, c.processed) == (4947, 0, 4947)
+    assert len(c.alive_before) == 2 and all(k.n_tokens > 2531 for k in c.alive_before)
+    assert c.placement and len(c.erased_cascade) == 2
+
+
+def test_real_b11434_a_b_a_restores_from_the_prompt_cache():
+    reqs = _requests(FIX / "llama.cpp-b11434" / "A-B-A.cram8192.log")
+    assert [r.outcome for r in reqs] == ["cold", "silent_reset", "restored"]
+    a2 = reqs[2]
+    assert a2.cache_loaded == 1 and a2.reused == 4556 and a2.processed == 4
+    assert a2.restored.n_tokens == 4556 and a2.shared_source == "re_entry"  # LRU pick: no sim line for A
+
+
+def test_real_ik_a_c_restores_2048_and_reports_the_re_entry_point():
+    reqs = _requests(FIX / "ik_llama.cpp-0.1.5" / "A-C.cram0.log", "ik_llama.cpp")
+    assert [r.outcome for r in reqs] == ["cold", "restored"]
+    assert reqs[1].prompt_derived and reqs[1].prompt_tokens == 4947
+    assert (reqs[1].reused, reqs[1].processed, reqs[1].shared_source) == (2048, 2899, "re_entry")
+
+
+def test_shared_prefix_note_is_taken_only_for_the_prompt_it_names():
+    ev = [logparse.NewPrompt(line=1, offset=10, slot=0, task=1, n_tokens=100),
+          logparse.CacheTrim(line=2, offset=20, slot=0, task=1, n_past=0)]
+    good = lifecycle.replay([lifecycle.SharedPrefix(0, 7, 100, offset=5)] + ev)
+    stale = lifecycle.replay([lifecycle.SharedPrefix(0, 7, 99, offset=5)] + ev)
+    assert (good[0].shared_prefix, good[0].shared_source) == (7, "lcp")
+    assert (stale[0].shared_prefix, stale[0].shared_source) == (0, "re_entry")
+
+
+def test_a_task_id_going_back_empties_every_ring():
+    mk = lambda line, task, n: logparse.CheckpointCreated(line=line, offset=line, slot=0, task=task, pos_min=n - 1, pos_max=n - 1, n_tokens=n)
+    r = lifecycle.Replay()
+    out = r.feed_all([mk(1, 5, 10), mk(2, 9, 20), mk(3, 0, 30)])
+    assert r.restarts == 1 and out[-1].alive_before == () and out[-1].outcome == "cold"
+
+
+@pytest.mark.parametrize("fmt", ["b11434", "ik"])
+def test_every_request_matches_the_generators_truth(tmp_path, fmt):
+    truth = make_prodlogs.generate(tmp_path, fmt, seed=3, requests=160, slots=3, pieces=1)
+    rows = truth["servers"][0]["requests"]
+    family = "llama.cpp" if fmt == "b11434" else "ik_llama.cpp"
+    parsed = logparse.parse(tmp_path / "server0.log", family)
+    assert parsed.unknown_count == 0
+    sims = []
+    if fmt == "b11434":  # what logs.py hands on from the `checking sim` lines
+        import re
+        data = (tmp_path / "server0.log").read_bytes()
+        for m in re.finditer(rb"(?m)^.*?id +(\d+) \| task -1 \| +- checking sim = [\d.]+ \((\d+)/(\d+)\)", data):
+            sims.append(lifecycle.SharedPrefix(int(m[1]), int(m[2]), int(m[3]), offset=m.start()))
+    events = sorted(sims + parsed.events, key=lambda e: e.offset)
+    got = sorted(lifecycle.replay(events), key=lambda r: r.offset)  # closed when the slot moves on
+    assert len(got) == len(rows)
+    for r, t in zip(got, rows):
+        assert (r.slot, r.task, r.prompt_tokens, r.reused, r.processed, r.outcome) == (
+            t["slot"], t["task"], t["prompt_tokens"], t["reused"], t["processed"], t["outcome"]), t
+        assert (r.shared_prefix, r.shared_source) == (t["shared_prefix"], t["shared_source"])
+        assert [c.n_tokens for c in r.alive_before] == t["alive_before"]
+        assert (len(r.created), len(r.erased_cascade)) == (t["created"], t["erased_invalidated"])
+        assert (r.placement, r.retention, r.baseline_loss) == (t["placement"], t["retention"], t["baseline_loss"])

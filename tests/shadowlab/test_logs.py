@@ -1,0 +1,112 @@
+"""shadowlab logs through the real CLI: figures against the generator's truth and real captures,
+hostile input counted and reported, never a traceback."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_lifecycle import FIX, make_prodlogs
+
+REAL = sorted(p for p in FIX.rglob("*.log") if p.parent.name != "transcribed")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shadowlab", "logs", *args], capture_output=True, text=True, timeout=120)
+
+
+def doc_of(*args: str) -> dict:
+    p = cli(*args, "--json")
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.mark.parametrize("fmt", ["b11434", "ik"])
+def test_every_figure_matches_the_truth_across_rotated_gz_pieces_servers_and_slots(tmp_path, fmt):
+    truth = make_prodlogs.generate(tmp_path, fmt, seed=1, requests=250, servers=2, slots=3, pieces=3)
+    files = sorted(str(p) for p in tmp_path.glob("server*.log*"))
+    assert any(f.endswith(".gz") for f in files)
+    doc = doc_of(*files, "--trace", str(tmp_path / "t.jsonl"))
+    assert doc["version"] == 1 and doc["lines_not_understood"] == 0 and len(doc["servers"]) == 2
+    t, f = truth["figures"], doc["overall"]
+    assert f["requests"] == t["requests"] and f["outcomes"] == t["outcomes"]
+    assert f["events"]["created"] == t["created"] and f["events"]["erased_invalidated"] == t["erased_invalidated"]
+    assert {k: f["shared_prefix"][k] for k in t["shared_prefix"]} == t["shared_prefix"]
+    assert {k: f["prompt_tokens"][k] for k in t["prompt_tokens"]} == t["prompt_tokens"]
+    assert f["prompt_tokens"]["sum"] == t["prompt_sum"]
+    for k in ("reusable_tokens", "reused_tokens", "processed_tokens", "avoidable_tokens", "failures"):
+        assert f[k] == t[k], k
+    assert f["shared_prefix"]["share_under_512"] == t["share_under_512"]
+    assert f["shared_prefix"]["share_4096_or_more"] == t["share_4096_or_more"]
+    assert f["avoidable_prefill_s"] == pytest.approx(t["avoidable_prefill_s"], abs=0.002)
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["version"] == 1 and len(lines) == 1 + t["requests"]
+    for s, ts in zip(doc["servers"], truth["servers"]):  # per server, in time order across pieces
+        assert s["figures"]["outcomes"] == ts["figures"]["outcomes"]
+
+
+def test_real_captures_are_read_without_a_line_not_understood():
+    doc = doc_of(*map(str, REAL))
+    bad = [(f["path"], f["samples"]) for f in doc["files"] if f["not_understood"]]
+    assert not bad, bad
+    assert doc["overall"]["requests"] > 50
+
+
+def test_real_capture_a_c_b_c_figures():
+    f = doc_of(str(FIX / "llama-server" / "cram0-A-C-B-C.log"))["overall"]
+    assert f["outcomes"] == {"cold": 1, "extended": 0, "restored": 0, "forced": 1, "silent_reset": 2}
+    assert f["shared_prefix"]["max"] == 2531 and f["failures"]["placement"] == 1
+
+
+def test_slot_and_since_filters(tmp_path):
+    make_prodlogs.generate(tmp_path, "b11434", seed=2, requests=120, slots=2, pieces=1, days=1)
+    rows = json.loads((tmp_path / "truth.json").read_text())["servers"][0]["requests"]
+    f = doc_of(str(tmp_path / "server0.log"), "--slot", "1")["overall"]
+    assert f["requests"] == sum(r["slot"] == 1 for r in rows)
+    first = rows[0]["time"]
+    f = doc_of(str(tmp_path / "server0.log"), "--since", "12h")["overall"]
+    assert f["requests"] == sum(r["time"] - first >= 43200 for r in rows)
+
+
+def test_html_is_self_contained_and_escaped(tmp_path):
+    log = tmp_path / "evil<script>.log"
+    log.write_bytes((FIX / "llama.cpp-b11434" / "A-C.cram0.log").read_bytes() + b"\x1b[31m<script>alert(1)</script> checkpoint\n")
+    assert cli(str(log), "--out", str(tmp_path / "o")).returncode == 0
+    html = (tmp_path / "o" / "logs.html").read_text()
+    assert "<script>" not in html and "<svg" in html and "http://" not in html.replace("http-equiv", "")
+
+
+def test_survives_hostile_input(tmp_path):
+    cut = tmp_path / "cut.log"
+    cut.write_bytes((FIX / "llama.cpp-b11434" / "A-C.cram0.log").read_bytes()[:-1].rsplit(b"\n", 1)[0] + b"\n0.09.5 I slot   operator(): id  0 | task 15 | cached n_tokens = 40")
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 4000)
+    long = tmp_path / "long.log"
+    long.write_bytes(b"x" * (1 << 20) + b" checkpoint\n" + b"y" * (3 << 20) + b"\n")
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    unreadable = tmp_path / "secret.log"
+    unreadable.write_bytes(b"x\n")
+    unreadable.chmod(0)
+    good = gzip.compress((FIX / "llama.cpp-b11434" / "A-C.cram0.log").read_bytes() * 50)
+    broken = tmp_path / "broken.log.gz"
+    broken.write_bytes(good[: len(good) // 2] + b"\x00" * 64 + good[len(good) // 2 + 64:])
+    p = cli(*map(str, (cut, garbage, long, empty, unreadable, broken, tmp_path / "missing.log")), "--json")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    doc = json.loads(p.stdout)
+    files = {Path(f["path"]).name: f for f in doc["files"]}
+    assert files["cut.log"]["cut_last_line"] and files["cut.log"]["not_understood"] >= 1
+    assert all(r["reused"] != 40 for r in doc["requests"])  # the cut number never becomes a value
+    assert files["broken.log.gz"]["damage"] and files["missing.log"]["error"]
+    if os.geteuid() != 0:
+        assert files["secret.log"]["error"]
+    only_bad = cli(str(tmp_path / "missing.log"))
+    assert only_bad.returncode == 2 and "Traceback" not in only_bad.stderr
+    assert cli("--since", "yesterday-ish", str(cut)).returncode == 2
