@@ -38,7 +38,8 @@ Modes (repeatable):
   reentry-above-divergence  after the first request: restore and re-enter 8 tokens past the
                    longest common prefix with the previous prompt + completion (log and API agree)
   bidi-content     bidirectional controls (U+202E, isolates, marks), markup and ANSI escapes in
-                   the completion (which differs once the process is warm), the log and /props
+                   the completion (which differs once the process is warm), the log, /props
+                   and the error-200 message
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ class Handler(BaseHTTPRequestHandler):
         if "json-list" in MODES:
             return self._json(200, [1, 2, SCRIPT])
         if "error-200" in MODES:
-            return self._json(200, {"error": {"code": 500, "message": SCRIPT + " \x1b[31mboom"}})
+            return self._json(200, {"error": {"code": 500, "message": SCRIPT + " \x1b[31mboom"
+                                              + (BIDI if "bidi-content" in MODES else "")}})
         if "truncated" in MODES:
             self.send_response(200)
             self.send_header("content-type", "application/json")
@@ -267,7 +269,7 @@ def main() -> None:
     parser.add_argument("--pidfile", default=None)
     parser.add_argument("--intermediate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--exit-parent", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # kind llama-server appends its own flags (-lv 4, ...)
     MODES.update(args.mode)
     if args.intermediate:  # the child of setsid-child / double-fork: forks the grandchild
         grandchild = sleeper(args.pidfile, setsid=True)
