@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-from shadowlab.errors import EngineError, QualificationError, ShadowlabError
+from shadowlab.errors import EngineError, InfrastructureError, QualificationError, ShadowlabError
 
 EXIT_QUALIFIED = 0
 EXIT_CHECK_FAILED = 1
@@ -111,7 +111,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     except QualificationError as exc:
         print(f"shadowlab: {_safe(exc)}", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    except EngineError as exc:
+    except (EngineError, InfrastructureError) as exc:
         print(f"shadowlab: {_safe(exc)}", file=sys.stderr)
         return EXIT_INFRASTRUCTURE
     except ShadowlabError as exc:
@@ -175,6 +175,8 @@ def _run(args: argparse.Namespace) -> int:
     outcome = run.run(options)  # run.Interrupted -> exit 130/143 in main()
     if outcome.run_dir is None:  # dry run
         return EXIT_QUALIFIED
+    # The run went through: a traceback left by an earlier attempt is about that one.
+    (outcome.run_dir / TRACEBACK_NAME).unlink(missing_ok=True)
     if args.no_report:
         return EXIT_QUALIFIED if outcome.all_ran else EXIT_INFRASTRUCTURE
     return _judge(outcome.run_dir, all_ran=outcome.all_ran)

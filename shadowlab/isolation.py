@@ -10,6 +10,10 @@ once on one machine can never hand the same core or port to two engines.
 An engine runs in its own session (``start_new_session``), so it and anything it
 forks form one process group that :meth:`EngineProcess.stop` signals as a whole
 (TERM, bounded wait, KILL) and then verifies is gone, together with its port.
+
+An engine's output goes straight to its log file (no pipe through shadowlab, which would
+slow a fast-logging engine down and skew its timings); the kernel caps that file instead
+(``RLIMIT_FSIZE``), so a flooding engine cannot fill the disk however fast it writes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import errno
 import json
 import os
 import random
+import resource
 import signal
 import socket
 import subprocess
@@ -243,15 +248,20 @@ def lease_port(host: str = "127.0.0.1", exclude: Iterable[int] = ()) -> PortLeas
     skip = set(exclude)
     candidates = [p for p in PORT_RANGE if p not in skip]
     random.Random().shuffle(candidates)
-    with filelock.FileLock(str(directory / "ports.lock"), timeout=30):
-        for port in candidates[:500]:
-            lease = _Lease(directory / f"port-{port}.lock")
-            if not lease.try_acquire():
-                continue
-            if port_is_free(port, host):
-                return PortLease(port, lease)
-            lease.release()
-    raise LeaseUnavailable("no free port found in 500 candidates")
+    tried = candidates[:500]
+    try:
+        with filelock.FileLock(str(directory / "ports.lock"), timeout=30):
+            for port in tried:
+                lease = _Lease(directory / f"port-{port}.lock")
+                if not lease.try_acquire():
+                    continue
+                if port_is_free(port, host):
+                    return PortLease(port, lease)
+                lease.release()
+    except filelock.Timeout:
+        raise LeaseUnavailable(f"{directory / 'ports.lock'} held by another process for 30 s") from None
+    raise LeaseUnavailable(f"no free port on {host}: {len(tried)} candidates in "
+                           f"{PORT_RANGE.start}-{PORT_RANGE.stop - 1} are all bound or leased")
 
 
 # ---------------------------------------------------------------------------- GPU
@@ -327,6 +337,7 @@ class EngineProcess:
         cores: Sequence[int],
         port: int,
         host: str = "127.0.0.1",
+        max_log_bytes: int | None = None,
     ) -> None:
         self.argv = list(argv)
         self.port = port
@@ -356,6 +367,9 @@ class EngineProcess:
             raise
         self.pid = self.popen.pid
         self.pgid = self.pid  # start_new_session: the child leads a new session and group
+        self.max_log_bytes = max_log_bytes
+        if max_log_bytes is not None:
+            cap_file_size(self.pid, max_log_bytes)
         # Descendants ever seen, as psutil handles: they check the process's creation
         # time, so a recycled pid is never mistaken for (or signalled as) one of ours.
         self._members: dict[int, psutil.Process] = {}
@@ -454,6 +468,15 @@ class EngineProcess:
     def log_tail(self, max_bytes: int = 4000) -> str:
         return read_log_tail(self.log_path, max_bytes)
 
+    def log_at_cap(self) -> bool:
+        """True when the log has reached max_log_bytes: the engine can write no more to it."""
+        if self.max_log_bytes is None:
+            return False
+        try:
+            return self.log_path.stat().st_size >= self.max_log_bytes
+        except FileNotFoundError:
+            return False
+
     # -- stop --------------------------------------------------------------------
 
     def stop(self, grace_s: float = 5.0, port_wait_s: float = 5.0) -> StopReport:
@@ -530,6 +553,16 @@ class EngineProcess:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.005 if not leader_gone else 0.02)
+
+
+def cap_file_size(pid: int, limit: int) -> None:
+    """RLIMIT_FSIZE on a started process: the kernel refuses its writes past ``limit`` bytes of
+    any file (a short write up to the limit, then EFBIG, or SIGXFSZ for a program that does not
+    ignore it). Set right after the spawn, so it holds for all the engine writes and forks."""
+    with contextlib.suppress(ProcessLookupError):
+        _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        limit = min(limit, 1 << 62) if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, limit))
 
 
 def wait_port_free(port: int, deadline: float, host: str = "127.0.0.1") -> bool:

@@ -188,6 +188,8 @@ SCHEMA: dict[str, Section] = {
         Key("gpu", "none | int", "none", "`none` hides every GPU; an index gives that device."),
         Key("keep_scratch", "bool", False, "Keep each cell's scratch directory after it ends."),
         Key("jobs", "int", 1, "Cells run at once (bounded by the free cores)."),
+        Key("max_log_mib", "int", 1024, "Cap on each engine's engine.log (MiB): an engine whose log "
+            "reaches it is stopped from writing more and its cell fails (infrastructure)."),
     )),
     "identity": Section("identity", (
         Key("required", "bool", True, "A warm turn whose output differs from its cold run fails the gate."),
@@ -400,6 +402,7 @@ class Isolation:
     gpu: int | None = None  # None: every GPU hidden
     keep_scratch: bool = False
     jobs: int = 1
+    max_log_mib: int = 1024  # an engine's log beyond this fails its cell (a flood, not a record)
 
 
 @dataclass(frozen=True)
@@ -1156,6 +1159,7 @@ def _isolation(value: Any, at: _At) -> Isolation:
         gpu=gpu,
         keep_scratch=_bool(*f["keep_scratch"]) if "keep_scratch" in f else False,
         jobs=_int(*f["jobs"], minimum=1) if "jobs" in f else 1,
+        max_log_mib=_int(*f["max_log_mib"], minimum=1) if "max_log_mib" in f else 1024,
     )
 
 

@@ -346,6 +346,16 @@ class RunLayout:
         return self.root / "environment.json"
 
     @property
+    def options(self) -> Path:
+        """The command-line options that change results (--fault, --request-timeout)."""
+        return self.root / "options.json"
+
+    @property
+    def lock(self) -> Path:
+        """flock'd by the shadowlab running in this directory; holds its pid."""
+        return self.root / ".shadowlab.lock"
+
+    @property
     def prompts_dir(self) -> Path:
         return self.root / "prompts"
 

@@ -13,13 +13,21 @@ group, verify it is gone and its port is free, write ``meta.json`` atomically.
 
 Interruption (SIGINT, SIGTERM) raises :class:`Interrupted` in the main thread; the
 run stops every live engine, lets running cells record ``aborted``, and re-raises
-(the CLI exits 130 / 143). ``--resume`` then reruns every cell not ``ok``.
+(the CLI exits 130 / 143). ``--resume`` then reruns every cell not ``ok``. The machine
+failing the run (no free port, the run directory full or read-only) stops it the same way
+with an :class:`InfrastructureError` (exit 3), the aborted cells saying why.
+
+One shadowlab at a time per run directory: ``RUN_DIR/.shadowlab.lock`` is flock'd for the
+whole run, and ``options.json`` keeps the options that change results, which a resume must
+repeat.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
+import fcntl
 import json
 import os
 import re
@@ -42,7 +50,14 @@ from shadowlab import environment, isolation, prompts, records
 from shadowlab import matrix as matrix_module
 from shadowlab import plan as plan_module
 from shadowlab.engines import EngineAdapter, EngineIdentity, TurnRequest, get_adapter
-from shadowlab.errors import EngineCrashError, EngineError, EngineStartError, ProtocolError, RunDirError
+from shadowlab.errors import (
+    EngineCrashError,
+    EngineError,
+    EngineStartError,
+    InfrastructureError,
+    ProtocolError,
+    RunDirError,
+)
 from shadowlab.isolation import EngineProcess
 from shadowlab.matrix import ChatPrompt, EngineSpec, Matrix
 from shadowlab.plan import Cell, Plan, Turn
@@ -52,13 +67,27 @@ from shadowlab.records import CellMeta, CellStatus, RunLayout
 # Bounds on waiting for the engine's log after an answer (the `prompt eval time` line is
 # written just before or after the HTTP response; it is normally there within milliseconds).
 LOG_SPAN_WAIT_S = 5.0
-PROMPT_EVAL_RE = re.compile(rb"prompt eval time\s*=")
-TASK_ID_RE = re.compile(rb"\| task (\d+) \|")
+# Bounded repetitions: a match is at most SPAN_OVERLAP bytes, so a span is read in chunks that
+# overlap by that much and nothing of an engine's log is ever held whole (it may be one line
+# of a gigabyte).
+PROMPT_EVAL_RE = re.compile(rb"prompt eval time\s{0,16}=")
+TASK_ID_RE = re.compile(rb"\| task (\d{1,18}) \|")
+SPAN_CHUNK = 1 << 20
+SPAN_OVERLAP = 64
 PORT_ATTEMPTS = 3
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
 READY_PROBE_TEXT = "shadowlab ready probe"
 CRASH_WAIT_S = 1.0  # after a broken connection, how long to wait for the engine's exit status
 MAX_RESPONSE_BYTES = 64 << 20  # an answer larger than this is an engine error, not a record
+# Exit statuses an engine may end with when shadowlab stops it: anything else (or exiting
+# before it was stopped) is the engine's own doing, and fails its cell.
+STOPPED_EXITS = {"TERM": {0, -signal.SIGTERM, 128 + signal.SIGTERM},
+                 "KILL": {0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGKILL}}
+# Errors of the machine, not of shadowlab, when it writes the run directory.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                            errno.EIO, errno.EFBIG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+                            errno.EMFILE, errno.ENFILE})
+INTERRUPTED_REASON = "shadowlab was interrupted; rerun with --resume"
 
 
 class ResponseTooLarge(Exception):
@@ -104,16 +133,19 @@ def run(options: RunOptions) -> RunOutcome:
     matrix = load_matrix(options.matrix_path)
     plan = build_plan(matrix)
     say = options.progress or _stderr_line
+    matrix_module.check_machine(matrix, cores=len(isolation.usable_cores()), warn=say if options.dry_run else None)
     if options.dry_run:
         print(plan.describe())
         return RunOutcome(None)
-    layout = open_run_dir(options, matrix)
-    write_run_records(layout, matrix, plan, resume=options.resume)
-    say(f"shadowlab: run directory {layout.root}")
-    with RunContext(layout, matrix, options, say) as ctx:
-        prepare_engines(ctx)
-        materialize_prompts(ctx)
-        statuses = run_cells(ctx, plan)
+    with storage_errors():
+        layout = open_run_dir(options, matrix)
+        with lock_run_dir(layout, resume=options.resume):
+            write_run_records(layout, matrix, plan, options)
+            say(f"shadowlab: run directory {layout.root}")
+            with RunContext(layout, matrix, options, say) as ctx:
+                prepare_engines(ctx)
+                materialize_prompts(ctx)
+                statuses = run_cells(ctx, plan)
     return RunOutcome(layout.root, statuses)
 
 
@@ -133,39 +165,128 @@ def open_run_dir(options: RunOptions, matrix: Matrix) -> RunLayout:
         if options.resume:
             raise RunDirError("--resume needs --out (the run directory to resume)", path=".")
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        root = options.reports_dir / f"{matrix.name}-{stamp}"
+        root = records.child_dir(options.reports_dir, f"{matrix.name}-{stamp}")
         suffix = 1
         while root.exists():  # two runs started within the same second
             suffix += 1
-            root = options.reports_dir / f"{matrix.name}-{stamp}-{suffix}"
+            root = records.child_dir(options.reports_dir, f"{matrix.name}-{stamp}-{suffix}")
     layout = RunLayout(root)
-    exists = root.exists() and any(root.iterdir())
-    if exists and not options.resume:
+    if root.exists() and not root.is_dir():
+        raise InfrastructureError(f"{root}: the run directory is not a directory",
+                                  hint="choose another --out")
+    check_run_dir(layout, resume=options.resume)
+    root.mkdir(parents=True, exist_ok=True)
+    return layout
+
+
+def check_run_dir(layout: RunLayout, *, resume: bool) -> None:
+    """A new run needs an empty directory, a resume one with a plan.json."""
+    root = layout.root
+    exists = root.is_dir() and any(p.name != layout.lock.name for p in root.iterdir())
+    if exists and not resume:
         raise RunDirError(
             "the run directory already exists and is not empty",
             path=str(root),
             hint="pass --resume to finish that run, or choose another --out",
         )
-    if options.resume and not layout.plan.exists():
+    if resume and not layout.plan.exists():
         raise RunDirError("nothing to resume: no plan.json", path=str(root),
                           hint="start the run without --resume")
-    root.mkdir(parents=True, exist_ok=True)
-    return layout
 
 
-def write_run_records(layout: RunLayout, matrix: Matrix, plan: Plan, *, resume: bool) -> None:
+@contextlib.contextmanager
+def lock_run_dir(layout: RunLayout, *, resume: bool) -> Iterator[None]:
+    """Hold an exclusive flock on RUN_DIR/.shadowlab.lock for the whole run.
+
+    Two shadowlab in one directory would run the same cells and overwrite each other's
+    records; the second is refused at once, naming the first's pid. The kernel drops the
+    lock when its holder dies (kill -9 included), so it is never stale. The file is left in
+    place: unlinking it would let a third process lock a fresh file while the second still
+    holds the old one.
+    """
+    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            raise RunDirError(
+                f"another shadowlab (pid {holder if holder.isdigit() else 'unknown'}) is running "
+                "in this run directory", path=str(layout.root),
+                hint="wait for it to end (or stop it), then --resume") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        check_run_dir(layout, resume=resume)  # again, now that no other run can change it
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+@contextlib.contextmanager
+def storage_errors() -> Iterator[None]:
+    """The run directory (or the disk under it) failing a write is the machine's failure:
+    one line naming the file and the cause, exit 3, never a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            raise
+        raise storage_failure(exc) from None
+
+
+def storage_failure(exc: OSError) -> InfrastructureError:
+    where = exc.filename if exc.filename is not None else "the run directory"
+    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return InfrastructureError(f"cannot write {where}: {exc.strerror or exc} ({code})",
+                               hint="free space or choose a writable --out, then rerun with --resume")
+
+
+def result_options(options: RunOptions) -> dict[str, Any]:
+    """The options that change what a run measures: a resume must repeat them."""
+    return {"faults": list(options.faults), "request_timeout_s": options.request_timeout_s}
+
+
+def write_run_records(layout: RunLayout, matrix: Matrix, plan: Plan, options: RunOptions) -> None:
     resolved = yaml.safe_dump(matrix.to_dict(), sort_keys=False, allow_unicode=True)
-    if resume:
+    if options.resume:
         if layout.matrix.read_text(encoding="utf-8") != resolved:
             raise RunDirError(
                 "the matrix changed since this run started; its cells would not be comparable",
                 path=str(layout.root),
                 hint="resume with the same matrix, or start a new run",
             )
+        check_resumed_options(layout, result_options(options))
         return
     records.write_bytes_atomic(layout.matrix, resolved.encode("utf-8"))
-    records.write_json_atomic(layout.plan, plan.to_dict())
+    records.write_json_atomic(layout.options, result_options(options))  # before plan.json:
+    records.write_json_atomic(layout.plan, plan.to_dict())  # a resumable run always has both
     records.write_json_atomic(layout.environment, environment.capture())
+
+
+def check_resumed_options(layout: RunLayout, now: dict[str, Any]) -> None:
+    """--resume with other --fault or --request-timeout would mix two experiments: refuse."""
+    try:
+        then = records.read_json(layout.options)
+    except (RunDirError, OSError, ValueError):
+        then = None
+    if not isinstance(then, dict):
+        raise RunDirError("no readable options.json: the --fault and --request-timeout this run "
+                          "started with are unknown", path=str(layout.root),
+                          hint="start a new run")
+    flags = {"faults": "--fault", "request_timeout_s": "--request-timeout"}
+    changed = [f"{flag} {_shown(then.get(key))} then, {_shown(now[key])} now"
+               for key, flag in flags.items() if then.get(key) != now[key]]
+    if changed:
+        raise RunDirError(f"options changed since this run started ({'; '.join(changed)}); its "
+                          "cells would not be comparable", path=str(layout.root),
+                          hint="resume with the options it started with, or start a new run")
+
+
+def _shown(value: Any) -> str:
+    if value is None or value == []:
+        return "not given"
+    return " ".join(map(str, value)) if isinstance(value, list) else f"{value:g}" \
+        if isinstance(value, float) else str(value)
 
 
 def prepare_engines(ctx: RunContext) -> None:
@@ -264,6 +385,7 @@ class RunContext:
         self.engines: dict[str, PreparedEngine] = {}
         self.unavailable: dict[str, str] = {}  # engine name -> why its cells cannot run
         self.stop = threading.Event()
+        self.stop_reason = INTERRUPTED_REASON  # what the cells aborted by `stop` record
         self._live: set[EngineProcess] = set()
         self._live_lock = threading.Lock()
         self._previous_handlers: dict[int, Any] = {}
@@ -295,6 +417,16 @@ class RunContext:
         self.stop.set()
         raise Interrupted(signum)
 
+    def halt(self, reason: str) -> None:
+        """Stop the run for a reason other than a signal (the machine failed it)."""
+        if not self.stop.is_set():
+            self.stop_reason = f"the run stopped: {reason}; rerun with --resume once it is fixed"
+        self.stop.set()
+
+    @property
+    def max_log_bytes(self) -> int:
+        return self.matrix.isolation.max_log_mib << 20
+
     # -- live engines --------------------------------------------------------------------
 
     def track(self, proc: EngineProcess) -> None:
@@ -316,7 +448,13 @@ class RunContext:
 
     @contextlib.contextmanager
     def cores(self, count: int) -> Iterator[isolation.CoreLease]:
-        lease = isolation.wait_for_cores(count, time.monotonic() + 3600, self.stop)
+        try:
+            lease = isolation.wait_for_cores(count, time.monotonic() + 3600, self.stop)
+        except isolation.LeaseUnavailable as exc:
+            if self.stop.is_set():
+                raise
+            raise InfrastructureError(f"no {count} free cores within an hour: {exc}",
+                                      hint="another shadowlab holds them; rerun with --resume") from None
         try:
             yield lease
         finally:
@@ -402,14 +540,21 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
         flags += [arg for fault in ctx.options.faults for arg in ("--fault", fault)]
     env, delta = cell_environment(ctx, engine, cell_env, threads)
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        port = isolation.lease_port()
+        try:
+            port = isolation.lease_port()
+        except isolation.LeaseUnavailable as exc:
+            raise InfrastructureError(f"no loopback port for an engine: {exc}",
+                                      hint="free some ports (or stop what holds them), then rerun "
+                                           "with --resume") from None
         argv = engine.adapter.command(engine.spec, flags, port.port, threads, log_path)
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
         try:
-            proc = EngineProcess(argv, env=env, cwd=scratch, log_path=log_path,
-                                 cores=cores.cores, port=port.port)
+            proc = EngineProcess(argv, env=env, cwd=scratch, log_path=log_path, cores=cores.cores,
+                                 port=port.port, max_log_bytes=ctx.max_log_bytes)
         except OSError as exc:
             port.release()
+            if exc.errno in STORAGE_ERRNOS and exc.filename != argv[0]:
+                raise storage_failure(exc) from None  # its log or scratch, not its binary
             raise EngineStartError(f"cannot start {argv[0]!r}: {exc}", engine=engine.spec.name) from None
         ctx.track(proc)
         cores.claim(proc.pid)
@@ -610,6 +755,8 @@ class CellScheduler:
                 cores = isolation.lease_cores(self.ctx.matrix.isolation.cores_per_cell)
             except isolation.LeaseUnavailable:
                 return True
+            except ValueError as exc:  # more cores per cell than this process may use
+                raise InfrastructureError(str(exc), hint="lower isolation.cores_per_cell") from None
             pending.remove(cell)
             index = total - len(pending)  # cells started, kept or skipped so far
             self.ctx.say(f"[{index}/{total}] start {cell.id} (cores {','.join(map(str, cores.cores))})")
@@ -671,29 +818,44 @@ class CellRunner:
         self.dir = ctx.layout.cell_dir(cell.id)
 
     def run(self) -> CellStatus:
+        """Run the cell and record it. Raises only when the run must stop: interrupted, or an
+        InfrastructureError (no port, the run directory unwritable), the cell then aborted."""
         t0 = time.monotonic()
-        self._fresh_directory()
         live: LiveEngine | None = None
+        halted: InfrastructureError | None = None
         try:
-            live = self.ctx_serving()
-            self._record_start(live)
-            self._run_turns(live)
+            with storage_errors():
+                self._fresh_directory()
+                live = self.ctx_serving()
+                self._record_start(live)
+                self._run_turns(live)
             self.meta.status = CellStatus.OK
         except EngineError as exc:
             live = live or getattr(exc, "failed_start", None)
             self._fail(exc.reason, live)
+        except InfrastructureError as exc:  # the machine's failure, not this cell's
+            halted = exc
+            self.ctx.halt(exc.message)
         except Exception as exc:  # noqa: BLE001 - one cell's surprise must not stop the run
             traceback.print_exc(file=sys.stderr)
             self._fail(f"{type(exc).__name__}: {exc}", live)
         finally:
             self._stop(live)
+            self._check_log_cap(live)
             self.meta.elapsed_ms = (time.monotonic() - t0) * 1000.0
             if self.ctx.stop.is_set() and self.meta.status is not CellStatus.OK:
                 self.meta.status = CellStatus.ABORTED
-                self.meta.reason = "shadowlab was interrupted; rerun with --resume"
+                self.meta.reason = self.ctx.stop_reason
             if not self.ctx.matrix.isolation.keep_scratch:
                 shutil.rmtree(self.ctx.layout.scratch(self.cell.id), ignore_errors=True)
-            records.write_meta(self.ctx.layout, self.meta)
+            try:
+                with storage_errors():
+                    records.write_meta(self.ctx.layout, self.meta)
+            except InfrastructureError as exc:  # unrecorded, so --resume runs the cell again
+                halted = halted or exc
+                self.ctx.halt(exc.message)
+        if halted is not None:
+            raise halted
         return self.meta.status
 
     def ctx_serving(self) -> LiveEngine:
@@ -732,17 +894,20 @@ class CellRunner:
     def _run_turns(self, live: LiveEngine) -> None:
         replies = self._earlier_replies()
         log = live.proc.log_path
-        previous: records.TurnRecord | None = None
+        previous: tuple[records.TurnRecord, LogSpan] | None = None
         for turn in self.cell.turns:
-            start = _line_boundary(log)
+            span = LogSpan(log, _line_boundary(log))
             if previous is not None:
                 # Spans are contiguous: lines written after a turn's `prompt eval time` line
                 # (release, stop processing) belong to it, up to the next request.
-                _set_span(previous, log, previous.log_offsets[0], start)
-            record = TurnExchange(self.ctx, self.engine, live, self.dir, turn, replies).run(start)
+                previous[1].extend(span.start)
+                previous[1].apply(previous[0])
+            record = TurnExchange(self.ctx, self.engine, live, self.dir, turn, replies).run(span)
             self.meta.turns.append(record)
-            previous = record
-            if record.error is not None:
+            previous = record, span
+            if record.error is None:
+                self._check_between_turns(live, turn)
+            else:
                 code = live.proc.poll()
                 if code is None and record.http_status is None:
                     # The connection broke: an engine that is dying says so within moments.
@@ -754,6 +919,39 @@ class CellRunner:
                 raise ProtocolError(f"turn {turn.index} failed: {record.error}", engine=self.engine.spec.name)
             if record.completion is not None:
                 replies[turn.index] = record.completion.text
+
+    def _check_between_turns(self, live: LiveEngine, turn: Turn) -> None:
+        """After every answer: the engine still running, on loopback only, its log not full.
+        Checked at start-up alone, an engine could turn any of them later and be qualified."""
+        name = self.engine.spec.name
+        code = live.proc.poll()
+        if code is not None:
+            raise EngineCrashError(f"engine exited on its own with code {code} after answering "
+                                   f"turn {turn.index}", engine=name, returncode=code)
+        exposed = live.proc.exposed_listeners()
+        if exposed:
+            raise EngineError(f"engine listens beyond loopback on {', '.join(exposed)} after turn "
+                              f"{turn.index}; engines must bind to 127.0.0.1 only", engine=name)
+        if live.proc.log_at_cap():
+            raise EngineError(self._log_cap_reason(), engine=name)
+
+    def _log_cap_reason(self) -> str:
+        return (f"engine.log reached its cap of {self.ctx.matrix.isolation.max_log_mib} MiB "
+                "(isolation.max_log_mib); the engine's further output was dropped")
+
+    def _check_log_cap(self, live: LiveEngine | None) -> None:
+        """A log that reached its cap fails the cell, whatever else happened (a crash by
+        SIGXFSZ, a turn without its log line), and says so in the log itself."""
+        if live is None or not live.proc.log_at_cap():
+            return
+        reason = self._log_cap_reason()
+        if self.meta.status is CellStatus.OK or not self.meta.reason:
+            self.meta.reason = reason
+        elif reason not in self.meta.reason:
+            self.meta.reason = f"{reason} ({self.meta.reason})"
+        self.meta.status = CellStatus.FAILED
+        with contextlib.suppress(OSError), open(live.proc.log_path, "ab") as fh:
+            fh.write(f"\n[shadowlab] {reason}\n".encode("ascii"))
 
     def _earlier_replies(self) -> dict[int, str]:
         """Replies a dependent chat cell splices in: its warm cell's answers, by turn index."""
@@ -780,9 +978,19 @@ class CellRunner:
             report = live.stop_report
             if self.meta.status is CellStatus.OK:
                 self.meta.status, self.meta.reason = CellStatus.FAILED, str(exc)
-        if report is not None:
-            self.meta.stop = records.StopRecord(report.signal_used, report.returncode, report.stop_ms,
-                                                report.survivors, report.port_free)
+        if report is None:
+            return
+        self.meta.stop = records.StopRecord(report.signal_used, report.returncode, report.stop_ms,
+                                            report.survivors, report.port_free)
+        if self.meta.status is CellStatus.OK and report.returncode is not None:
+            if report.signal_used == "none":  # it had exited before shadowlab stopped it
+                self.meta.status = CellStatus.FAILED
+                self.meta.reason = (f"engine exited on its own with code {report.returncode} "
+                                    "before shadowlab stopped it")
+            elif report.returncode not in STOPPED_EXITS[report.signal_used]:
+                self.meta.status = CellStatus.FAILED
+                self.meta.reason = (f"engine exited with code {report.returncode} when stopped "
+                                    f"by SIG{report.signal_used} (a crash, not the stop signal)")
 
 
 def gpu_record(requested: int | None, live: LiveEngine) -> records.Gpu:
@@ -809,8 +1017,8 @@ class TurnExchange:
         self.turn = turn
         self.replies = replies
 
-    def run(self, start: int) -> records.TurnRecord:
-        """Send the turn; its log span starts at byte ``start`` of engine.log."""
+    def run(self, span: LogSpan) -> records.TurnRecord:
+        """Send the turn; its log span starts at ``span.start`` (a byte offset of engine.log)."""
         request = self._request()
         path, body = self.engine.adapter.completion_request(request, self.ctx.matrix.generation)
         record = self._empty_record(request, path)
@@ -818,19 +1026,19 @@ class TurnExchange:
             status, raw, ttft_ms, response_ms = self._post(path, body)
         except httpx.TimeoutException:
             record.error = f"no answer within {self._timeout():g} s (request timeout)"
-            return self._close_span(record, start)
+            return self._close_span(record, span)
         except httpx.TransportError as exc:
             record.error = f"connection failed: {type(exc).__name__}: {exc}"
-            return self._close_span(record, start)
+            return self._close_span(record, span)
         except (httpx.HTTPError, ResponseTooLarge) as exc:  # malformed HTTP, oversized answer
             record.error = f"unreadable answer: {type(exc).__name__}: {exc}"
-            return self._close_span(record, start)
+            return self._close_span(record, span)
         record.http_status, record.ttft_ms, record.response_ms = status, ttft_ms, response_ms
         response_path = self.ctx.layout.response(self.cell_dir.name, self.turn.index)
         records.write_bytes_atomic(response_path, raw)
         record.response_file = response_path.relative_to(self.cell_dir).as_posix()
         self._read_answer(record, status, raw)
-        return self._close_span(record, start)
+        return self._close_span(record, span)
 
     def _request(self) -> TurnRequest:
         spec = self.ctx.matrix.prompts[self.turn.prompt_id]
@@ -915,27 +1123,51 @@ class TurnExchange:
         record.completion = records.Completion(result.text, list(result.tokens),
                                                records.sha256_text(result.text), result.stop_type)
 
-    def _close_span(self, record: records.TurnRecord, start: int) -> records.TurnRecord:
+    def _close_span(self, record: records.TurnRecord, span: LogSpan) -> records.TurnRecord:
         """Wait (bounded) for this turn's `prompt eval time` line; the span ends after it."""
-        log = self.live.proc.log_path
         # No line to wait for when the turn failed or the engine's log format is unknown.
         expect_line = record.error is None and self.engine.spec.log_family != "none"
         deadline = time.monotonic() + (LOG_SPAN_WAIT_S if expect_line else 0.0)
         while True:
-            end = _line_boundary(log)
-            if _set_span(record, log, start, end) or time.monotonic() >= deadline \
-                    or self.live.proc.poll() is not None:
+            span.extend(_line_boundary(span.path))
+            span.apply(record)
+            # No line will come from an engine that exited or can write no more to its log.
+            if span.complete or time.monotonic() >= deadline or self.live.proc.poll() is not None \
+                    or self.live.proc.log_at_cap():
                 return record
             time.sleep(0.01)
 
 
-def _set_span(record: records.TurnRecord, log: Path, start: int, end: int) -> bool:
-    """Give the record the log span [start, end); True when it holds a `prompt eval time` line."""
-    span = _read_span(log, start, end)
-    record.log_offsets = [start, end]
-    record.log_complete = PROMPT_EVAL_RE.search(span) is not None
-    record.task_ids = sorted({int(m) for m in TASK_ID_RE.findall(span)})
-    return record.log_complete
+class LogSpan:
+    """What a turn's span [start, end) of engine.log holds, read as it grows in chunks of
+    SPAN_CHUNK bytes: memory stays bounded whatever the engine writes, and each byte is read
+    about once however long the runner waits for the turn's `prompt eval time` line."""
+
+    def __init__(self, path: Path, start: int) -> None:
+        self.path, self.start, self.end = path, start, start
+        self.complete = False  # holds a `prompt eval time` line
+        self.task_ids: set[int] = set()
+
+    def extend(self, end: int) -> None:
+        if end <= self.end:
+            return
+        pos = max(self.start, self.end - SPAN_OVERLAP)  # a match cut by the previous end
+        with open(self.path, "rb") as fh:
+            while True:
+                want = min(SPAN_CHUNK, end - pos)
+                fh.seek(pos)
+                chunk = fh.read(want)
+                self.complete = self.complete or PROMPT_EVAL_RE.search(chunk) is not None
+                self.task_ids.update(int(m) for m in TASK_ID_RE.findall(chunk))
+                if len(chunk) < want or pos + want >= end:  # the span's end, or the file's
+                    break
+                pos += want - SPAN_OVERLAP
+        self.end = end
+
+    def apply(self, record: records.TurnRecord) -> None:
+        record.log_offsets = [self.start, self.end]
+        record.log_complete = self.complete
+        record.task_ids = sorted(self.task_ids)
 
 
 def _line_boundary(path: Path) -> int:
@@ -948,12 +1180,6 @@ def _line_boundary(path: Path) -> int:
         tail = fh.read(back)
     cut = tail.rfind(b"\n")
     return size - back + cut + 1 if cut >= 0 else size - back
-
-
-def _read_span(path: Path, start: int, end: int) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        return fh.read(max(0, end - start))
 
 
 def _stderr_line(text: str) -> None:

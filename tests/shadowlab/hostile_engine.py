@@ -40,6 +40,11 @@ Modes (repeatable):
   bidi-content     bidirectional controls (U+202E, isolates, marks), markup and ANSI escapes in
                    the completion (which differs once the process is warm), the log, /props
                    and the error-200 message
+  flood-line=N     every completion first writes N bytes of `z` to the log, no newline (in
+                   1 MiB writes; a write the log refuses, full or capped, is ignored)
+  bind-all-later   the first completion opens a listener on 0.0.0.0 (start-up was loopback only)
+  exit-after-answer  exit 134 right after the first completion answer, before its
+                   `prompt eval time` line (the runner waits for that line and sees the exit)
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 MODES: set[str] = set()
 LOG = sys.stderr.buffer
 TASK = [0]
+FLOOD = [0]  # flood-line=N
+LATE_LISTENERS: list[socket.socket] = []  # bind-all-later: kept open until the engine is stopped
 
 SCRIPT = "<script>alert('engine')</script>"
 # Reads "safe … txt.exe" in a browser or terminal that honours the override: Trojan Source.
@@ -67,8 +74,30 @@ COMPLETION = [97, 98, 32, 99]
 
 
 def log(line: bytes) -> None:
-    LOG.write(line + b"\n")
-    LOG.flush()
+    # Like a C server's fprintf: a log the disk or the size cap refuses does not stop serving.
+    try:
+        LOG.write(line + b"\n")
+        LOG.flush()
+    except OSError:
+        pass
+
+
+def flood(size: int) -> None:
+    chunk = b"z" * (1 << 20)
+    for offset in range(0, size, len(chunk)):
+        try:
+            LOG.write(chunk[:size - offset])
+            LOG.flush()
+        except OSError:
+            pass
+
+
+def listen_beyond_loopback() -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", 0))
+    sock.listen()
+    LATE_LISTENERS.append(sock)
 
 
 def log_garbage() -> None:
@@ -137,6 +166,10 @@ class Handler(BaseHTTPRequestHandler):
             n = sum(len(str(m.get("content", "")).encode("utf-8", "surrogatepass")) for m in body.get("messages", []))
         TASK[0] += 1
         task = TASK[0]
+        if FLOOD[0]:
+            flood(FLOOD[0])
+        if "bind-all-later" in MODES and not LATE_LISTENERS:
+            listen_beyond_loopback()
         log(b"slot launch_slot_: id  0 | task %d | processing task" % task)
         log(b"slot update_slots: id  0 | task %d | new prompt, n_ctx_slot = 4096, n_keep = 0, "
             b"task.n_tokens = %d" % (task, n))
@@ -184,9 +217,10 @@ class Handler(BaseHTTPRequestHandler):
             # ... while the log says every token was processed (full re-processing)
             log(b"slot update_slots: id  0 | task %d | forcing full prompt re-processing due to lack of "
                 b"cache data (likely due to SWA or hybrid/recurrent memory, see x)" % task)
-        log(b"slot print_timing: id  0 | task %d | prompt eval time =       1.00 ms / %5d tokens "
-            b"(    0.01 ms per token, 1000.00 tokens per second)" % (task, n if "lie-timings" in MODES else processed))
-        log(b"slot      release: id  0 | task %d | stop processing: n_tokens = %d" % (task, n + 4))
+        if "exit-after-answer" not in MODES:
+            log(b"slot print_timing: id  0 | task %d | prompt eval time =       1.00 ms / %5d tokens "
+                b"(    0.01 ms per token, 1000.00 tokens per second)" % (task, n if "lie-timings" in MODES else processed))
+            log(b"slot      release: id  0 | task %d | stop processing: n_tokens = %d" % (task, n + 4))
         text = "ab c" if "evil-content" not in MODES else (
             SCRIPT + "\x00\x1b[2J</svg>]]></failure><!-- *[x](javascript:alert(1))* | | \ud800 \udcff")
         if "bidi-content" in MODES:
@@ -203,6 +237,9 @@ class Handler(BaseHTTPRequestHandler):
             "usage": {"prompt_tokens": n, "completion_tokens": 4,
                       "prompt_tokens_details": {"cached_tokens": cached}},
         })
+        if "exit-after-answer" in MODES:
+            self.wfile.flush()
+            os._exit(134)  # like abort() once the answer went out
         return None
 
     @staticmethod
@@ -271,6 +308,9 @@ def main() -> None:
     parser.add_argument("--exit-parent", action="store_true", help=argparse.SUPPRESS)
     args, _ = parser.parse_known_args()  # kind llama-server appends its own flags (-lv 4, ...)
     MODES.update(args.mode)
+    for mode in args.mode:
+        if mode.startswith("flood-line="):
+            FLOOD[0] = int(mode.partition("=")[2])
     if args.intermediate:  # the child of setsid-child / double-fork: forks the grandchild
         grandchild = sleeper(args.pidfile, setsid=True)
         while not args.pidfile or not os.path.exists(args.pidfile):

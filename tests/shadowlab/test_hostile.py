@@ -214,7 +214,7 @@ def test_resume_refuses_another_engine_binary(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(["run", str(matrix), "--out", str(out), "--request-timeout", "2"]) == 3
     wrapper.write_text(wrapper.read_text() + "# another build\n")
-    code = cli.main(["run", str(matrix), "--out", str(out), "--resume"])
+    code = cli.main(["run", str(matrix), "--out", str(out), "--resume", "--request-timeout", "2"])
     err = capsys.readouterr().err
     assert code == 2, err
     assert "binary changed since this run started" in err and "Traceback" not in err
