@@ -44,7 +44,7 @@ enum kind {
 /* the scan words of logparse._SCAN_WORDS, in its order */
 enum word { W_CK, W_PROMPT, W_TRIM, W_KV, W_SELECTED, W_NONE = -1 };
 
-#define LOGSCAN_ABI 3      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
+#define LOGSCAN_ABI 4      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
 #define MAX_LINE (1 << 20) /* logparse.MAX_LINE */
 #define LOOK_BACK (1 << 16) /* logparse.LOOK_BACK */
 #define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
@@ -703,7 +703,9 @@ static int64_t cache_entry_length(const ctx_t *c, cp line, const num_t *keep, co
             p++;
         p = LIT(uint_(p, e, &ignore), e, ", f_keep = ");
         p = LIT(same_number(p, e, keep), e, ", f_sim = ");
-        if (same_number(p, e, sim) != NULL)
+        p = same_number(p, e, sim);
+        /* (?=[\s,)]|\Z): a number that runs on into other text is no f_sim */
+        if (p != NULL && (p == e || is_space(*p) || *p == ',' || *p == ')'))
             return n;
     }
     return low == c->from && line - c->from < LOOK_BACK ? NEED_PY : NO_INT;

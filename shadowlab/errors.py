@@ -3,18 +3,17 @@
     ShadowlabError                 base: catch this to catch everything shadowlab means to raise
     ├── MatrixError                the matrix file is wrong: file, line, key path, hint
     ├── RunDirError                the output directory cannot be used (e.g. reused without --resume)
+    ├── LogSourceError             what was given as an engine log cannot be read as one (path, type)
     ├── EngineError                an engine process failed the cell (engine, cell, reason, log tail)
     │   ├── EngineStartError       it never became ready (died, timed out, bad flags)
     │   ├── EngineCrashError       it died while the cell was running
     │   └── ProtocolError          it answered something shadowlab does not understand
-    ├── InfrastructureError        the machine failed the run: no free port, disk full, read-only --out
     └── QualificationError         the run finished but a check failed
 
 Every error renders as one readable message plus an optional `hint:` line saying what to do
 next (pip's DiagnosticPipError habit), so the CLI prints `str(error)` and never a traceback.
 Exit codes are decided in one place, the CLI/gate: matrix and run-directory errors are usage
-errors (2), engine and infrastructure errors are infrastructure failures (3), a failed
-qualification is 1.
+errors (2), engine errors are infrastructure failures (3), a failed qualification is 1.
 """
 
 from __future__ import annotations
@@ -25,11 +24,11 @@ __all__ = [
     "ShadowlabError",
     "MatrixError",
     "RunDirError",
+    "LogSourceError",
     "EngineError",
     "EngineStartError",
     "EngineCrashError",
     "ProtocolError",
-    "InfrastructureError",
     "QualificationError",
 ]
 
@@ -93,6 +92,20 @@ class RunDirError(ShadowlabError):
         return f"{self.path}: {self.message}"
 
 
+class LogSourceError(ShadowlabError):
+    """`logparse.parse` / `iter_events` was given something that is not a readable log: a path
+    that does not exist or is not a regular file, bytes, a text-mode file, another type. A usage
+    error (2): nothing was read. (A log that breaks off while being read, e.g. a corrupt .gz, is
+    not an error: `ParsedLog.source_error` says so and the events before it are kept.)"""
+
+    def __init__(self, message: str, *, source: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.source = source
+
+    def headline(self) -> str:
+        return f"{self.source}: {self.message}"
+
+
 class EngineError(ShadowlabError):
     """An engine process failed a cell. Carries the engine, the cell and the end of its log."""
 
@@ -135,12 +148,6 @@ class EngineCrashError(EngineError):
 
 class ProtocolError(EngineError):
     """The engine answered, but not in the shape shadowlab expects (status, JSON, fields)."""
-
-
-class InfrastructureError(ShadowlabError):
-    """The machine, not the engine or the input, stopped the run: no free loopback port, the run
-    directory full, read-only or not a directory. Exit 3; the cells already recorded stand and
-    ``--resume`` finishes the run once the cause is gone."""
 
 
 class QualificationError(ShadowlabError):

@@ -53,20 +53,25 @@ samples; it is never fatal. Lines without a trigger word are not events and not 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import re
+import stat
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat as _repeat
 from operator import lshift as _shift, or_ as _or
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar, Union
+
+from shadowlab.errors import LogSourceError
 
 try:  # the optional C accelerator of the fast path (setup.py builds it when a compiler exists)
     from shadowlab import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 3  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() this file expects
+_ACCEL_ABI = 4  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() this file expects
 
 
 def _usable(module: Any) -> Any:
@@ -80,9 +85,14 @@ _logscan = _usable(_logscan)
 FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "reference", "none")
 
 BLOCK_SIZE = 8 << 20
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_STEP = 1 << 16  # compressed bytes per decompress call (a corrupt stream is salvaged up to the error)
 MAX_LINE = 1 << 20
 LOOK_BACK = 1 << 16  # how far `found better prompt` looks back for its prompt-cache candidate
 MAX_SAMPLES = 5
+# What a matrix `log_patterns` regex sees of a line: its backtracking is its author's, so a
+# hostile line can cost it at most this much text, not MAX_LINE (real lines are < 600 chars).
+EXTRA_PATTERN_CHARS = 4096
 SAMPLE_CHARS = 240
 
 # --------------------------------------------------------------------------- events
@@ -421,6 +431,8 @@ class ParseStats:
     unknown_samples: list[tuple[int, str]] = field(default_factory=list)  # (line, text)
     ignored_count: int = 0  # known lines that are not events (e.g. `checking checkpoint with`)
     overlong_lines: int = 0
+    cut_lines: int = 0  # lines with a trigger word that ended without their newline (see _Scanner._cut)
+    source_error: str | None = None  # why reading stopped early (a corrupt .gz, a read error), else None
     kinds: Counter = field(default_factory=Counter)
 
     def unknown(self, line_no: int, text: str) -> None:
@@ -440,6 +452,8 @@ class ParsedLog:
     ignored_count: int
     overlong_lines: int
     counts: dict[str, int]
+    cut_lines: int = 0
+    source_error: str | None = None  # set when reading stopped early: the events before are kept
 
     def of(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]
@@ -449,11 +463,14 @@ class ParsedLog:
         return [e for e in self.events if start <= e.offset < end]
 
 
-def parse(
-    source: str | os.PathLike[str] | Iterable[str | bytes],
-    family: str = "llama.cpp",
-    extra_patterns: Sequence[ExtraPattern | str] = (),
-) -> ParsedLog:
+# A path (str or PathLike; a str is always a path), a binary file object, or an iterable of lines.
+Source = Union[str, "os.PathLike[str]", BinaryIO, Iterable[Union[str, bytes]]]
+
+
+def parse(source: Source, family: str = "llama.cpp", extra_patterns: Sequence[ExtraPattern | str] = ()) -> ParsedLog:
+    """Every event of the log, with its counters. Raises LogSourceError for what is not a log
+    (see `_check_source`); a log that breaks off while read (corrupt .gz) sets `source_error`."""
+    _check_source(source)
     stats = ParseStats(family=family)
     events: list[Event] = []
     for batch in _batches(source, family, extra_patterns, stats):
@@ -468,22 +485,25 @@ def parse(
         ignored_count=stats.ignored_count,
         overlong_lines=stats.overlong_lines,
         counts=dict(stats.kinds),
+        cut_lines=stats.cut_lines,
+        source_error=stats.source_error,
     )
 
 
 def iter_events(
-    source: str | os.PathLike[str] | Iterable[str | bytes],
+    source: Source,
     family: str = "llama.cpp",
     extra_patterns: Sequence[ExtraPattern | str] = (),
     stats: ParseStats | None = None,
 ) -> Iterator[Event]:
+    _check_source(source)  # now, not at the first next()
     # chain walks each block's list in C: a generator here cost ~50 ns per event, 12% of the
     # accelerated parse of a realistic log
     return chain.from_iterable(_batches(source, family, extra_patterns, stats))
 
 
 def _batches(
-    source: str | os.PathLike[str] | Iterable[str | bytes],
+    source: Source,
     family: str,
     extra_patterns: Sequence[ExtraPattern | str],
     stats: ParseStats | None,
@@ -498,16 +518,17 @@ def _batches(
     patterns = [ExtraPattern.from_regex(p) if isinstance(p, str) else p for p in extra_patterns]
     scanner = _Scanner(stats, [(p.trigger(), p, re.compile(p.regex)) for p in patterns])
     splitter = _Splitter()
-    for block in _blocks(source):
+    for block in _blocks(source, stats):
         yield scanner.process(splitter.split(block))
     if splitter.pending:
         yield scanner.process(splitter.split(b"", final=True))
 
 
 # What _Splitter cuts a stream into: (_LINES, body, lo, hi): complete lines body[lo:hi];
-# (_SKIP, n): n bytes of an overlong line already judged; (_OVERLONG, head, n): a line of n bytes
-# longer than MAX_LINE, judged on its head.
-_LINES, _SKIP, _OVERLONG = "lines", "skip", "overlong"
+# (_SKIP, n): n bytes of an overlong line already counted; (_OVERLONG, head, n): a line of n
+# bytes longer than MAX_LINE, cut at MAX_LINE; (_CUT, line): the stream's last line, without
+# its newline. Both of the last are cut lines: see _Scanner._cut.
+_LINES, _SKIP, _OVERLONG, _CUT = "lines", "skip", "overlong", "cut"
 
 
 class _Splitter:
@@ -530,43 +551,183 @@ class _Splitter:
             pos, self.skipping = nl + 1, False
         if self.pending:  # the line the previous chunk left open: completed on its own
             nl = chunk.find(b"\n", pos)
-            if nl == -1 and not final:
+            if nl == -1:
                 self.pending += chunk[pos:]
                 pos = size
             else:
-                stop = size if nl == -1 else nl + 1
-                line, self.pending, pos = self.pending + chunk[pos:stop], b"", stop
+                line, self.pending, pos = self.pending + chunk[pos : nl + 1], b"", nl + 1
                 pieces.append((_LINES, line, 0, len(line)))
-        end = size if final else chunk.rfind(b"\n", pos) + 1
+        end = chunk.rfind(b"\n", pos) + 1
         if end > pos:
             pieces.append((_LINES, chunk, pos, end))
             pos = end
         if pos < size:
             self.pending += chunk[pos:]
         if len(self.pending) > MAX_LINE:
-            # judge an overlong line on its first MAX_LINE bytes, skip the rest
+            # an overlong line: cut at MAX_LINE, the rest skipped
             pieces.append((_OVERLONG, bytes(self.pending[:MAX_LINE]), len(self.pending)))
             self.pending, self.skipping = b"", True
+        if final and self.pending:  # the last line has no newline: the writer may have been stopped mid-line
+            pieces.append((_CUT, bytes(self.pending)))
+            self.pending = b""
         return pieces
 
 
 # --------------------------------------------------------------------------- reading
 
 
-def _blocks(source: str | os.PathLike[str] | Iterable[str | bytes]) -> Iterator[bytes | bytearray]:
-    """Blocks of the source. A file is read into one reused buffer (a fresh 8 MiB object per
-    block cost more than the C scan of it): each block is valid until the next is asked for."""
+def _check_source(source: Any) -> None:
+    """Refuse what is not a log before anything is read: bytes (log text is not a path; pass a
+    path, a binary file or its lines), a path that is missing or not a regular file (a FIFO or a
+    device would be read forever), a text-mode file, anything not iterable."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        raise LogSourceError(
+            f"got {type(source).__name__} ({len(source)} bytes), not a log source", source="parse()",
+            hint="pass the log's path, a file opened with open(path, 'rb'), or its lines (data.splitlines())",
+        )
     if isinstance(source, (str, os.PathLike)):
-        buffer = bytearray(BLOCK_SIZE)
-        view = memoryview(buffer)
-        with open(source, "rb", buffering=0) as fh:
-            while n := fh.readinto(buffer):
-                yield buffer if n == BLOCK_SIZE else view[:n].tobytes()
+        path = os.fspath(source)
+        shown = path if len(path) <= 200 else path[:200] + "..."
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            text = "\n" in path
+            raise LogSourceError(
+                f"cannot read the log: {getattr(exc, 'strerror', None) or exc}", source=repr(shown),
+                hint="a str is a path; to parse log text pass text.splitlines()" if text else "check the path",
+            ) from None
+        if not stat.S_ISREG(mode):
+            raise LogSourceError(
+                "not a regular file", source=repr(shown),
+                hint="pass a log file; a stream can be given as a binary file object",
+            )
         return
+    if isinstance(source, io.TextIOBase):
+        raise LogSourceError(
+            "a file opened in text mode", source=repr(getattr(source, "name", "<file>")),
+            hint="open the log with open(path, 'rb') (or pass its path): offsets are byte offsets",
+        )
+    if not (callable(getattr(source, "read", None)) or isinstance(source, Iterable)):
+        raise LogSourceError(
+            f"got {type(source).__name__}, not a log source", source="parse()",
+            hint="pass the log's path, a binary file object or an iterable of lines",
+        )
+
+
+def _blocks(source: Source, stats: ParseStats) -> Iterator[bytes | bytearray]:
+    """Blocks of the source (checked by `_check_source`). A file or binary stream is gunzipped
+    when it starts with the gzip magic, whatever its name."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        try:
+            fh = open(path, "rb", buffering=0)
+        except OSError as exc:  # gone or unreadable since _check_source
+            raise LogSourceError(f"cannot read the log: {exc.strerror or exc}", source=repr(path)) from None
+        with fh:
+            yield from _stream(fh, stats)
+    elif callable(getattr(source, "read", None)):
+        yield from _stream(source, stats)  # type: ignore[arg-type]
+    else:
+        yield from _line_blocks(source)  # type: ignore[arg-type]
+
+
+def _stream(fh: BinaryIO, stats: ParseStats) -> Iterator[bytes | bytearray]:
+    """The log text of a binary stream, plain or gzip. A read error ends it early and is kept
+    in `stats.source_error`, as corrupt gzip data is."""
+    raw = _raw_blocks(fh, stats)
+    first = next(raw, b"")
+    if first[:2] == GZIP_MAGIC:
+        yield from _gunzip(chain((bytes(first),), raw), stats)
+    elif first:
+        yield first
+        yield from raw
+
+
+def _raw_blocks(fh: BinaryIO, stats: ParseStats) -> Iterator[bytes | bytearray]:
+    """Blocks as read. From a file with `readinto` they are read into one reused buffer (a fresh
+    8 MiB object per block cost more than the C scan of it): each is valid until the next."""
+    readinto = getattr(fh, "readinto", None)
+    buffer = bytearray(BLOCK_SIZE) if readinto is not None else None
+    view = memoryview(buffer) if buffer is not None else None
+    while True:
+        try:
+            if readinto is not None:
+                n = readinto(buffer)
+                data: Any = None if not n else buffer if n == BLOCK_SIZE else view[:n].tobytes()  # type: ignore[index]
+            else:
+                data = fh.read(BLOCK_SIZE) or None
+        except (OSError, ValueError) as exc:  # EIO, a closed file, ...
+            stats.source_error = f"reading stopped: {exc}"
+            return
+        if data is None:
+            return
+        if not isinstance(data, (bytes, bytearray)):
+            raise LogSourceError(
+                f"the file object gave {type(data).__name__}, not bytes", source=repr(getattr(fh, "name", "<file>")),
+                hint="open the log with open(path, 'rb')",
+            )
+        yield data
+
+
+def _gunzip(compressed: Iterator[bytes | bytearray], stats: ParseStats) -> Iterator[bytes]:
+    """Decompressed blocks (at most BLOCK_SIZE each: a gzip bomb costs time, not memory) of one
+    or more gzip members. Corrupt or truncated data ends the text there: what came before it is
+    given (the failing step is fed again in small pieces up to the error), the rest is reported
+    in `stats.source_error`."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    read = 0  # compressed bytes fed so far
+    for block in compressed:
+        view = memoryview(block)
+        for i in range(0, len(view), GZIP_STEP):
+            data: bytes = view[i : i + GZIP_STEP].tobytes()
+            while data:
+                if d.eof:  # a member ended and more follows (`cat a.gz b.gz`)
+                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                saved = d.copy()
+                try:
+                    out = d.decompress(data, BLOCK_SIZE)
+                except zlib.error as exc:
+                    yield from _salvage(saved, data)
+                    stats.source_error = f"corrupt gzip data within compressed bytes {read}-{read + len(data)} ({exc}): the text before it was read"
+                    return
+                if out:
+                    yield out
+                rest = d.unconsumed_tail or (d.unused_data if d.eof else b"")
+                read += len(data) - len(rest)
+                data = rest
+    if not d.eof:
+        stats.source_error = f"the gzip data ends early, after {read} compressed bytes (truncated): the text before it was read"
+
+
+def _salvage(d: Any, data: bytes) -> Iterator[bytes]:
+    """What `data` decompresses to before the byte zlib rejects, fed in small pieces."""
+    for i in range(0, len(data), 256):
+        piece = data[i : i + 256]
+        while piece and not d.eof:
+            try:
+                out = d.decompress(piece, BLOCK_SIZE)
+            except zlib.error:
+                return
+            if out:
+                yield out
+            piece = d.unconsumed_tail
+
+
+def _line_blocks(lines: Iterable[str | bytes]) -> Iterator[bytes]:
+    """An iterable of lines joined into blocks; each item is a whole line (a newline is added
+    where it has none), so no item is a cut line."""
     batch: list[bytes] = []
     size = 0
-    for line in source:
-        data = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else bytes(line)
+    for line in lines:
+        if isinstance(line, str):
+            data = line.encode("utf-8", "surrogateescape")
+        elif isinstance(line, (bytes, bytearray, memoryview)):
+            data = bytes(line)
+        else:
+            raise LogSourceError(
+                f"a line is {type(line).__name__}, not str or bytes", source="parse()",
+                hint="pass the log's path, a binary file object or an iterable of str / bytes lines",
+            )
         if not data.endswith(b"\n"):
             data += b"\n"
         batch.append(data)
@@ -622,23 +783,39 @@ _BENIGN = (
 
 _PREFIX = re.compile(r"\bid\s+(-?\d+)\s*\|\s*task\s+(-?\d+)\s*\|")
 _TIMING_HEADER = re.compile(rb"\bid\s+(-?\d+)\s*\|\s*task\s+(-?\d+)\s*\|")
-_FIELD = re.compile(r"([A-Za-z_][\w.]*)\s*=\s*(-?\d+(?:\.\d+)?)")
-_TOOK = re.compile(r"took\s+(-?\d+(?:\.\d+)?)\s*ms")
-_CREATED_NUM = re.compile(r"created context checkpoint\s+(\d+)\s+of\s+(\d+)")
+# Every pattern of the tolerant path costs time linear in the line (a hostile engine prints what
+# it likes, up to MAX_LINE bytes): a name is tried only where a run of name characters starts
+# (the lookbehind), and runs are taken whole (possessive), so no position is read twice per try.
+# `name = value`: the value is the token up to its delimiter (`,` `)` whitespace or the end);
+# a token that is not a whole number (`390<junk>6`) is _BROKEN, which int() and float() refuse:
+# the line is then not understood instead of read as 390.
+_FIELD = re.compile(r"(?<![\w.])(?:(?![A-Za-z_])[\w.])*+([A-Za-z_][\w.]*+)\s*+=\s*+(-?\d[^\s,)]*+)")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_BROKEN = "<broken value>"
+_DELIMITED = r"(?=[\s,)]|\Z)"  # what must follow a number read at the end of a pattern
+# `took X ms`; the second branch: `took` and a number that is not `X ms` (broken)
+_TOOK = re.compile(r"took\s++(?:(-?\d+(?:\.\d+)?)\s*ms|(?=-?\d))")
+# `created context checkpoint I of N`, or without the numbers (older builds); no match: broken
+_CREATED_NUM = re.compile(r"created context checkpoint(?:\s+(\d+)\s+of\s+(\d+)" + _DELIMITED + r"|(?!\s*+\d))")
 _TRIM = re.compile(r"(?:cached n_tokens|n_tokens|n_past)\s*=\s*(\d+)\s*,\s*memory_seq_rm\s*\[\s*(\d+)\s*,\s*end\)")
 _TRIM_P0 = re.compile(r"(?:memory_seq_rm|kv cache rm)\s*\[\s*(?:p0\s*=\s*)?(\d+)\s*,\s*end\)")
 _EVAL = re.compile(r"prompt eval time\s*=\s*(\d+(?:\.\d+)?)\s*ms\s*/\s*(\d+)\s*tokens")
 _SELECTED = re.compile(r"selected slot by\s+([A-Za-z]+)")
-_SAVE_LEN = re.compile(r"saving prompt with length\s+(\d+)")
+_SAVE_LEN = re.compile(r"saving prompt with length(?:\s+(\d+)" + _DELIMITED + r"|(?!\s*+\d))")
+_TRIM_KEY = re.compile(r"(?:n_tokens|n_past)\s*+=")  # a trim line naming its count, which _TRIM must read
 # What may stand before a message on a line without a slot prefix: timestamps, a level word,
 # and one `name:` tag (`srv  prompt_save:`, `llama_perf...:` is excluded elsewhere).
 _TIMESTAMP_HEAD = re.compile(
     r"(?:[\s\d\-:.,/+|\[\]TZ]|\b[IWEDN]\b|\b(?:INFO|WARN|ERROR|DEBUG|TRACE)\b)*"
     r"(?:(?:srv|slot|main|server)?\s*[A-Za-z_][\w ()]{0,30}:)?[\s\-]*"
 )
-_INFO_LINE = re.compile(r"\s*(?:INFO|VERB|WARN|ERR|ERROR|DEBUG)\s*\[[^\]]*\]\s*(.*?)(?:\s\|\s(.*))?\s*$")
-_INFO_KV = re.compile(r"(\w+)=(-?\d+)\b")
-_CACHE_CANDIDATE = re.compile(rb"prompt with length\s+(\d+), lcp =\s*\d+, f_keep = ([\d.]+), f_sim = ([\d.]+)")
+# `INFO [ func] message | k=v k=v`: the head; the message ends at the first ` | ` (_INFO_BAR)
+_INFO_LINE = re.compile(r"\s*+(?:INFO|VERB|WARN|ERR|ERROR|DEBUG)\s*+\[[^\]]*+\]\s*+")
+_INFO_BAR = re.compile(r"\s\|\s")
+_INFO_KV = re.compile(r"(?<!\w)(\w++)=(-?\d\S*+)")  # the value: the token up to whitespace
+_CACHE_CANDIDATE = re.compile(
+    rb"prompt with length\s+(\d+), lcp =\s*\d+, f_keep = ([\d.]+), f_sim = ([\d.]+)(?=[\s,)]|\Z)"
+)
 _ANSI = re.compile(r"\x1b\[[\d;]*m")
 
 
@@ -671,14 +848,24 @@ class _Scanner:
                 out += self._body(piece[1], piece[2], piece[3])
             elif piece[0] is _SKIP:
                 self._advance(piece[1], 0)
-            else:  # _OVERLONG
-                head, nbytes = piece[1], piece[2]
-                base_offset, base_line = self.offset, self.line_no
-                self._advance(nbytes, 1)
+            elif piece[0] is _OVERLONG:
                 self.stats.overlong_lines += 1
-                self.lo, self.tail = 0, b""  # what stood before the head was not kept
-                out += self._scan_body(head, 0, len(head), base_offset, base_line)
+                self._cut(piece[1], self.line_no + 1)
+                self._advance(piece[2], 1)
+                self.lo, self.tail = 0, b""  # what stood before the skipped rest was not kept
+            else:  # _CUT
+                self._cut(piece[1], self.line_no + 1)
+                self._advance(len(piece[1]), 1)
         return out
+
+    def _cut(self, head: bytes, line_no: int) -> None:
+        """A cut line: the last line of the stream without its newline, or the first MAX_LINE
+        bytes of an overlong line. It may end inside a value (`task.n_tokens = 4` of 4560), so
+        it is never read: with a trigger word it is counted unknown (and in `cut_lines`)."""
+        if any(t in head for t in self.triggers):
+            self.stats.candidate_lines += 1
+            self.stats.cut_lines += 1
+            self.stats.unknown(line_no, head[: SAMPLE_CHARS * 4].decode("utf-8", "replace"))
 
     def _advance(self, nbytes: int, lines: int) -> None:
         self.offset += nbytes
@@ -848,7 +1035,8 @@ class _Scanner:
         """A line the whole-line regexes did not take: `_fast_line`, then the tolerant path."""
         if stop - start > MAX_LINE:
             self.stats.overlong_lines += 1
-            stop = start + MAX_LINE
+            self._cut(bytes(body[start : start + MAX_LINE]), line_no)
+            return
         raw = body[start:stop]
         self.stats.candidate_lines += 1
         try:
@@ -877,7 +1065,7 @@ class _Scanner:
             text = _ANSI.sub("", text)
         for extra_trigger, pattern, rx in self.extra:
             if extra_trigger in raw:
-                m = rx.search(text)
+                m = rx.search(text, 0, EXTRA_PATTERN_CHARS)
                 if m:
                     ev = _extra_event(pattern, m, line_no, offset)
                     if ev is not None:
@@ -1078,7 +1266,7 @@ _CK_ANY = (
     rb"(?:(?P<index>\d+) of (?P<capacity>\d+) )?\(pos_min = (?P<pos_min>\d+), pos_max = (?P<pos_max>\d+), "
     rb"n_tokens = (?P<n_tokens>\d+)(?:, n_past = (?P<n_past>\d+))?(?:, n_swa = (?P<n_swa>\d+), "
     rb"pos_next = (?P<pos_next>\d+))?, size = (?P<size>\d+\.\d+) MiB(?:, took (?P<took>\d+\.\d+) ms)?\)(?P<K_CK>)"
-    rb"|[Cc]hecking checkpoint with \[[^|\n]*(?P<K_BENIGN>))"
+    rb"|[Cc]hecking checkpoint with \[[^|\n]*+(?P<K_BENIGN>))"
 )
 _CK_STRICT = (
     rb"|" + _STRICT_HEAD + rb"(?:superseding context checkpoint at n_tokens = (?P<sup_n>\d+)(?P<K_SUPERSEDED>)"
@@ -1094,7 +1282,7 @@ _PROMPT_ANY = (
     rb"|prompt eval time = +(?P<hl_ms>\d+(?:\.\d+)?) ms / +(?P<hl_n>\d+) tokens \([^)|\n]*\)(?P<K_HEADLESS_EVAL>)"
 )
 _PROMPT_STRICT = (
-    rb"|" + _STRICT_HEAD + rb"forcing full prompt re-processing[^|\n]*(?P<K_FORCED>)"
+    rb"|" + _STRICT_HEAD + rb"forcing full prompt re-processing[^|\n]*+(?P<K_FORCED>)"
     rb"|" + _SRV_HEAD + rb"get_availabl: (?:updating prompt cache|prompt cache update took \d+\.\d+ ms)(?P<K_SRV_BENIGN>)"
     rb"|" + _SRV_HEAD + rb"prompt_save: +- saving prompt with length (?P<save_n>\d+), "
     rb"total state size = (?P<save_size>\d+\.\d+) MiB(?: \(draft: \d+\.\d+ MiB\))?(?P<K_SAVED>)"
@@ -1216,8 +1404,10 @@ def _segments(text: str) -> Iterator[tuple[int | None, int | None, str, bool]]:
     if not prefixes:
         m = _INFO_LINE.match(text)
         if m is not None:  # ik / older upstream stdout: `INFO [ func] message | k=v k=v`
-            kv = dict(_INFO_KV.findall(m.group(2) or ""))
-            message = m.group(1)
+            rest = text[m.end() :]
+            bar = _INFO_BAR.search(rest)
+            message, pairs = (rest[: bar.start()], rest[bar.end() :]) if bar else (rest.rstrip(), "")
+            kv = {k: _checked(v) for k, v in _INFO_KV.findall(pairs)}
             if "p0" in kv:
                 message = message.replace("[p0, end)", f"[{kv['p0']}, end)")
             slot = int(kv["id_slot"]) if "id_slot" in kv else None
@@ -1238,8 +1428,13 @@ def _segments(text: str) -> Iterator[tuple[int | None, int | None, str, bool]]:
 def _fields(msg: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in _FIELD.findall(msg):
-        out.setdefault(key, value)
+        out.setdefault(key, _checked(value))
     return out
+
+
+def _checked(token: str) -> str:
+    """The token if it is a whole number, else _BROKEN (which int() and float() refuse)."""
+    return token if _NUMBER.fullmatch(token) else _BROKEN
 
 
 def _checkpoint_fields(msg: str, require_end: bool = True) -> dict[str, Any]:
@@ -1248,6 +1443,8 @@ def _checkpoint_fields(msg: str, require_end: bool = True) -> dict[str, Any]:
     f = _fields(msg)
     pos_min, pos_max = int(f["pos_min"]), int(f["pos_max"])
     took = _TOOK.search(msg)
+    if took is not None and took.group(1) is None:
+        raise ValueError("broken took value")
     out: dict[str, Any] = {
         "pos_min": pos_min,
         "pos_max": pos_max,
@@ -1281,8 +1478,11 @@ def _build(msg: str, common: dict[str, Any], scanner: _Scanner, body: bytes, sta
         c = _checkpoint_fields(msg)
         c.pop("_f")
         m = _CREATED_NUM.match(msg)
+        if m is None:
+            raise ValueError("broken checkpoint index")
+        index, capacity = m.groups()
         return CheckpointCreated(
-            **common, **c, index=int(m.group(1)) if m else None, capacity=int(m.group(2)) if m else None
+            **common, **c, index=None if index is None else int(index), capacity=None if capacity is None else int(capacity)
         )
     if msg.startswith("restored context checkpoint"):
         c = _checkpoint_fields(msg)
@@ -1314,6 +1514,8 @@ def _build(msg: str, common: dict[str, Any], scanner: _Scanner, body: bytes, sta
         m = _TRIM.search(msg)
         if m:
             return CacheTrim(**common, n_past=int(m.group(1)), p0=int(m.group(2)))
+        if _TRIM_KEY.search(msg):
+            raise ValueError("cache trim with a broken count")
         m = _TRIM_P0.search(msg)
         if m:
             return CacheTrim(**common, n_past=int(m.group(1)), p0=int(m.group(1)))
@@ -1355,8 +1557,11 @@ def _build(msg: str, common: dict[str, Any], scanner: _Scanner, body: bytes, sta
         raise ValueError("unknown prompt cache line")
     if msg.startswith("saving prompt with length"):
         m = _SAVE_LEN.match(msg)
+        if m is None:
+            raise ValueError("broken prompt length")
         f = _fields(msg)
-        return PromptCacheSaved(**common, n_tokens=int(m.group(1)) if m else None, size_mib=_opt_float(f, "size"))
+        length = m.group(1)
+        return PromptCacheSaved(**common, n_tokens=None if length is None else int(length), size_mib=_opt_float(f, "size"))
     if msg.startswith("found better prompt"):
         f = _fields(msg)
         f_keep, f_sim = _opt_float(f, "f_keep"), _opt_float(f, "f_sim", "sim")
