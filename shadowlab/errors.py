@@ -8,12 +8,14 @@
     │   ├── EngineStartError       it never became ready (died, timed out, bad flags)
     │   ├── EngineCrashError       it died while the cell was running
     │   └── ProtocolError          it answered something shadowlab does not understand
+    ├── InfrastructureError        the machine failed the run: no free port, disk full, read-only --out
     └── QualificationError         the run finished but a check failed
 
 Every error renders as one readable message plus an optional `hint:` line saying what to do
 next (pip's DiagnosticPipError habit), so the CLI prints `str(error)` and never a traceback.
 Exit codes are decided in one place, the CLI/gate: matrix and run-directory errors are usage
-errors (2), engine errors are infrastructure failures (3), a failed qualification is 1.
+errors (2), engine and infrastructure errors are infrastructure failures (3), a failed
+qualification is 1.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "EngineStartError",
     "EngineCrashError",
     "ProtocolError",
+    "InfrastructureError",
     "QualificationError",
 ]
 
@@ -148,6 +151,12 @@ class EngineCrashError(EngineError):
 
 class ProtocolError(EngineError):
     """The engine answered, but not in the shape shadowlab expects (status, JSON, fields)."""
+
+
+class InfrastructureError(ShadowlabError):
+    """The machine, not the engine or the input, stopped the run: no free loopback port, the run
+    directory full, read-only or not a directory. Exit 3; the cells already recorded stand and
+    ``--resume`` finishes the run once the cause is gone."""
 
 
 class QualificationError(ShadowlabError):
