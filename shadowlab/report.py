@@ -385,6 +385,12 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def turn_table_rows(cell: CellVerdict) -> int:
+    """Rows a cell takes in the turn table: one per turn, plus a row for a turn's impossible
+    figures and one for its disagreements and notes (the cell column spans them all)."""
+    return sum(1 + bool(t.implausible) + bool(t.disagreements or t.notes) for t in cell.turns)
+
+
 def _visible_output(value: Any) -> Any:
     """Each template output made visible before autoescape. Markup (a macro's own HTML, whose
     parts went through here already) passes as it is."""
@@ -407,7 +413,7 @@ def render_html(inputs: RunInputs, result: GateResult, metas: dict[str, CellMeta
         processes=engine_processes(metas), impossible=impossible_figures(run),
         counts=_status_counts(result.checks), totals=_totals(warm),
         outcome_class=OUTCOME_CLASS, identity_mark=IDENTITY_MARK, diff_split=diff_split,
-        describe_turn=describe_turn,
+        describe_turn=describe_turn, table_rows=turn_table_rows,
         Outcome=Outcome, IdentityStatus=IdentityStatus, CheckStatus=CheckStatus,
         TL_BAR_H=TL_BAR_H,
     )

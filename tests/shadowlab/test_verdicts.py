@@ -199,7 +199,7 @@ def test_verdicts_json_is_written_and_reads_back_equal(tmp_path):
     verdict = compute(run)
     assert read(run) == verdict
     data = json.loads((run / "verdicts.json").read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     (warm,) = [c for c in data["cells"] if c["cell_id"] == "reference.policy0.warm"]
     assert warm["turns"][1]["outcome"] == "restored"
     with pytest.raises(ValueError):
@@ -220,6 +220,24 @@ def test_a_v1_verdicts_json_is_upgraded_with_the_cascade_judgement_compute_makes
     assert [(c.cell_id, t.index, t.cascade_checked) for c in upgraded.cells for t in c.turns] == checked
     assert any(flag for _, _, flag in checked) and not all(flag for _, _, flag in checked)
     assert upgraded == verdict
+
+
+def test_a_v2_verdicts_json_is_upgraded_and_re_judged_for_impossible_figures(tmp_path):
+    """v2 files have no `implausible` nor `divergence_lower_bound`: reading one derives the flag
+    from compute's note and applies the plausibility rules to the turn's own figures."""
+    run = policy0_run(tmp_path)
+    verdict = compute(run)
+    data = json.loads((run / "verdicts.json").read_text())
+    for cell in data["cells"]:
+        for turn in cell["turns"]:
+            del turn["implausible"], turn["divergence_lower_bound"]
+    assert RunVerdict.from_dict({**data, "schema_version": 2}) == verdict
+    (warm,) = [c for c in data["cells"] if c["cell_id"] == "reference.policy0.warm"]
+    warm["turns"][1]["reused_api"] = 10 * warm["turns"][1]["prompt_tokens"]  # a lie an old gate let pass
+    warm["turns"][1]["notes"] = ["divergence point 7 is a lower bound: ..."]
+    upgraded = RunVerdict.from_dict({**data, "schema_version": 2}).cell("reference.policy0.warm").turns[1]
+    assert any("tokens reused of a" in p for p in upgraded.implausible), upgraded.implausible
+    assert upgraded.divergence_lower_bound
 
 
 # ---------------------------------------------------------------- broken engines
