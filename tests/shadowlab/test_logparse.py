@@ -479,3 +479,73 @@ def test_events_keep_the_frozen_keyword_only_record_api():
     assert old != close and isinstance(old, lp.CheckpointEvent) and isinstance(close, lp.Event)
     assert pickle.loads(pickle.dumps(ev)) == ev and copy.deepcopy(ev) == ev
     assert {ev, same} == {ev}
+
+
+# ---------------------------------------------------------------- cut lines, broken values, hostile lines
+
+
+def test_a_last_line_without_its_newline_is_cut_never_read(tmp_path):
+    line = b"slot a: id  0 | task 1 | created context checkpoint 1 of 64 (pos_min = 9, pos_max = 9, n_tokens = 10, size = 0.1 MiB)"
+    path = tmp_path / "engine.log"
+    path.write_bytes(line + b"\n" + line)  # even a last line that looks complete may have been cut
+    parsed = lp.parse(path, "llama.cpp")
+    assert [e.line for e in parsed.events] == [1]
+    assert (parsed.unknown_count, parsed.cut_lines, parsed.lines, parsed.bytes) == (1, 1, 2, 2 * len(line) + 1)
+    path.write_bytes(line + b"\n" + b"0.01 I srv  update: all slots are idle")  # no trigger word: not unknown
+    parsed = lp.parse(path, "llama.cpp")
+    assert (len(parsed.events), parsed.unknown_count, parsed.cut_lines, parsed.lines) == (1, 0, 0, 2)
+    # an iterable's items are whole lines, with or without their newline
+    assert len(lp.parse([line, line], "llama.cpp").events) == 2
+
+
+def test_an_overlong_line_is_cut_at_the_cap_never_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(lp, "MAX_LINE", 4096)
+    trim = b"0.1 I slot update_slots: id  0 | task 1 | cached n_tokens = 5, memory_seq_rm [5, end)"
+    cut = b"0.1 I slot x: id  0 | task 1 | new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 45"
+    cut = cut + b"6" * (4096 - len(cut)) + b"0" * 10  # the cap falls inside the number
+    path = tmp_path / "engine.log"
+    for block in (1 << 20, 1000):  # the line within one block, and across blocks
+        monkeypatch.setattr(lp, "BLOCK_SIZE", block)
+        path.write_bytes(trim + b"\n" + cut + b"\n" + trim + b"\n")
+        parsed = lp.parse(path, "llama.cpp")
+        assert [e.kind for e in parsed.events] == ["cache_trim", "cache_trim"], block
+        assert (parsed.overlong_lines, parsed.cut_lines, parsed.unknown_count) == (1, 1, 1), block
+
+
+@pytest.mark.parametrize("value, read", [
+    ("4560,", 4560), ("4560)", 4560), ("4560 ", 4560), ("4560", 4560),
+    ("456<junk>0,", None), ("4560x,", None), ("45.6.0,", None), ("4560\N{REPLACEMENT CHARACTER}", None),
+])
+def test_a_value_is_read_only_when_its_delimiter_follows(value, read):
+    line = f"slot x: id  0 | task 1 | superseding context checkpoint at n_tokens = {value}"
+    parsed = lp.parse([line], "llama.cpp")
+    assert [e.n_tokens for e in parsed.events] == ([] if read is None else [read])
+    assert parsed.unknown_count == (1 if read is None else 0)
+
+
+def test_info_lines_read_as_the_old_backtracking_regex_read_them():
+    """`_segments` reads `INFO [ f] message | k=v` lines without the old regex (quadratic on
+    runs of spaces); on every fixture INFO line and on odd spacing it finds what that regex found."""
+    import re
+
+    old_line = re.compile(r"\s*(?:INFO|VERB|WARN|ERR|ERROR|DEBUG)\s*\[[^\]]*\]\s*(.*?)(?:\s\|\s(.*))?\s*$")
+    old_kv = re.compile(r"(\w+)=(-?\d+)\b")
+    lines = {line.decode("utf-8", "replace") for path in ALL_LOGS for line in path.read_bytes().splitlines()
+             if line.lstrip().startswith((b"INFO", b"WARN", b"ERR", b"VERB", b"DEBUG"))}
+    assert len(lines) > 100
+    lines |= {"INFO [x]   kv cache rm [p0, end)   ", "INFO [x] msg  |  | id_slot=1 id_task=2 p0=3  ",
+              "INFO [x] | id_slot=1", "INFO [x] a |b | id_slot=1", "WARN [x]msg\t|\tp0=7"}
+    for text in lines:
+        m = old_line.match(text)
+        (slot, task, message, _), = lp._segments(text)
+        kv = dict(old_kv.findall(m.group(2) or ""))
+        want = m.group(1).replace("[p0, end)", f"[{kv['p0']}, end)") if "p0" in kv else m.group(1)
+        assert (message, slot, task) == (want, int(kv["id_slot"]) if "id_slot" in kv else None,
+                                         int(kv["id_task"]) if "id_task" in kv and int(kv["id_task"]) >= 0 else None), text
+
+
+def test_matrix_patterns_see_the_first_characters_of_a_line_only():
+    pattern = r"(?P<restored>)ckpt (?P<pos_min>\d+)-(?P<pos_max>\d+)"
+    near, far = "ckpt 1-2 " + "x" * 100, "x" * lp.EXTRA_PATTERN_CHARS + " ckpt 1-2"
+    parsed = lp.parse([near, far], "llama.cpp", [pattern])
+    assert [e.line for e in parsed.events] == [1] and parsed.unknown_count == 1  # the far one: not matched

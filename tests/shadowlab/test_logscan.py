@@ -38,7 +38,7 @@ def _both(source, family="llama.cpp", monkeypatch=None, **kw):
         return (
             [(type(e).__name__, tuple(e)) for e in events],
             stats.lines, stats.bytes, stats.candidate_lines, stats.unknown_count, stats.unknown_samples,
-            stats.ignored_count, stats.overlong_lines, dict(stats.kinds),
+            stats.ignored_count, stats.overlong_lines, stats.cut_lines, stats.source_error, dict(stats.kinds),
         )
 
     accelerated = run()
@@ -137,6 +137,8 @@ def _mutations(line: bytes, rng: random.Random) -> list[bytes]:
         out.append(line[:i] + b"9" * 5000 + line[i:])  # past int()'s limit
         out.append(line[:i] + b"-" + line[i:])  # a sign where none is expected
         out.append(line[:i] + b"." + line[i:])
+        out.append(line[: i + 1] + b"<junk>" + line[i + 1 :])  # text broken inside a value
+        out.append(line[: i + 1] + b"\xff" + line[i + 1 :])
     for junk in (b"\x00", b"\r", b"\t", b" ", b"|", b"\xff\xfe", b"\x1b[31m", "é".encode()):
         i = rng.randrange(len(line) + 1)
         out.append(line[:i] + junk + line[i:])
@@ -187,6 +189,9 @@ def test_found_better_prompt_finds_its_candidate_line_as_python_does(monkeypatch
         "beyond 64 KiB": [candidate] + filler * 2 + [found],
         "none": [other, found],
         "long length": [candidate.replace(b"4556", b"4" * 30), found],
+        "f_sim runs on": [candidate + b"7", found],  # 0.9157 is no 0.915
+        "f_sim broken": [candidate + b"<junk>", found],
+        "f_sim then text": [candidate + b" (best)", found],
     }
     for name, lines in cases.items():
         accelerated, pure = _both(lines, "llama.cpp", monkeypatch)
@@ -195,6 +200,9 @@ def test_found_better_prompt_finds_its_candidate_line_as_python_does(monkeypatch
     assert (loaded.n_tokens, loaded.f_keep, loaded.similarity) == (4556, 0.878, 0.915)
     (loaded,) = [e for e in lp.parse(cases["beyond 64 KiB"], "llama.cpp").events if e.kind == "cache_loaded"]
     assert loaded.n_tokens is None
+    for name, want in (("f_sim runs on", None), ("f_sim broken", None), ("f_sim then text", 4556)):
+        (loaded,) = [e for e in lp.parse(cases[name], "llama.cpp").events if e.kind == "cache_loaded"]
+        assert loaded.n_tokens == want, name
     # the candidate blocks before the line: the look-back reaches into the text kept from them
     monkeypatch.setattr(lp, "BLOCK_SIZE", 4096)
     for accelerated in (True, False):
