@@ -26,7 +26,6 @@ another machine from the directory alone.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.expectations import CheckResult, CheckStatus, evaluate as evaluate_checks
 from shadowlab.matrix import Matrix
 from shadowlab.matrix import load as load_matrix
-from shadowlab.records import RunLayout, terminal_safe
+from shadowlab.records import RunLayout, planned_cell_ids, read_json, terminal_safe
 
 EXIT_QUALIFIED = 0
 EXIT_CHECK_FAILED = 1
@@ -174,13 +173,13 @@ def load_run(run_dir: str | Path, *, write_verdicts: bool = False) -> RunInputs:
     layout = RunLayout(root)
     if not root.is_dir():
         raise RunDirError("not a directory", path=str(root), hint="pass reports/<run-id>")
-    if not layout.matrix.is_file():
+    if not layout.matrix.exists():
         raise RunDirError("no matrix.yaml: not a shadowlab run directory", path=str(root),
                           hint="pass the directory `shadowlab run` wrote (reports/<run-id>)")
     matrix = load_matrix(layout.matrix, check_files=False)  # MatrixError: exit 2
-    plan = _read_json_object(layout.plan) if layout.plan.is_file() else {}
-    planned = tuple(c.get("id") for c in plan.get("cells", []) if isinstance(c, dict) and c.get("id"))
-    environment = _read_json_object(layout.environment) if layout.environment.is_file() else {}
+    plan = _read_json_object(layout.plan) if layout.plan.exists() else {}
+    planned = planned_cell_ids(plan, source=str(layout.plan))
+    environment = _read_json_object(layout.environment) if layout.environment.exists() else {}
     if planned and not layout.cells_dir.is_dir() and not (root / "verdicts.json").is_file():
         # Planned, yet not one cell left a record (e.g. the engine could not be prepared):
         # every planned cell is then judged "never ran", an infrastructure failure.
@@ -195,20 +194,20 @@ def load_verdicts(root: Path, *, write: bool = False) -> verdicts.RunVerdict:
     if RunLayout(root).cells_dir.is_dir():
         return verdicts.compute(root, write=write)
     saved = root / "verdicts.json"
-    if saved.is_file():
+    if saved.exists():
         try:
             return verdicts.RunVerdict.from_dict(_read_json_object(saved))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise RunDirError(f"verdicts.json cannot be read: {exc}", path=str(saved)) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise RunDirError(f"verdicts.json cannot be read: {type(exc).__name__}: {exc}",
+                              path=str(saved)) from None
     raise RunDirError("no cells/ and no verdicts.json: nothing to judge", path=str(root),
                       hint="did `shadowlab run` finish writing this directory?")
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunDirError(f"cannot read: {exc}", path=str(path)) from None
+    """A record's JSON object through records.read_json: regular files only, size and depth
+    bounded, RunDirError naming the file otherwise."""
+    data = read_json(path)
     if not isinstance(data, dict):
         raise RunDirError("not a JSON object", path=str(path))
     return data

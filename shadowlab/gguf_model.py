@@ -37,13 +37,13 @@ Their presets are named `<arch>-<preset>` (`lfm2-tiny`), so a matrix's
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from shadowlab.records import atomic_path
 
 __all__ = [
     "ARCHS",
@@ -423,10 +423,8 @@ def write_gguf(preset_name: str, seed: int, path: str | Path, arch: str | None =
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tokens, types = vocab()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        writer = gguf.GGUFWriter(tmp, arch)
+    with atomic_path(path) as tmp:  # the file mode a plain open() gives (0666 & ~umask)
+        writer = gguf.GGUFWriter(str(tmp), arch)
         if isinstance(p, OtherPreset):
             _write_other_metadata(writer, p, seed)
         else:
@@ -438,10 +436,6 @@ def write_gguf(preset_name: str, seed: int, path: str | Path, arch: str | None =
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

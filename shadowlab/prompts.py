@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shadowlab.errors import RunDirError, ShadowlabError
+from shadowlab.records import read_json, write_bytes_atomic
 from shadowlab.matrix import (
     AppendPrompt,
     ChatPrompt,
@@ -226,35 +225,37 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def save(prompts: Mapping[str, MaterializedPrompt], path: str | Path) -> None:
     """Write {prompt_id: {kind, tokens, sha256, text_seed}} atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {pid: p.to_dict() for pid, p in prompts.items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, separators=(",", ":"))
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(Path(path), (json.dumps(data, separators=(",", ":")) + "\n").encode("utf-8"))
 
 
 def load(path: str | Path) -> dict[str, MaterializedPrompt]:
     """Read a prompts file back; every prompt's sha256 must match its tokens."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"cannot read prompts: {exc}", path=str(path)) from None
+        data = read_json(path)
+    except RunDirError as exc:
+        raise RunDirError(f"cannot read prompts: {exc.message}", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise RunDirError("not a JSON object of prompt id → prompt", path=str(path))
     out = {}
     for pid, entry in data.items():
+        tokens = entry.get("tokens") if isinstance(entry, dict) else None
+        if not (isinstance(tokens, list) and all(_is_token(t) for t in tokens)
+                and isinstance(entry.get("sha256"), str)):
+            raise RunDirError(f"{pid}: expected {{tokens: [token ids], sha256: str}}", path=str(path),
+                              hint="the file was edited or damaged; rerun the cells that use it")
         prompt = MaterializedPrompt.from_dict(pid, entry)
         if tokens_sha256(prompt.tokens) != prompt.sha256:
             raise RunDirError(f"prompt {pid!r}: sha256 does not match its tokens", path=str(path),
                               hint="the file was edited or damaged; rerun the cells that use it")
         out[pid] = prompt
     return out
+
+
+def _is_token(value: Any) -> bool:
+    """A token id as tokens_sha256 packs it (signed 32-bit)."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 31) <= value < 1 << 31
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ numbers copied from the engine, never evaluated or used as paths.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -36,11 +37,13 @@ import json
 import math
 import os
 import re
+import secrets
+import stat
 import sys
-import tempfile
 import textwrap
+import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,30 +207,89 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def _from_jsonable(tp: Any, value: Any) -> Any:
+class _FieldError(Exception):
+    """A record value of the wrong type; `where` is its field path (`turns[2].prompt_tokens`)."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where or '(top level)'}: {message}")
+
+
+def _json_type_name(value: Any) -> str:
     if value is None:
-        return None
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}" + ("…" if len(value) > 40 else "")
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"[:60]
+    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+
+
+def _from_jsonable(tp: Any, value: Any, where: str = "") -> Any:
+    """`value` (parsed JSON) as type `tp`, checked all the way down: a record is engine-made
+    and disk-made data, so a wrong type is reported with its field path, never met later."""
+    if tp is Any:
+        return value
     origin = typing.get_origin(tp)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _from_jsonable(inner[0], value) if len(inner) == 1 else value
+        if value is None:
+            return None
+        if len(inner) != 1:
+            raise TypeError(f"unsupported record type {tp}")  # a schema bug, not a bad record
+        return _from_jsonable(inner[0], value, where)
+    if value is None:
+        raise _FieldError(where, f"missing or null; expected {_type_name(tp)}")
     if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _FieldError(where, f"expected an object, got {_json_type_name(value)}")
         hints = typing.get_type_hints(tp)
-        kwargs = {f.name: _from_jsonable(hints[f.name], value.get(f.name)) for f in dataclasses.fields(tp)}
-        return tp(**kwargs)
+        prefix = f"{where}." if where else ""
+        return tp(**{f.name: _from_jsonable(hints[f.name], value.get(f.name), prefix + f.name)
+                     for f in dataclasses.fields(tp)})
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        known = [m.value for m in tp]
+        if value not in known:
+            raise _FieldError(where, f"{_json_type_name(value)} is not one of "
+                              + ", ".join(map(str, known)))
         return tp(value)
     if origin is list:
         (item,) = typing.get_args(tp) or (Any,)
-        return [_from_jsonable(item, v) for v in value]
-    return value
+        if not isinstance(value, list):
+            raise _FieldError(where, f"expected a list, got {_json_type_name(value)}")
+        return [_from_jsonable(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(tp) or (str, Any)
+        if not isinstance(value, dict):
+            raise _FieldError(where, f"expected an object, got {_json_type_name(value)}")
+        return {k: _from_jsonable(item, v, f"{where}.{k}") for k, v in value.items()}
+    return _scalar(tp, value, where)
+
+
+def _scalar(tp: Any, value: Any, where: str) -> Any:
+    if tp is float:  # JSON has one number type: 3 is a valid float
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else _wrong(where, "a number", value)
+    if tp is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _wrong(where, "an integer", value)
+    if tp in (str, bool):
+        return value if isinstance(value, tp) else _wrong(where, {str: "a string", bool: "true or false"}[tp], value)
+    raise TypeError(f"unsupported record type {tp}")
+
+
+def _wrong(where: str, expected: str, value: Any) -> typing.NoReturn:
+    raise _FieldError(where, f"expected {expected}, got {_json_type_name(value)}")
 
 
 def meta_from_dict(data: dict[str, Any], *, source: str = "<meta>") -> CellMeta:
-    """Read a meta.json object, upgrading older schemas; refuse newer ones."""
+    """Read a meta.json object, upgrading older schemas; refuse newer ones and wrong types
+    (RunDirError naming the file and the field)."""
+    if not isinstance(data, dict):
+        raise RunDirError("meta.json is not a JSON object", path=source)
     version = data.get("schema_version")
-    if not isinstance(version, int) or version < 1:
-        raise RunDirError(f"no valid schema_version ({version!r})", path=source)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise RunDirError(f"no valid schema_version ({_json_type_name(version)})", path=source)
     if version > SCHEMA_VERSION:
         raise RunDirError(
             f"meta.json schema_version {version} is newer than this shadowlab understands "
@@ -238,7 +300,12 @@ def meta_from_dict(data: dict[str, Any], *, source: str = "<meta>") -> CellMeta:
     while version < SCHEMA_VERSION:
         data = _UPGRADES[version](data)
         version = data["schema_version"]
-    return _from_jsonable(CellMeta, data)
+    try:
+        return _from_jsonable(CellMeta, data)
+    except _FieldError as exc:
+        raise RunDirError(f"not a valid cell record: {exc}", path=source,
+                          hint="the record was damaged or written by something else; "
+                               "rerun the cell with `shadowlab run --resume`") from None
 
 
 # schema_version n -> n + 1. Empty while there is only version 1.
@@ -285,28 +352,148 @@ def _finite(obj: Any) -> Any:
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same directory, fsync, rename: readers see old or new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A new empty file beside ``path`` for the caller to fill (by name, e.g. a library's
+    writer); when the block ends it is fsynced and renamed over ``path``, or removed if the
+    block raised. Every atomic writer of shadowlab goes through here.
+
+    The temp file is created with ``os.open(..., 0o666)``, so the kernel applies the umask
+    (and a default ACL) exactly as for a plain ``open()``: ``tempfile.mkstemp`` would make
+    every record 0600 whatever the user's umask, unlike engine.log beside it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _new_temp_file(path)
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        tmp.unlink(missing_ok=True)
         raise
 
 
-def read_json(path: Path) -> Any:
+def _new_temp_file(path: Path) -> Path:
+    # The name keeps at most 200 bytes of the target's: the temp name must fit NAME_MAX too.
+    stem = os.fsencode(path.name)[:200].decode("utf-8", "ignore")
+    for _ in range(100):
+        tmp = path.with_name(f".{stem}.{secrets.token_hex(6)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
+# ---------------------------------------------------------------- bounded reading
+
+# A record file larger than this is refused unread. meta.json is the largest record a real run
+# writes: prompt token ids and completion text per turn, each answer bounded by the runner's
+# 64 MiB response cap; 256 MiB leaves room for a few such turns and still bounds the reader
+# (json.loads takes roughly 10x the file size in memory).
+MAX_RECORD_BYTES = 256 << 20
+# JSON nested deeper than this is refused: shadowlab's own records nest under 10 levels (an
+# engine's /props a few more), and every later stage walks them recursively.
+MAX_JSON_DEPTH = 100
+
+
+class FileRefused(OSError):
+    """A path that is not a regular file (a device such as /dev/zero, a FIFO, a directory), or
+    one larger than its cap: refused without reading it, so the reader can neither hang nor
+    exhaust memory."""
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file (a symlink to one is fine) of at most
+    ``max_bytes``; else FileRefused. Other OSErrors (missing, no permission) pass through."""
+    # O_NONBLOCK: opening a FIFO for reading must not wait for a writer; it is then refused.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except json.JSONDecodeError as exc:
-        raise RunDirError(f"not valid JSON ({exc})", path=str(path)) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(f"not a regular file ({_file_kind(st.st_mode)}); nothing was read")
+        if st.st_size > max_bytes:
+            raise FileRefused(f"{st.st_size} bytes, more than the {_mib(max_bytes)} this file may hold; "
+                              "nothing was read")
+        chunks, size = [], 0
+        while size <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:  # it grew while being read
+            raise FileRefused(f"more than the {_mib(max_bytes)} this file may hold")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def read_json(path: Path, *, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """A record file's JSON, or RunDirError naming the file: missing, not a regular file, over
+    ``max_bytes``, not UTF-8, not strict JSON (NaN/Infinity are refused: shadowlab never writes
+    them), or nested deeper than MAX_JSON_DEPTH. Bounded in time and memory whatever is there."""
+    where = str(path)
+    try:
+        raw = read_regular_file(path, max_bytes)
+    except FileNotFoundError:
+        raise RunDirError("missing", path=where) from None
+    except OSError as exc:
+        raise RunDirError(f"cannot read: {exc.strerror or exc}", path=where) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunDirError(f"not UTF-8 text (invalid byte at offset {exc.start})", path=where) from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise RunDirError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", path=where) from None
+    except ValueError as exc:
+        raise RunDirError(f"not valid JSON ({exc})", path=where) from None
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise RunDirError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", path=where)
+    return data
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_depth(data: Any) -> int:
+    """How deeply containers nest in parsed JSON (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list):
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((v, depth + 1) for v in value if isinstance(v, (dict, list)))
+    return deepest
 
 
 def sha256_json(obj: Any) -> str:
@@ -367,7 +554,7 @@ class RunLayout:
         return self.root / "cells"
 
     def cell_dir(self, cell_id: str) -> Path:
-        return self.cells_dir / cell_id
+        return self.cells_dir / component(cell_id, where=self.cells_dir)
 
     def meta(self, cell_id: str) -> Path:
         return self.cell_dir(cell_id) / "meta.json"
@@ -382,6 +569,30 @@ class RunLayout:
         return self.cell_dir(cell_id) / "responses" / f"turn-{turn_index}.json"
 
 
+NAME_MAX_BYTES = 255  # a directory entry's name, on every file system shadowlab runs on
+
+
+def component(name: str, *, where: Path) -> str:
+    """``name`` if it is one path component (not empty, `.` or `..`; no `/` or NUL; at most 255
+    bytes), else RunDirError. Cell ids and run names come from a validated matrix; this is the
+    check at the place a path is made from one, so a hostile plan.json cannot lead outside."""
+    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name
+            or len(os.fsencode(name)) > NAME_MAX_BYTES):
+        raise RunDirError(f"{str(name)[:80]!r} is not a single directory name", path=str(where),
+                          hint="names may hold letters, digits, '_', '-' and '.', at most 255 bytes")
+    return name
+
+
+def child_dir(parent: Path, name: str) -> Path:
+    """``parent/name``, verified to lie inside ``parent`` (also when ``name`` is an existing
+    link): where a new run directory goes (``reports/<matrix name>-<time>``)."""
+    path = Path(parent) / component(name, where=Path(parent))
+    if path.resolve().parent != Path(parent).resolve():
+        raise RunDirError(f"{name!r} would lead outside {parent}", path=str(path),
+                          hint="remove the link, or pass --out")
+    return path
+
+
 def write_meta(layout: RunLayout, meta: CellMeta) -> Path:
     path = layout.meta(meta.cell_id)
     write_json_atomic(path, meta)
@@ -389,23 +600,42 @@ def write_meta(layout: RunLayout, meta: CellMeta) -> Path:
 
 
 def read_meta(path: Path) -> CellMeta:
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise RunDirError("meta.json is not a JSON object", path=str(path))
-    return meta_from_dict(data, source=str(path))
+    return meta_from_dict(read_json(path), source=str(path))
+
+
+def planned_cell_ids(plan: Any, *, source: str) -> tuple[str, ...]:
+    """The cell ids of a plan.json object, in order; RunDirError when it is not shaped like one."""
+    cells = plan.get("cells", []) if isinstance(plan, dict) else plan
+    if not isinstance(cells, list):
+        raise RunDirError(f"cells: expected a list, got {_json_type_name(cells)}", path=source)
+    ids = []
+    for index, cell in enumerate(cells):
+        cell_id = cell.get("id") if isinstance(cell, dict) else None
+        if not isinstance(cell_id, str):
+            raise RunDirError(f"cells[{index}].id: expected a string, got {_json_type_name(cell_id)}",
+                              path=source)
+        ids.append(cell_id)
+    return tuple(ids)
 
 
 def read_cell_metas(root: Path) -> dict[str, CellMeta]:
-    """Every cell's meta.json of a run directory, by cell id (plan order when plan.json exists)."""
+    """Every cell's meta.json of a run directory, by cell id (plan order when plan.json exists).
+    A record whose cell_id is not its directory's name is refused: readers use the id in paths."""
     layout = RunLayout(root)
-    order: list[str] = []
+    order: tuple[str, ...] = ()
     if layout.plan.exists():
-        plan = read_json(layout.plan)
-        cells = plan.get("cells", []) if isinstance(plan, dict) else plan
-        order = [c.get("id") or c.get("cell_id") for c in cells if isinstance(c, dict)]
+        order = planned_cell_ids(read_json(layout.plan), source=str(layout.plan))
     found = sorted(p.parent.name for p in layout.cells_dir.glob("*/meta.json"))
     ids = [c for c in order if c in found] + [c for c in found if c not in order]
-    return {cell_id: read_meta(layout.meta(cell_id)) for cell_id in ids}
+    metas = {}
+    for cell_id in ids:
+        path = layout.meta(cell_id)
+        meta = read_meta(path)
+        if meta.cell_id != cell_id:
+            raise RunDirError(f"cell_id: {meta.cell_id!r} is not the name of its directory",
+                              path=str(path))
+        metas[cell_id] = meta
+    return metas
 
 
 # ---------------------------------------------------------------- documentation
@@ -429,7 +659,14 @@ def schema_markdown() -> str:
         "",
         f"Schema version: **{SCHEMA_VERSION}**. Readers refuse files with a newer "
         "`schema_version`; older ones are upgraded step by step. Every file is written "
-        "atomically (temp file + rename).",
+        "atomically (temp file + rename), with the mode a plain `open()` gives (0666 & ~umask).",
+        "",
+        "Reading is bounded whatever a run directory holds: a record that is not a regular file "
+        "(a directory, a FIFO, a link to a device such as /dev/zero) is refused unread, and so is "
+        f"one larger than {_mib(MAX_RECORD_BYTES)}; JSON must be strict (no NaN) and nested at "
+        f"most {MAX_JSON_DEPTH} levels; every field must have the type below (`X | None`: X or "
+        "null). A record that breaks a rule is a RunDirError naming the file and the field path "
+        "(`turns[2].prompt_tokens`): `shadowlab report` and `shadowlab gate` exit 2.",
         "",
         "```",
         *textwrap.dedent(_LAYOUT_BLOCK).strip("\n").splitlines(),
