@@ -53,11 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="reuse --out: skip cells whose meta.json says ok, rerun the rest")
     run.add_argument("--dry-run", action="store_true", help="print the planned cells; start nothing")
-    run.add_argument("--jobs", type=int, default=None,
+    run.add_argument("--jobs", type=positive_int, default=None,
                      help="cells run at once, each on its own cores (default: the matrix's isolation.jobs)")
-    run.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
-                     help="pass --fault to every reference-engine cell (repeatable)")
-    run.add_argument("--request-timeout", type=float, default=None, metavar="S",
+    run.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]", type=fault_spec,
+                     help="pass --fault to every reference-engine cell (repeatable; "
+                          "one of the reference engine's faults: " + ", ".join(_known_faults()) + ")")
+    run.add_argument("--request-timeout", type=seconds, default=None, metavar="S",
                      help="seconds a turn may take before its cell fails (default: the engine's "
                           "request_timeout_s, else 300)")
     run.add_argument("--no-report", action="store_true",
@@ -71,6 +72,56 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="read production llama-server logs: lifecycle counts, shared prefixes, trace")
     importlib.import_module("shadowlab.logs").add_arguments(logs)
     return parser
+
+
+# ---------------------------------------------------------------- option values
+# Checked while parsing, so a bad value is argparse's usage error (exit 2), never a traceback
+# or a run that silently does something else.
+
+MAX_REQUEST_TIMEOUT_S = 86400.0  # a day; beyond it threading's waits overflow
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    # nan compares false with everything, so test what is allowed, not what is not.
+    if not 0 < value <= MAX_REQUEST_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(
+            f"expected seconds above 0 and at most {MAX_REQUEST_TIMEOUT_S:g}, got {text}")
+    return value
+
+
+def fault_spec(text: str) -> str:
+    """A --fault value the reference engine knows (its own parser, shadowlab_engine.faults)."""
+    try:
+        from shadowlab_engine.faults import FaultError, parse_faults
+    except ImportError:  # engine not installed: its cells report that when they start
+        return text
+    try:
+        parse_faults([text])
+    except FaultError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _known_faults() -> tuple[str, ...]:
+    try:
+        from shadowlab_engine.faults import KNOWN
+    except ImportError:
+        return ()
+    return KNOWN
 
 
 def optional_stage(module: str) -> ModuleType | None:
@@ -160,9 +211,6 @@ def write_traceback(run_dir: Path | None) -> Path:
 def _run(args: argparse.Namespace) -> int:
     from shadowlab import run
 
-    if args.jobs is not None and args.jobs < 1:
-        print("shadowlab: --jobs must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
     options = run.RunOptions(
         matrix_path=args.matrix,
         out=args.out,

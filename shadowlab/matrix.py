@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import yaml
 
 from shadowlab.errors import MatrixError
+from shadowlab.records import FileRefused, read_regular_file
 
 MATRIX_VERSION = 1
 
@@ -40,6 +41,20 @@ _DEFAULT_VERBOSITY = {"reference": ("-lv", "4"), "llama-server": ("-lv", "4"), "
 _DEFAULT_LEVEL_FAMILIES = ("ik_llama.cpp", "llama.cpp-legacy")
 # Names become parts of cell ids and directory names: no dots (the id separator), no slashes.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
+# A cell id joins at most five names with four dots and `control` (`e.c.control.s.p`): five
+# names of 48 characters make 251 bytes, within the 255 a directory name may have.
+MAX_NAME_CHARS = 48
+# Caps that keep loading and running bounded whatever the file says. The matrix file is read
+# whole before parsing (the shipped ones are a few KiB); a prompt is built in memory as text
+# and token ids before it is sent; free text is copied into every report.
+MAX_MATRIX_BYTES = 1 << 20
+MAX_PROMPT_TOKENS = 1 << 20
+MAX_TEXT_CHARS = 4096
+_MAX_INT = (1 << 63) - 1  # every integer must fit an engine's int64
+# The context an engine kind has without -c/--ctx-size (reference: shadowlab_engine.cli's
+# default; llama-server's depends on the build and the model, so it is not known here).
+DEFAULT_CONTEXT = {"reference": 8192}
+_CTX_FLAGS = ("-c", "--ctx-size")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -89,8 +104,9 @@ _PROMPT_COMMON = (
 SCHEMA: dict[str, Section] = {
     "matrix": Section("(top level)", (
         Key("version", "int", REQUIRED, f"Matrix format version; this shadowlab reads {MATRIX_VERSION}."),
-        Key("name", "str", REQUIRED, "Short name of the experiment (used in reports)."),
-        Key("description", "str", "", "Free text shown in the report."),
+        Key("name", "name", REQUIRED, "Short name of the experiment: the run directory is "
+            "`reports/<name>-<UTC time>`, so letters, digits, `_`, `-`, at most 48 characters."),
+        Key("description", "str", "", "Free text shown in the report (at most 4096 characters)."),
         Key("engines", "map name → engine", REQUIRED, "The engines under test (at least one)."),
         Key("configurations", "map name → configuration", "{default: {}}",
             "Named flag/env deltas applied on top of each engine's."),
@@ -126,7 +142,7 @@ SCHEMA: dict[str, Section] = {
     "model": Section("engines.<name>.model", (
         Key("preset", "str", None, "Reference-engine preset (generated on demand), with `seed`."),
         Key("seed", "int", 0, "Seed of the generated weights."),
-        Key("path", "path", None, "An existing model file (relative to the matrix file)."),
+        Key("path", "path", None, "An existing regular model file (relative to the matrix file)."),
         Key("gguf", "{preset, seed}", None, "A generated GGUF model (for llama-server)."),
     ), "Exactly one of `preset`, `path`, `gguf`."),
     "gguf": Section("engines.<name>.model.gguf", (
@@ -139,7 +155,8 @@ SCHEMA: dict[str, Section] = {
         Key("description", "str", "", "Free text shown in the plan and report."),
     )),
     "prompt.random": Section("prompts.<id> (kind: random)", _PROMPT_COMMON + (
-        Key("tokens", "int", REQUIRED, "Exact length in tokens."),
+        Key("tokens", "int", REQUIRED, "Exact length in tokens (at most 2^20; with n_predict it must "
+            "fit the engine's context)."),
         Key("seed", "int", REQUIRED, "Seed of the generated text."),
     )),
     "prompt.diverge": Section("prompts.<id> (kind: diverge)", _PROMPT_COMMON + (
@@ -178,13 +195,13 @@ SCHEMA: dict[str, Section] = {
         Key("sequence", "glob", "*", "Sequence name or `*` pattern."),
     )),
     "generation": Section("generation", (
-        Key("n_predict", "int", 16, "Tokens generated per turn."),
+        Key("n_predict", "int", 16, "Tokens generated per turn; with each prompt it must fit the context."),
         Key("temperature", "number", 0.0, "Must be ≤ 0 (greedy) unless `allow_sampling`."),
         Key("allow_sampling", "bool", False, "Accept temperature > 0 (identity checks become meaningless)."),
         Key("ignore_eos", "bool", False, "Keep generating past end-of-sequence."),
     )),
     "isolation": Section("isolation", (
-        Key("cores_per_cell", "int", 1, "Dedicated CPU cores per running cell."),
+        Key("cores_per_cell", "int", 1, "Dedicated CPU cores per running cell (at most the machine's)."),
         Key("gpu", "none | int", "none", "`none` hides every GPU; an index gives that device."),
         Key("keep_scratch", "bool", False, "Keep each cell's scratch directory after it ends."),
         Key("jobs", "int", 1, "Cells run at once (bounded by the free cores)."),
@@ -443,6 +460,8 @@ class Matrix:
     isolation: Isolation
     identity: Identity
     expectations: tuple[Expectation, ...]
+    # Lines of the keys that checks made after loading point at (`check_machine`).
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def selected(self) -> list[tuple[str, str, str]]:
         """(engine, configuration, sequence) of every warm cell, in matrix order."""
@@ -624,11 +643,15 @@ def _fields(value: Any, at: _At, section: str) -> dict[str, tuple[Any, _At]]:
     return {key: (v, at.key(key, value.value_lines[key])) for key, v in value.items()}
 
 
-def _int(value: Any, at: _At, minimum: int | None = None) -> int:
+def _int(value: Any, at: _At, minimum: int | None = None, maximum: int = _MAX_INT,
+         hint: str | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         at.fail(f"expected an integer, got {_describe(value)}")
     if minimum is not None and value < minimum:
         at.fail(f"expected an integer ≥ {minimum}, got {value}")
+    if value > maximum:
+        shown = str(value) if len(str(value)) <= 24 else f"a {len(str(value))}-digit number"
+        at.fail(f"{shown} is too large (at most {maximum})", hint)
     return value
 
 
@@ -649,7 +672,24 @@ def _str(value: Any, at: _At, *, nonempty: bool = True) -> str:
         at.fail(f"expected a string, got {_describe(value)}")
     if nonempty and not value.strip():
         at.fail("expected a non-empty string")
-    return value
+    return _no_nul(value, at)
+
+
+def _no_nul(text: str, at: _At) -> str:
+    # A NUL cannot be passed in an argv or environment entry, nor in a path: refuse it here,
+    # where it was written, rather than as a ValueError when the engine is spawned.
+    if "\0" in text:
+        at.fail("contains a NUL character (\\0)", "remove it: no program argument, variable or path can hold one")
+    return text
+
+
+def _text(value: Any, at: _At) -> str:
+    """Free text (descriptions): copied into the plan and every report, so bounded."""
+    text = _str(value, at, nonempty=False)
+    if len(text) > MAX_TEXT_CHARS:
+        at.fail(f"{len(text)} characters of free text; at most {MAX_TEXT_CHARS}",
+                "shorten it, or link to a longer note")
+    return text
 
 
 def _choice(value: Any, at: _At, choices: tuple[str, ...]) -> str:
@@ -664,7 +704,7 @@ def _scalar_text(value: Any, at: _At) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         at.fail(f"expected a string, got {_describe(value)}",
                 "quote it ('true', '1') if the engine wants that text" if isinstance(value, bool) else None)
-    return str(value)
+    return _no_nul(str(value), at)
 
 
 def _list(value: Any, at: _At) -> list[tuple[Any, _At]]:
@@ -690,9 +730,14 @@ def _env(value: Any, at: _At) -> dict[str, str]:
 
 
 def _name(value: Any, at: _At, what: str) -> str:
+    """A name that becomes part of a directory name: one safe path component, never `..`."""
     if not isinstance(value, str) or not _NAME_RE.match(value):
-        at.fail(f"{what} name {_describe(value)} cannot be used in a cell id",
-                "use letters, digits, '_' and '-' (no dots, slashes or spaces)")
+        shown = _describe(value if not isinstance(value, str) else value[:MAX_NAME_CHARS + 8])
+        at.fail(f"{what} name {shown} cannot be used in a cell id or directory name",
+                "use letters, digits, '_' and '-' (first not '-'; no dots, slashes or spaces)")
+    if len(value) > MAX_NAME_CHARS:
+        at.fail(f"{what} name is {len(value)} characters long; at most {MAX_NAME_CHARS}",
+                "cell ids join up to five names into one directory name, which may have 255 bytes")
     return value
 
 
@@ -732,9 +777,13 @@ def load(path: str | Path, *, check_files: bool = True) -> Matrix:
     path = Path(path)
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_file(path, MAX_MATRIX_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise MatrixError("no such matrix file", file=file, hint="check the path") from None
+    except FileRefused as exc:
+        raise MatrixError(f"cannot read the matrix file: {exc}", file=file,
+                          hint="a matrix is a regular YAML file of at most "
+                               f"{MAX_MATRIX_BYTES >> 20} MiB") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MatrixError(f"cannot read the matrix file: {exc}", file=file) from None
     data = _parse_yaml(text, file)
@@ -744,6 +793,9 @@ def load(path: str | Path, *, check_files: bool = True) -> Matrix:
 
 def loads(text: str, *, file: str = "<matrix>", base_dir: str | Path = ".", check_files: bool = True) -> Matrix:
     """Like `load`, from text (file names the source in errors; paths resolve under base_dir)."""
+    if len(text) > MAX_MATRIX_BYTES:
+        raise MatrixError(f"{len(text)} characters; a matrix may hold at most {MAX_MATRIX_BYTES >> 20} MiB",
+                          file=file)
     data = _parse_yaml(text, file)
     ctx = _Context(file=file, base_dir=Path(base_dir).resolve(), check_files=check_files)
     return _matrix(data, ctx, Path(file))
@@ -771,8 +823,8 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
     matrix = Matrix(
         path=path,
         version=version,
-        name=_str(*f["name"]),
-        description=_str(*f["description"], nonempty=False) if "description" in f else "",
+        name=_name(*f["name"], "matrix"),
+        description=_text(*f["description"]) if "description" in f else "",
         engines=engines,
         configurations=configurations,
         prompts=prompts,
@@ -782,16 +834,26 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
         isolation=isolation,
         identity=_identity(*f["identity"]) if "identity" in f else Identity(),
         expectations=(),
+        lines={"isolation.cores_per_cell": _line_of(data, "isolation", "cores_per_cell")},
     )
     if not matrix.selected():
         (f["cells"][1] if "cells" in f else root).fail("the matrix selects no cells",
                                                         "check cells.include / cells.exclude")
     _check_chat_turns(matrix, f["sequences"][1], data["sequences"])
+    _check_context(matrix, f["prompts"][1], data["prompts"])
     if "expectations" in f:
         selected = matrix.selected()
         expectations = tuple(_expectation(v, a, matrix, selected) for v, a in _list(*f["expectations"]))
         matrix = replace(matrix, expectations=expectations)
     return matrix
+
+
+def _line_of(data: _LineMap, section: str, key: str) -> int | None:
+    """Where `section.key` is written, else where `section` is, else None."""
+    body = data.get(section)
+    if isinstance(body, _LineMap) and key in body:
+        return body.value_lines[key]
+    return data.key_lines.get(section)
 
 
 def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
@@ -879,6 +941,10 @@ def _existing_path(value: Any, at: _At, ctx: _Context, what: str) -> Path:
     if ctx.check_files and not path.exists():
         at.fail(f"{what} {text!r} does not exist (looked for {path})",
                 "relative paths are resolved from the matrix file's directory")
+    if ctx.check_files and not path.is_file():
+        # A device (/dev/zero), a FIFO or a directory would be hashed or read forever.
+        at.fail(f"{what} {text!r} is not a regular file (looked for {path})",
+                f"name the {what} itself")
     return path
 
 
@@ -938,7 +1004,7 @@ def _configuration(name: str, body: Any, at: _At) -> ConfigurationSpec:
         name=name,
         flags=_str_list(*f["flags"]) if "flags" in f else (),
         env=_env(*f["env"]) if "env" in f else {},
-        description=_str(*f["description"], nonempty=False) if "description" in f else "",
+        description=_text(*f["description"]) if "description" in f else "",
     )
 
 
@@ -987,7 +1053,7 @@ def _prompt(pid: str, body: Any, at: _At, names: list[str], kinds: Mapping[str, 
     if delimiters and endpoint != "completion":
         f["message_delimiters"][1].fail("message_delimiters only applies to the completion endpoint")
     common = dict(id=pid, kind=kind, endpoint=endpoint, message_delimiters=delimiters,
-                  description=_str(*f["description"], nonempty=False) if "description" in f else "")
+                  description=_text(*f["description"]) if "description" in f else "")
 
     def source() -> PromptSpec:
         src_at = f["from"][1]
@@ -1002,10 +1068,10 @@ def _prompt(pid: str, body: Any, at: _At, names: list[str], kinds: Mapping[str, 
         return spec
 
     if kind == "random":
-        return RandomPrompt(**common, tokens=_int(*f["tokens"], minimum=1), seed=_int(*f["seed"], minimum=0))
+        return RandomPrompt(**common, tokens=_tokens(*f["tokens"]), seed=_int(*f["seed"], minimum=0))
     if kind == "diverge":
         src = source()
-        tokens = _int(*f["tokens"], minimum=2)
+        tokens = _tokens(*f["tokens"], minimum=2)
         shared = _int(*f["shared"], minimum=1)
         if shared >= src.length:
             f["shared"][1].fail(f"shared {shared} must be below the length of {src.id!r} ({src.length} tokens)",
@@ -1016,12 +1082,23 @@ def _prompt(pid: str, body: Any, at: _At, names: list[str], kinds: Mapping[str, 
         return DivergePrompt(**common, source=src.id, shared=shared, tokens=tokens, seed=_int(*f["seed"], minimum=0))
     if kind == "append":
         src = source()
-        return AppendPrompt(**common, source=src.id, extra=_int(*f["extra"], minimum=1),
+        extra = _tokens(*f["extra"])
+        if src.length + extra > MAX_PROMPT_TOKENS:
+            f["extra"][1].fail(f"{src.id!r} ({src.length} tokens) + extra {extra} is longer than "
+                               f"{MAX_PROMPT_TOKENS} tokens", _TOKENS_HINT)
+        return AppendPrompt(**common, source=src.id, extra=extra,
                             seed=_int(*f["seed"], minimum=0), source_length=src.length)
     if kind == "unrelated":
-        return UnrelatedPrompt(**common, tokens=_int(*f["tokens"], minimum=1), seed=_int(*f["seed"], minimum=0),
+        return UnrelatedPrompt(**common, tokens=_tokens(*f["tokens"]), seed=_int(*f["seed"], minimum=0),
                                unrelated_to=_unrelated_to(pid, f, names, kinds, build))
     return ChatPrompt(**common, messages=_messages(*f["messages"]))
+
+
+_TOKENS_HINT = "a prompt is built in memory and must fit the engine's context (-c/--ctx-size)"
+
+
+def _tokens(value: Any, at: _At, minimum: int = 1) -> int:
+    return _int(value, at, minimum=minimum, maximum=MAX_PROMPT_TOKENS, hint=_TOKENS_HINT)
 
 
 def _unrelated_to(pid: str, f: dict[str, tuple[Any, _At]], names: list[str], kinds: Mapping[str, Any],
@@ -1104,6 +1181,63 @@ def _check_chat_turns(matrix: Matrix, at: _At, raw: _LineMap) -> None:
                         "from_turn must name an earlier turn (0-based) of every sequence using the prompt")
 
 
+def context_size(engine: EngineSpec, configuration: ConfigurationSpec) -> tuple[int | None, str]:
+    """The context (tokens) a cell of `engine` × `configuration` gets, and where that comes from:
+    the last -c/--ctx-size of the command, the engine's flags and the configuration's (in the
+    order the engine sees them), else the engine kind's default. None when not known here."""
+    args = [*(engine.command or ()), *engine.flags, *configuration.flags]
+    value = None
+    for index, arg in enumerate(args):
+        if arg in _CTX_FLAGS and index + 1 < len(args):
+            value = f"{arg} {args[index + 1]}"
+        elif arg.startswith("--ctx-size="):
+            value = arg.replace("=", " ", 1)
+    if value is None:
+        default = DEFAULT_CONTEXT.get(engine.kind)
+        return default, f"the {engine.kind} engine's default {default}"
+    try:
+        size = int(value.split(" ", 1)[1])
+    except ValueError:
+        return None, value  # not a number: the engine itself will refuse it
+    return (size if size > 0 else None), value  # llama.cpp's -c 0: the model's own, unknown here
+
+
+def _check_context(matrix: Matrix, at: _At, raw: _LineMap) -> None:
+    """A token prompt (+ n_predict) longer than a cell's context would be refused by the engine
+    (HTTP 400) only after minutes of building and tokenizing it: refuse it now."""
+    n_predict = matrix.generation.n_predict
+    for engine, configuration, sequence in matrix.selected():
+        size, source = context_size(matrix.engines[engine], matrix.configurations[configuration])
+        if size is None:
+            continue
+        for pid in matrix.sequences[sequence].prompts:
+            length = matrix.prompts[pid].length
+            if length is not None and length + n_predict > size:
+                at.key(pid, raw.key_lines[pid]).fail(
+                    f"prompt {pid!r} needs {length + n_predict} tokens of context ({length} + n_predict "
+                    f"{n_predict}), but engine {engine!r} with configuration {configuration!r} has "
+                    f"{size} ({source})",
+                    f"shorten the prompt, or give a larger -c/--ctx-size in engines.{engine}.flags "
+                    f"or configurations.{configuration}.flags")
+
+
+def check_machine(matrix: Matrix, *, cores: int, warn: Callable[[str], None] | None = None) -> None:
+    """What this machine must offer before anything starts: more cores per cell than the process
+    may use can never be leased. MatrixError, or with `warn` (a dry run) a warning."""
+    need = matrix.isolation.cores_per_cell
+    if need <= cores:
+        return
+    error = MatrixError(
+        f"{need} cores per cell, but this process may use only {cores}",
+        file=str(matrix.path), line=matrix.lines.get("isolation.cores_per_cell"),
+        key_path="isolation.cores_per_cell",
+        hint=f"lower isolation.cores_per_cell (and engine threads) to at most {cores}, "
+             "or run on a machine with more cores")
+    if warn is None:
+        raise error
+    warn(f"shadowlab: warning: {error}")
+
+
 def _selection(f: dict[str, tuple[Any, _At]], names: Mapping[str, Iterable[str]]) -> Selection:
     """The engine/configuration/sequence patterns among checked fields; each must match a name."""
     patterns = {}
@@ -1133,7 +1267,7 @@ def _cells(value: Any, at: _At, engines: Mapping, configurations: Mapping, seque
 def _generation(value: Any, at: _At) -> Generation:
     f = _fields(value, at, "generation")
     g = Generation(
-        n_predict=_int(*f["n_predict"], minimum=1) if "n_predict" in f else 16,
+        n_predict=_tokens(*f["n_predict"]) if "n_predict" in f else 16,
         temperature=_number(*f["temperature"]) if "temperature" in f else 0.0,
         allow_sampling=_bool(*f["allow_sampling"]) if "allow_sampling" in f else False,
         ignore_eos=_bool(*f["ignore_eos"]) if "ignore_eos" in f else False,
@@ -1217,7 +1351,7 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
         checkpoints_created_at=created,
         identity=_bool(*f["identity"]) if "identity" in f else None,
         cascade=cascade,
-        description=_str(*f["description"], nonempty=False) if "description" in f else "",
+        description=_text(*f["description"]) if "description" in f else "",
         line=value.line,
     )
 
