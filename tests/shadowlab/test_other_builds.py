@@ -236,10 +236,10 @@ def test_a_completion_without_token_ids_makes_the_divergence_a_lower_bound(tmp_p
     meta_path.write_text(json.dumps(meta))
     turn = verdicts.compute(run).cell("old.cram0.append").turns[1]
     assert turn.divergence_point == 4550 and turn.re_entry_point == 4556 and turn.outcome.value == "restored"
-    if ids_returned:  # the records are complete: reusing past the LCP is a real conflict
-        assert any("lies above the divergence point" in d for d in turn.disagreements)
+    if ids_returned:  # the records are complete: reusing past the LCP is impossible
+        assert any("lies above the divergence point" in p for p in turn.implausible)
     else:
-        assert turn.disagreements == ()
+        assert turn.disagreements == () and turn.implausible == ()
         assert any("lower bound" in n for n in turn.notes)
 
 
