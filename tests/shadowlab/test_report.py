@@ -176,6 +176,16 @@ def test_visible_shows_control_bytes_and_keeps_text():
     assert report.xml_text("ok\x01\udc80") == "ok\\x01\\udc80"
 
 
+def test_one_escape_for_every_output_shows_bidirectional_controls():
+    from shadowlab import records
+
+    bidi = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+    shown = "".join(f"\\u{ord(c):04x}" for c in bidi)
+    for escape in (visible, report.xml_text, records.terminal_safe, md_cell):
+        assert escape("a" + bidi + "b") == "a" + shown + "b", escape
+    assert visible("עברית and العربية") == "עברית and العربية"  # right-to-left text itself stays
+
+
 def test_findings_tell_each_turn_in_the_case_study_words():
     verdict = ckpt_verdict()
     (restored,) = verdict.cell("reference.policy0.A-C").turns[1:]
