@@ -261,7 +261,7 @@ def lease_port(host: str = "127.0.0.1", exclude: Iterable[int] = ()) -> PortLeas
     except filelock.Timeout:
         raise LeaseUnavailable(f"{directory / 'ports.lock'} held by another process for 30 s") from None
     raise LeaseUnavailable(f"no free port on {host}: {len(tried)} candidates in "
-                           f"{PORT_RANGE.start}-{PORT_RANGE.stop - 1} are all bound or leased")
+                           f"{min(PORT_RANGE)}-{max(PORT_RANGE)} are all bound or leased")
 
 
 # ---------------------------------------------------------------------------- GPU

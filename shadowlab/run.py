@@ -184,6 +184,9 @@ def check_run_dir(layout: RunLayout, *, resume: bool) -> None:
     root = layout.root
     exists = root.is_dir() and any(p.name != layout.lock.name for p in root.iterdir())
     if exists and not resume:
+        holder = _lock_holder(layout)
+        if holder is not None:
+            raise _in_use(layout, holder)
         raise RunDirError(
             "the run directory already exists and is not empty",
             path=str(root),
@@ -209,17 +212,35 @@ def lock_run_dir(layout: RunLayout, *, resume: bool) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            raise RunDirError(
-                f"another shadowlab (pid {holder if holder.isdigit() else 'unknown'}) is running "
-                "in this run directory", path=str(layout.root),
-                hint="wait for it to end (or stop it), then --resume") from None
+            raise _in_use(layout, os.pread(fd, 32, 0)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
         check_run_dir(layout, resume=resume)  # again, now that no other run can change it
         yield
     finally:
         os.close(fd)  # drops the flock
+
+
+def _lock_holder(layout: RunLayout) -> bytes | None:
+    """What the lock file says when another process holds it (its pid), else None."""
+    try:
+        fd = os.open(layout.lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None  # free (closing the fd below releases it)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0)
+    finally:
+        os.close(fd)
+
+
+def _in_use(layout: RunLayout, holder: bytes) -> RunDirError:
+    pid = holder.decode("ascii", "replace").strip()
+    return RunDirError(f"another shadowlab (pid {pid if pid.isdigit() else 'unknown'}) is running in "
+                       "this run directory", path=str(layout.root),
+                       hint="wait for it to end (or stop it), then --resume")
 
 
 @contextlib.contextmanager
@@ -285,8 +306,9 @@ def check_resumed_options(layout: RunLayout, now: dict[str, Any]) -> None:
 def _shown(value: Any) -> str:
     if value is None or value == []:
         return "not given"
-    return " ".join(map(str, value)) if isinstance(value, list) else f"{value:g}" \
-        if isinstance(value, float) else str(value)
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def prepare_engines(ctx: RunContext) -> None:
