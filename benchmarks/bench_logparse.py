@@ -2,6 +2,8 @@
 
     python benchmarks/bench_logparse.py [--mode real,dense] [--size-mb 1100] [--repeat 3] [--pure] [--parse]
                                         [--baseline /tmp/logparse_old.py] [--keep] [--dir /tmp]
+    python benchmarks/bench_logparse.py --mode hostile [--hostile-kib 64,256,1024] [--repeat 3]
+                                        [--baseline /tmp/logparse_old.py --baseline-max-kib 64]
 
 Modes (each writes its own log under --dir, deleted afterwards unless --keep):
 
@@ -16,6 +18,12 @@ Modes (each writes its own log under --dir, deleted afterwards unless --keep):
              lines are events; the parser's cost is per event, so this is its slowest case).
   synthetic  the generator this benchmark used before (a made-up b11434-like request with the
              older multi-line print_timing form, 36% events), kept to compare with old figures.
+  hostile    time per line, not throughput: one log per shape and size, holding one line of
+             that many bytes (at most MAX_LINE, so every byte is read) that a hostile engine
+             could print: a checkpoint line followed by word characters, spaces, `a=` pairs.
+             Parsed with parse(), accelerated and pure Python (and the --baseline parser up to
+             --baseline-max-kib: an O(n^2) one takes hours at 1 MiB). Linear: the time grows
+             as the size does (64 -> 256 -> 1024 KiB: 4x, 16x).
 
 Per mode: one warm-up read so the page cache serves every tool alike, then --repeat rounds of
 `grep -c "context checkpoint"` (the issue's baseline), `grep -c -F` with every trigger word
@@ -250,6 +258,64 @@ def _rate(lines: int, seconds: float) -> str:
     return f"{seconds:8.2f} s {lines / seconds / 1e6:8.3f} M lines/s"
 
 
+# --------------------------------------------------------------------------- hostile lines
+
+_HOSTILE_HEAD = b"0.01.000.000 I slot create_check: id  0 | task 3 | "
+# name -> (text before the run, the repeated run, text after it)
+HOSTILE_SHAPES = {
+    "checkpoint + z*n": (_HOSTILE_HEAD + b"created context checkpoint 1 of 8 (", b"z", b")"),
+    "bare checkpoint + z*n": (b"created context checkpoint ", b"z", b""),
+    "INFO + spaces": (b"INFO [ update_slots] kv cache rm ", b" ", b"z"),
+    "INFO | + z*n": (b"INFO [ update_slots] kv cache rm | ", b"z", b""),
+    "checking + spaces + |": (_HOSTILE_HEAD + b"checking checkpoint with [", b" ", b"|z"),
+    "prompt cache + a=": (b"prompt cache: ", b"a=", b""),
+}
+
+
+def _hostile_line(shape: str, size: int) -> bytes:
+    """A line of `size` bytes (newline excluded) of that shape."""
+    head, run, tail = HOSTILE_SHAPES[shape]
+    room = size - len(head) - len(tail)
+    return head + (run * (room // len(run) + 1))[:room] + tail
+
+
+def _time_hostile(module: ModuleType, path: Path, pure: bool) -> float:
+    saved = module._logscan
+    if pure:
+        module._logscan = None
+    try:
+        t0 = time.process_time()
+        parsed = module.parse(path, "llama.cpp")
+        seconds = time.process_time() - t0
+    finally:
+        module._logscan = saved
+    if parsed.events:
+        raise SystemExit(f"{path}: a hostile line gave events: {parsed.events[:3]}")
+    return seconds
+
+
+def run_hostile(args: argparse.Namespace, baseline: ModuleType | None) -> None:
+    sizes = [int(k) << 10 for k in args.hostile_kib.split(",")]
+    if max(sizes) > logparse.MAX_LINE:
+        raise SystemExit(f"--hostile-kib: at most {logparse.MAX_LINE >> 10} (MAX_LINE; longer lines are cut, not read)")
+    print(f"== mode hostile == load avg {_load_avg()}; CPU seconds of parse(), median of {args.repeat}")
+    print(f"{'shape':24} {'KiB':>5} {'accelerated':>12} {'pure':>9} {'us/KiB':>7}" + ("  baseline" if baseline else ""))
+    path = args.dir / "shadowlab-bench-logparse-hostile.log"
+    try:
+        for shape in HOSTILE_SHAPES:
+            for size in sizes:
+                path.write_bytes(_hostile_line(shape, size) + b"\n")
+                fast = statistics.median(_time_hostile(logparse, path, False) for _ in range(args.repeat))
+                pure = statistics.median(_time_hostile(logparse, path, True) for _ in range(args.repeat))
+                row = f"{shape:24} {size >> 10:5} {fast:10.3f} s {pure:7.3f} s {1e6 * pure / (size >> 10):7.1f}"
+                if baseline is not None and size <= args.baseline_max_kib << 10:
+                    row += f"  {_time_hostile(baseline, path, True):8.3f} s"
+                print(row, flush=True)
+    finally:
+        path.unlink(missing_ok=True)
+    print(f"load avg after: {_load_avg()}", flush=True)
+
+
 # --------------------------------------------------------------------------- one mode
 
 
@@ -327,7 +393,7 @@ def run_mode(mode: str, args: argparse.Namespace, baseline: ModuleType | None) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", default="real,dense", help="comma-separated: real (headline), dense, synthetic")
+    ap.add_argument("--mode", default="real,dense", help="comma-separated: real (headline), dense, synthetic, hostile")
     ap.add_argument("--size-mb", type=int, default=1100, help="log size in MiB (default 1100, > 1 GB)")
     ap.add_argument("--dir", type=Path, default=Path("/tmp"), help="where the logs are written")
     ap.add_argument("--keep", action="store_true", help="keep the logs afterwards (and reuse them next time)")
@@ -337,13 +403,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pure", action="store_true", help="also time this parser without its C accelerator (one run)")
     ap.add_argument("--parse", action="store_true",
                     help="also time logparse.parse(), which keeps every event (memory grows with the log)")
+    ap.add_argument("--hostile-kib", default="64,256,1024", help="hostile mode: line sizes in KiB (at most 1024)")
+    ap.add_argument("--baseline-max-kib", type=int, default=64,
+                    help="hostile mode: the largest line the --baseline parser is timed on")
     args = ap.parse_args(argv)
     baseline = _load(args.baseline) if args.baseline else None
     print(f"machine        : {_machine()}", flush=True)
     print(f"parser         : {'C accelerator (shadowlab._logscan)' if logparse.accelerated() else 'pure Python (no C accelerator built)'}",
           flush=True)
     for mode in [m.strip() for m in args.mode.split(",") if m.strip()]:
-        run_mode(mode, args, baseline)
+        if mode == "hostile":
+            run_hostile(args, baseline)
+        else:
+            run_mode(mode, args, baseline)
     return 0
 
 

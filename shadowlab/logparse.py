@@ -3,9 +3,19 @@
     parse(source, family, extra_patterns=()) -> ParsedLog          all events, counters, samples
     iter_events(source, family, extra_patterns=(), stats=None)     the same, one event at a time
 
-``source`` is a path (read in 8 MiB blocks into one reused buffer: ``iter_events``' memory stays
-O(1) in the file size) or an iterable of lines (``str`` or ``bytes``). Bytes are decoded with ``errors="replace"``; NUL and ``\\r`` are
-dropped; a line longer than ``MAX_LINE`` bytes is judged on its first ``MAX_LINE`` bytes.
+``source`` is a path (``str`` or PathLike; a ``str`` is always a path), read in 8 MiB blocks into
+one reused buffer (``iter_events``' memory stays O(1) in the file size), a binary file object, or
+an iterable of lines (``str`` or ``bytes``, each a whole line). A file or stream starting with the
+gzip magic bytes is gunzipped as it streams, whatever its name; corrupt or truncated gzip data
+(or a read error) ends the text there, the events before it are kept and ``source_error`` says
+why. What is not a log (bytes, log text, a missing path, a FIFO or device, a text-mode file)
+raises ``LogSourceError`` before anything is read. Bytes are decoded with ``errors="replace"``;
+NUL and ``\\r`` are dropped.
+
+Cut lines are never read: the last line without its newline (the writer may have been stopped
+mid-value: ``task.n_tokens = 4`` of 4560) and the first ``MAX_LINE`` bytes of a longer line; one
+holding a trigger word is counted unknown and in ``cut_lines``. Every line costs time linear in
+its length: no pattern here backtracks over a run (see ``_FIELD``).
 
 How a line is read
 ------------------
@@ -43,10 +53,11 @@ each). Figures: benchmarks/bench_logparse.py and benchmarks/README.md.
 Other forks: ``extra_patterns`` (a matrix's ``log_patterns``) are regexes whose named groups
 become event fields; the event kind is the name of one more group, e.g.
 ``(?P<restored>)ckpt restore pos=(?P<pos_min>\\d+)-(?P<pos_max>\\d+)``. Their longest literal run
-is the prefilter word.
+is the prefilter word; they see the first ``EXTRA_PATTERN_CHARS`` characters of a line.
 
 Unknown lines: a line holding a trigger word (``checkpoint``, ``memory_seq_rm``, ...) that no
-pattern explains, including one cut short, is counted in ``ParsedLog.unknown_count`` with a few
+pattern explains, including one cut short or with a value broken by other text (a value is read
+only when its delimiter, ``,`` ``)`` whitespace or the end, follows it), is counted in ``ParsedLog.unknown_count`` with a few
 samples; it is never fatal. Lines without a trigger word are not events and not unknown.
 """
 
