@@ -41,8 +41,8 @@ _DEFAULT_VERBOSITY = {"reference": ("-lv", "4"), "llama-server": ("-lv", "4"), "
 _DEFAULT_LEVEL_FAMILIES = ("ik_llama.cpp", "llama.cpp-legacy")
 # Names become parts of cell ids and directory names: no dots (the id separator), no slashes.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
-# A cell id joins at most five names with four dots and `control` (`e.c.control.s.p`): five
-# names of 48 characters make 251 bytes, within the 255 a directory name may have.
+# A cell id joins at most four names, four dots and `control` (`e.c.control.s.p`): names of 48
+# characters make 203 bytes, well within the 255 a directory name may have.
 MAX_NAME_CHARS = 48
 # Caps that keep loading and running bounded whatever the file says. The matrix file is read
 # whole before parsing (the shipped ones are a few KiB); a prompt is built in memory as text
@@ -737,7 +737,7 @@ def _name(value: Any, at: _At, what: str) -> str:
                 "use letters, digits, '_' and '-' (first not '-'; no dots, slashes or spaces)")
     if len(value) > MAX_NAME_CHARS:
         at.fail(f"{what} name is {len(value)} characters long; at most {MAX_NAME_CHARS}",
-                "cell ids join up to five names into one directory name, which may have 255 bytes")
+                "a cell id joins up to four names into one directory name, which may have 255 bytes")
     return value
 
 

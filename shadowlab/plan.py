@@ -14,7 +14,7 @@ warm cells and adds what the identity check needs:
 Cell ids are `<engine>.<configuration>.<sequence>` (warm), `<engine>.<configuration>.cold.<prompt>`
 (`...cold.<sequence>.<prompt>` for a dependent chat prompt) and `...control.<prompt>`; every
 part is a validated name (letters, digits, `_`, `-`; at most `matrix.MAX_NAME_CHARS` = 48
-characters), so an id is one safe directory name of at most 251 bytes, never `..`.
+characters), so an id is one safe directory name of at most 203 bytes, never `..`.
 """
 
 from __future__ import annotations

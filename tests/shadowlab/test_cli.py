@@ -154,3 +154,29 @@ def test_an_unexpected_exception_is_exit_3_with_a_traceback_file(tmp_path, monke
     assert cli.main(["gate", str(out)]) == 3
     assert "internal error" in capsys.readouterr().out
     assert (out / cli.TRACEBACK_NAME).is_file()
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--request-timeout", "-5", "expected seconds above 0"),
+    ("--request-timeout", "nan", "expected seconds above 0"),
+    ("--request-timeout", "0", "expected seconds above 0"),
+    ("--request-timeout", "inf", "expected seconds above 0"),
+    ("--jobs", "0", "must be at least 1"),
+    ("--jobs", "-1", "must be at least 1"),
+    ("--fault", "bogus", "unknown fault 'bogus' (known: stale-restore, skip-cascade"),
+    ("--fault", "hang-on-request=0", "out of range"),
+])
+def test_bad_option_values_are_usage_errors_at_parse_time(option, value, message, capsys):
+    """Nothing is loaded or started: argparse refuses the value (exit 2) with what is allowed."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", "does-not-exist.yaml", f"{option}={value}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and message in err and "Traceback" not in err
+
+
+def test_good_option_values_are_kept():
+    args = cli.build_parser().parse_args(
+        ["run", "m.yaml", "--request-timeout", "2.5", "--jobs", "3", "--fault", "stale-restore",
+         "--fault", "crash-after-requests=2"])
+    assert (args.request_timeout, args.jobs, args.fault) == (2.5, 3, ["stale-restore", "crash-after-requests=2"])

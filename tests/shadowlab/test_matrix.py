@@ -453,6 +453,140 @@ def test_any_wrong_value_anywhere_is_a_matrix_error_not_a_crash():
     assert outcomes["error"] > outcomes["ok"] > 0
 
 
+# -- limits: what would hang, crash or exhaust memory later is refused at load (issue 9) -------
+
+
+def test_names_are_one_short_path_component():
+    for bad in ("../../../x", "a/b", ".hidden", "-x", "x" * (mx.MAX_NAME_CHARS + 1)):
+        err = fail(BASE.replace("name: t", f"name: '{bad}'"))
+        assert err.key_path == "name" and err.line == 2, err
+    assert loads(BASE.replace("name: t", "name: " + "x" * mx.MAX_NAME_CHARS), file="m.yaml")
+    err = fail(BASE.replace("  plain: {}", "  " + "p" * 300 + ": {}"))
+    assert "at most 48" in str(err) and err.line == line_of(BASE, "plain: {}")
+
+
+def test_the_longest_cell_id_fits_a_directory_name():
+    """Four names of MAX_NAME_CHARS and `control`: the worst case the name limit allows."""
+    from shadowlab.plan import build_plan
+
+    e, c, s, a, h = (ch * mx.MAX_NAME_CHARS for ch in "ecsah")
+    text = f"""\
+version: 1
+name: {"n" * mx.MAX_NAME_CHARS}
+engines:
+  {e}: {{kind: reference, model: {{preset: tiny, seed: 0}}}}
+configurations:
+  {c}: {{}}
+prompts:
+  {a}: {{kind: random, tokens: 10, seed: 1}}
+  {h}:
+    kind: chat
+    messages: [{{role: user, content: hi}}, {{role: assistant, content: {{from_turn: 0}}}}, {{role: user, content: more}}]
+sequences:
+  {s}: [{a}, {h}]
+"""
+    ids = [cell.id for cell in build_plan(loads(text, file="m.yaml")).cells]
+    longest = f"{e}.{c}.control.{s}.{h}"  # the control of a cold cell that splices replies
+    assert longest in ids and max(len(i.encode()) for i in ids) == len(longest) == 203
+
+
+@pytest.mark.parametrize("old, new, key", [
+    ("tokens: 100, seed: 1", "tokens: 10000000000000000000000000000000, seed: 1", "prompts.A.tokens"),
+    ("tokens: 100, seed: 1", f"tokens: {mx.MAX_PROMPT_TOKENS + 1}, seed: 1", "prompts.A.tokens"),
+    ("extra: 10", f"extra: {mx.MAX_PROMPT_TOKENS}", "prompts.A2.extra"),  # A + extra: too long
+    ("seed: 0}", f"seed: {2 ** 64}}}", "engines.ref.model.seed"),
+])
+def test_huge_numbers_are_refused(old, new, key):
+    err = fail(BASE.replace(old, new))
+    assert err.key_path == key and ("too large" in str(err) or "longer than" in str(err)), err
+
+
+def test_a_prompt_longer_than_the_context_is_refused():
+    text = BASE.replace("tokens: 100,", "tokens: 8180,")  # + n_predict 16 > the default 8192
+    err = fail(text)
+    assert err.key_path == "prompts.A" and err.line == line_of(text, "  A: {")
+    assert "8196 tokens of context" in str(err) and "the reference engine's default 8192" in str(err)
+    knob = "    env: {K: 1}"
+    assert loads(text.replace(knob, knob + "\n    flags: [--ctx-size=9000]").replace(
+        "  plain: {}", "  plain: {flags: [-c, 9000]}"), file="m.yaml")
+    err = fail(text.replace("  plain: {}", "  plain: {flags: [-c, 9000]}"))
+    assert "configuration 'knob'" in str(err)  # plain is large enough now, knob is not
+
+
+def test_context_size_reads_the_flags_in_the_engines_order():
+    m = loads(BASE, file="m.yaml")
+    engine, plain = m.engines["ref"], m.configurations["plain"]
+    assert mx.context_size(engine, plain) == (8192, "the reference engine's default 8192")
+    from dataclasses import replace
+
+    engine = replace(engine, flags=("-c", "4096", "--ctx-size=2048"))
+    assert mx.context_size(engine, plain) == (2048, "--ctx-size 2048")
+    assert mx.context_size(engine, replace(plain, flags=("-c", "100")))[0] == 100
+    assert mx.context_size(engine, replace(plain, flags=("-c", "0")))[0] is None  # llama.cpp: the model's
+    assert mx.context_size(replace(engine, kind="llama-server", flags=()), plain)[0] is None
+
+
+def test_the_reference_default_context_is_the_engines():
+    from shadowlab_engine.cli import build_parser
+
+    assert build_parser().parse_args([]).ctx_size == mx.DEFAULT_CONTEXT["reference"]
+
+
+@pytest.mark.parametrize("old, new, key", [
+    ("env: {K: 1}", 'env: {K: "a\\0b"}', "configurations.knob.env.K"),
+    ("    threads: 1", '    threads: 1\n    flags: ["-x\\0"]', "engines.ref.flags[0]"),
+    ("    threads: 1", '    threads: 1\n    binary: "/bin/tr\\0ue"', "engines.ref.binary"),
+])
+def test_a_nul_character_is_refused(old, new, key):
+    err = fail(BASE.replace(old, new))
+    assert err.key_path == key and "NUL" in str(err), err
+
+
+def test_devices_and_fifos_are_not_model_files(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for path in ("/dev/zero", str(tmp_path / "fifo"), str(tmp_path / "dir")):
+        err = fail(BASE.replace("{preset: tiny, seed: 0}", f"{{path: {path}}}"))
+        assert err.key_path == "engines.ref.model.path" and "not a regular file" in str(err), err
+
+
+def test_the_matrix_file_is_read_only_when_regular_and_small(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.yaml")
+    for path in (Path("/dev/zero"), tmp_path / "fifo.yaml", tmp_path):
+        with pytest.raises(MatrixError, match="not a regular file"):
+            load(path)
+    big = tmp_path / "big.yaml"
+    big.write_text(BASE + "# padding\n" * (mx.MAX_MATRIX_BYTES // 10))
+    with pytest.raises(MatrixError, match="more than the 1 MiB"):
+        load(big)
+
+
+def test_free_text_is_bounded():
+    err = fail(BASE.replace("name: t", "name: t\ndescription: " + "x" * (mx.MAX_TEXT_CHARS + 1)))
+    assert err.key_path == "description" and "at most 4096" in str(err)
+    err = fail(BASE.replace("seed: 1}", "seed: 1, description: " + "y" * (mx.MAX_TEXT_CHARS + 1) + "}"))
+    assert err.key_path == "prompts.A.description"
+
+
+def test_more_cores_than_the_machine_is_refused_or_warned():
+    text = BASE.replace("    threads: 1", "    threads: 1\nisolation: {cores_per_cell: 64}")
+    m = loads(text, file="m.yaml")
+    mx.check_machine(m, cores=64)  # enough
+    with pytest.raises(MatrixError) as info:
+        mx.check_machine(m, cores=2)
+    err = info.value
+    assert (err.file, err.line, err.key_path) == ("m.yaml", line_of(text, "cores_per_cell"),
+                                                  "isolation.cores_per_cell")
+    assert "64 cores per cell, but this process may use only 2" in str(err) and "at most 2" in err.hint
+    warnings = []
+    mx.check_machine(m, cores=2, warn=warnings.append)
+    assert len(warnings) == 1 and warnings[0].startswith("shadowlab: warning: m.yaml:")
+
+
 # -- docs/matrix.md is generated from the schema ----------------------------------------------
 
 

@@ -83,3 +83,92 @@ def test_every_field_is_documented():
                 records.Gpu, records.EngineRecord, records.StopRecord):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("doc"), f"{cls.__name__}.{f.name} has no doc"
+
+
+# -- reading is bounded, typed and refuses what is not a record (issue 9 items 2, 11) -----------
+
+
+def test_wrong_field_types_are_refused_with_their_path(tmp_path: Path):
+    layout = RunLayout(tmp_path)
+    path = records.write_meta(layout, sample_meta())
+    good = json.loads(path.read_text())
+    for change, field in [
+        (lambda d: d.update(status="done"), "status: the string 'done' is not one of ok"),
+        (lambda d: d["turns"][0].update(prompt_tokens=True), "turns[0].prompt_tokens: expected an integer, got true"),
+        (lambda d: d["turns"][0].update(prefill_ms="1"), "turns[0].prefill_ms: expected a number"),
+        (lambda d: d["turns"][0]["completion"].update(text=5), "turns[0].completion.text: expected a string"),
+        (lambda d: d["cores"].update(leased="0"), "cores.leased: expected a list"),
+        (lambda d: d.update(env_delta={"X": 1}), "env_delta.X: expected a string"),
+        (lambda d: d.pop("turns"), "turns: missing or null"),
+        (lambda d: d.update(stop=[]), "stop: expected an object, got a list"),
+    ]:
+        data = json.loads(json.dumps(good))
+        change(data)
+        path.write_text(json.dumps(data))
+        with pytest.raises(RunDirError) as info:
+            records.read_meta(path)
+        assert field in str(info.value) and str(path) in str(info.value)
+    path.write_text(json.dumps(good))
+    assert records.read_meta(path) == sample_meta()  # the unchanged record still reads
+
+
+def test_what_is_not_a_regular_file_is_refused_unread(tmp_path: Path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")  # opening it for reading would wait for a writer
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "zero.json").symlink_to("/dev/zero")
+    for name, kind in (("fifo.json", "a FIFO"), ("dir.json", "a directory"), ("zero.json", "a character device")):
+        with pytest.raises(RunDirError, match=f"not a regular file \\({kind}\\)"):
+            records.read_json(tmp_path / name)
+    with pytest.raises(RunDirError, match="missing"):
+        records.read_json(tmp_path / "nothing.json")
+
+
+def test_size_depth_and_strictness_are_bounded(tmp_path: Path):
+    path = tmp_path / "x.json"
+    path.write_text('{"a": [1, 2, 3]}')
+    assert records.read_json(path, max_bytes=16) == {"a": [1, 2, 3]}
+    with pytest.raises(RunDirError, match="17 bytes, more than the 16 bytes"):
+        path.write_text('{"a": [1, 2, 3]} ')
+        records.read_json(path, max_bytes=16)
+    for depth in (records.MAX_JSON_DEPTH + 1, 200_000):  # below and above the parser's recursion
+        path.write_text("[" * depth + "]" * depth)
+        with pytest.raises(RunDirError, match="nested deeper than 100"):
+            records.read_json(path)
+    depth = records.MAX_JSON_DEPTH
+    path.write_text("[" * depth + "]" * depth)
+    assert records.json_depth(records.read_json(path)) == depth
+    for text in ('{"a": NaN}', '[Infinity]', "\xff"):
+        path.write_bytes(text.encode("latin-1"))
+        with pytest.raises(RunDirError):
+            records.read_json(path)
+
+
+def test_a_record_must_live_in_the_directory_named_by_its_cell_id(tmp_path: Path):
+    layout = RunLayout(tmp_path)
+    meta = sample_meta()
+    records.write_meta(layout, meta)
+    assert list(records.read_cell_metas(tmp_path)) == ["c1"]
+    path = layout.meta("c1")
+    path.write_text(path.read_text().replace('"cell_id": "c1"', '"cell_id": "../c2"'))
+    with pytest.raises(RunDirError, match="is not the name of its directory"):
+        records.read_cell_metas(tmp_path)
+    for bad in ("..", "a/b", "", "x" * 256):
+        with pytest.raises(RunDirError, match="not a single directory name"):
+            layout.cell_dir(bad)
+
+
+def test_atomic_path_renames_on_success_and_cleans_up_on_failure(tmp_path: Path):
+    target = tmp_path / "m.bin"
+    with records.atomic_path(target) as tmp:
+        assert tmp.parent == tmp_path and tmp.exists() and not target.exists()
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+    with pytest.raises(RuntimeError), records.atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("writer failed")
+    assert target.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["m.bin"]
+    long = tmp_path / ("n" * 250)  # the temp name must fit NAME_MAX too
+    records.write_bytes_atomic(long, b"x")
+    assert long.read_bytes() == b"x"
