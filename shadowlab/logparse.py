@@ -546,7 +546,8 @@ class _Splitter:
     """Cuts chunks into pieces of complete lines, carrying a partial last line to the next."""
 
     def __init__(self) -> None:
-        self.pending = b""  # partial last line of the previous chunk
+        self.pending = bytearray()  # partial last line of the previous chunk (appended in place: a
+        # line that arrives in many small reads costs time linear in its length)
         self.skipping = False  # inside an overlong line whose head was already judged
 
     def split(self, chunk: bytes | bytearray, final: bool = False) -> list[tuple]:
@@ -566,7 +567,7 @@ class _Splitter:
                 self.pending += chunk[pos:]
                 pos = size
             else:
-                line, self.pending, pos = self.pending + chunk[pos : nl + 1], b"", nl + 1
+                line, self.pending, pos = bytes(self.pending + chunk[pos : nl + 1]), bytearray(), nl + 1
                 pieces.append((_LINES, line, 0, len(line)))
         end = chunk.rfind(b"\n", pos) + 1
         if end > pos:
@@ -577,10 +578,10 @@ class _Splitter:
         if len(self.pending) > MAX_LINE:
             # an overlong line: cut at MAX_LINE, the rest skipped
             pieces.append((_OVERLONG, bytes(self.pending[:MAX_LINE]), len(self.pending)))
-            self.pending, self.skipping = b"", True
+            self.pending, self.skipping = bytearray(), True
         if final and self.pending:  # the last line has no newline: the writer may have been stopped mid-line
             pieces.append((_CUT, bytes(self.pending)))
-            self.pending = b""
+            self.pending = bytearray()
         return pieces
 
 

@@ -549,3 +549,26 @@ def test_matrix_patterns_see_the_first_characters_of_a_line_only():
     near, far = "ckpt 1-2 " + "x" * 100, "x" * lp.EXTRA_PATTERN_CHARS + " ckpt 1-2"
     parsed = lp.parse([near, far], "llama.cpp", [pattern])
     assert [e.line for e in parsed.events] == [1] and parsed.unknown_count == 1  # the far one: not matched
+
+
+def test_a_binary_stream_read_in_tiny_pieces_gives_the_files_events():
+    import io
+
+    class Trickle(io.RawIOBase):  # a pipe: each read returns what the writer wrote, here 7 bytes
+        def __init__(self, data: bytes) -> None:
+            self.data, self.pos = data, 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b) -> int:
+            n = min(7, len(self.data) - self.pos, len(b))
+            b[:n] = self.data[self.pos : self.pos + n]
+            self.pos += n
+            return n
+
+    path = REF / "policy0-A-C-B-C.log"
+    whole = lp.parse(path, "reference")
+    trickled = lp.parse(Trickle(path.read_bytes()), "reference")
+    assert (trickled.events, trickled.lines, trickled.bytes) == (whole.events, whole.lines, whole.bytes)
+    assert len(whole.events) > 20
