@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shadowlab import plausibility
+from shadowlab import identity, plausibility
+from shadowlab.identity import IdentityCheck, IdentityStatus  # part of the verdict schema
 
 VERDICTS_SCHEMA_VERSION = 3  # 2: TurnVerdict.cascade_checked; 3: implausible, divergence_lower_bound
 # (older files are upgraded on read)
@@ -67,16 +68,6 @@ class Outcome(str, enum.Enum):
     ERROR = "error"  # the turn failed (HTTP error, timeout, engine died)
 
 
-class IdentityStatus(str, enum.Enum):
-    """A warm turn's output compared with the cold run of the same prompt."""
-
-    IDENTICAL = "identical"  # same bytes and token ids, and the turn reused cache: evidence
-    IDENTICAL_NO_REUSE = "identical_no_reuse"  # same, but the turn re-prefilled: proves nothing
-    MISMATCH = "mismatch"  # outputs differ (first differing token and byte recorded)
-    NO_REFERENCE = "no_reference"  # no cold cell for this engine/configuration/prompt
-    ERROR = "error"  # the warm turn or its reference failed
-
-
 @dataclass(frozen=True)
 class CheckpointRef:
     """One context checkpoint as seen in the log (positions are token positions)."""
@@ -89,24 +80,6 @@ class CheckpointRef:
     created_turn: int | None = None  # turn index of the cell that created it (None: unknown)
     task: int | None = None  # task id of the line
     line: int | None = None  # 1-based line number in engine.log
-
-
-@dataclass(frozen=True)
-class IdentityCheck:
-    """Warm-vs-cold (or control-vs-cold) comparison of one output."""
-
-    status: IdentityStatus
-    reference_cell: str | None = None  # the cold cell compared against
-    reference_turn: int | None = None
-    reused_tokens: int | None = None  # what the compared turn reused (evidence only when > 0)
-    first_diff_token: int | None = None  # index of the first differing completion token
-    first_diff_byte: int | None = None  # byte offset of the first differing UTF-8 byte of text
-    text: str | None = None  # this output
-    reference_text: str | None = None  # the cold output
-    tokens: tuple[int, ...] | None = None
-    reference_tokens: tuple[int, ...] | None = None
-    inconclusive: bool = False  # a cold-vs-cold control of the same engine mismatched
-    detail: str = ""  # one readable sentence
 
 
 @dataclass(frozen=True)
@@ -809,7 +782,6 @@ def _sum_known(values: Any) -> float | None:
 def _attach_identity(
     cells: list[CellVerdict], metas: dict[str, Any]
 ) -> tuple[list[CellVerdict], list[IdentityCheck], set[str]]:
-    from shadowlab import identity
 
     controls: list[IdentityCheck] = []
     noisy: set[str] = set()
