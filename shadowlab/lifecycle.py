@@ -6,6 +6,8 @@
             ...
     rest = replay.finish()
 
+    replay.run(events, emit, side)           # the same, streamed: emit(record) per request
+
 No run directory and no prompt tokens are needed: everything comes from the lines llama-server
 (b11434 and older upstream), ik_llama.cpp and the reference engine print. The words are
 llama.cpp's: slot, task, n_past (where prefill re-enters), pos_min / pos_max, n_tokens (tokens a
@@ -32,8 +34,12 @@ Per request
 -----------
 ``prompt_tokens``: ``new prompt, ... task.n_tokens``; builds without that line (ik_llama.cpp) give
 re-entry + processed (``prompt_derived``). ``shared_prefix``: the longest common prefix of the
-prompt with the slot's cache where the log states it (b11434's ``checking sim = x (LCP/N)`` slot
-line, ``shared_source = "lcp"``), else the re-entry point, labelled ``shared_source =
+prompt with the slot's cache where the log states it: b11434's ``checking sim = x (LCP/N)`` slot
+line (``shared_source = "lcp"``) when it names this prompt's length, no prompt-cache entry was
+loaded into the slot after it, and it is not below what the request reused; else the engine's
+n_past as its ``checking checkpoint with [..] against N`` lines state it (``"n_past"``: the LCP,
+or L - 1 when the whole prompt matched; taken only once the server has printed ``n_swa = 0``,
+since the line states n_past - n_swa); else the re-entry point, labelled ``shared_source =
 "re_entry"``. ``re_entry`` = ``reused``: the restore's n_past, else the task's first ``cached
 n_tokens`` / ``kv cache rm [p0`` line. ``processed``: ``prompt eval time = X ms / N tokens`` (the
 last one of the task). Outcome: ``restored`` (a restore line), ``forced`` (the forcing line),
@@ -58,6 +64,7 @@ The three failure conditions of the case study, as flags on a request that is no
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +74,8 @@ OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
 ERASE_KINDS = ("erased_invalidated", "erased_old", "erased_too_close", "erased_superseded")
 CACHE_KINDS = ("cache_saved", "cache_loaded")
 _HELD = frozenset(CACHE_KINDS + ("slot_selected",))
+_PENDING_CHECKS = 4096  # `checking checkpoint` notes of tasks not closed yet (a hostile log: dropped)
+_NONE: Any = object()  # "no request being read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +93,19 @@ class SharedPrefix:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointCheck:
+    """A ``checking checkpoint with [pos_min, pos_max] against N...`` line of ``task``: the engine
+    looked for a checkpoint below N = n_past - n_swa. Fed to ``Replay.feed`` like an event."""
+
+    slot: int
+    task: int
+    against: int
+    offset: int = 0
+    line: int = 0
+    kind: str = "checkpoint_check"
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     """One task on one slot as the log tells it. Checkpoints are the parser's ``created`` events
     (pos_min, pos_max, n_tokens, size_mib, took_ms, task, line)."""
@@ -96,7 +118,7 @@ class Request:
     prompt_tokens: int | None
     prompt_derived: bool
     shared_prefix: int | None
-    shared_source: str | None  # "lcp" (stated by the log) | "re_entry" (not stated) | None
+    shared_source: str | None  # "lcp" | "n_past" (stated by the log) | "re_entry" (not stated) | None
     re_entry: int | None
     reused: int | None
     processed: int | None
@@ -120,61 +142,75 @@ class Request:
     def erased(self) -> tuple[Any, ...]:
         return self.erased_cascade + self.erased_other
 
+    @classmethod
+    def of(cls, r: Served) -> Request:
+        """The frozen copy of a served record."""
+        return cls(
+            slot=r.slot, task=r.task, line=r.line, offset=r.offset, time=r.time, prompt_tokens=r.prompt_tokens,
+            prompt_derived=r.prompt_derived, shared_prefix=r.shared_prefix, shared_source=r.shared_source,
+            re_entry=r.re_entry, reused=r.reused, processed=r.processed, prefill_ms=r.prefill_ms, outcome=r.outcome,
+            forced=r.forced, alive_before=r.alive_before, created=tuple(r.created), restored=r.restored,
+            erased_cascade=tuple(r.erased_cascade), erased_other=tuple(r.erased_other),
+            erase_counts=dict(r.erase_counts), cache_saved=r.cache_saved, cache_loaded=r.cache_loaded,
+            placement=r.placement, retention=r.retention, baseline_loss=r.baseline_loss, notes=r.notes,
+        )
+
 
 class Ring:
-    """The checkpoints alive in one slot (and the prompt-cache entries saved from it)."""
+    """The checkpoints alive in one slot (and the prompt-cache entries saved from it). ``alive``
+    maps n_tokens to the ``created`` event, oldest first: a slot holds one checkpoint per length
+    (a new one at the same n_tokens replaces it), so every erase finds its checkpoint by key."""
 
     __slots__ = ("alive", "saved", "notes")
 
     def __init__(self) -> None:
-        self.alive: list[Any] = []
-        self.saved: dict[int | None, list[Any]] = {}
+        self.alive: dict[int, Any] = {}
+        self.saved: dict[int | None, dict[int, Any]] = {}
         self.notes: list[str] = []
 
     def apply(self, ev: Any) -> Any | None:
         """Apply one event; return the checkpoint it erased (the erase event itself when the
         checkpoint was never seen created)."""
         kind = ev.kind
+        alive = self.alive
         if kind == "created":
             n = ev.n_tokens
-            alive = self.alive
-            if alive and any(c.n_tokens == n for c in alive):
-                self.alive = alive = [c for c in alive if c.n_tokens != n]
-            alive.append(ev)
+            if n in alive:
+                del alive[n]  # re-inserted last: it is now the newest
+            alive[n] = ev
             return None
-        if kind == "erased_superseded":
-            return self._remove(lambda c: c.n_tokens == ev.n_tokens, ev)
         if kind in ERASE_KINDS:
-            key = (ev.pos_min, ev.pos_max, ev.n_tokens)
-            return self._remove(lambda c: (c.pos_min, c.pos_max, c.n_tokens) == key, ev)
+            c = alive.get(ev.n_tokens)
+            if c is not None and (kind == "erased_superseded" or (c.pos_min == ev.pos_min and c.pos_max == ev.pos_max)):
+                return alive.pop(ev.n_tokens)
+            self._note(f"line {ev.line}: {kind} of a checkpoint never seen created")
+            return ev
         if kind == "cache_saved":  # a copy: the slot keeps its checkpoints until the cascade
-            self.saved[ev.n_tokens] = list(self.alive)
+            self.saved[ev.n_tokens] = dict(alive)
         elif kind == "cache_loaded":  # the slot takes the entry's checkpoints instead of its own
             if ev.n_tokens in self.saved:
                 self.alive = self.saved.pop(ev.n_tokens)
             else:
-                self.alive = []
+                self.alive = {}
                 self._note(f"line {ev.line}: prompt cache load of an entry saved before the log began")
         return None
-
-    def _remove(self, match: Callable[[Any], bool], ev: Any) -> Any:
-        for i, c in enumerate(self.alive):
-            if match(c):
-                return self.alive.pop(i)
-        self._note(f"line {ev.line}: {ev.kind} of a checkpoint never seen created")
-        return ev
 
     def _note(self, text: str) -> None:
         if len(self.notes) < 20:  # a log that starts mid-stream repeats this for every slot
             self.notes.append(text)
 
 
-class _Open:
-    """A request being read (mutable; frozen into a Request when its slot moves on)."""
+class Served:
+    """A request being read, then (once ``Replay`` emits it) the request as read: the fields of
+    ``Request`` (lists where Request has tuples), mutable and uncopied, so that streaming a log
+    costs one object per request. ``Request.of`` freezes one."""
 
     __slots__ = (
-        "slot", "task", "line", "offset", "time", "n_prompt", "lcp", "trim", "restored", "forced", "evals",
-        "ms", "created", "cascade", "other", "kinds", "saved", "loaded", "alive", "fresh", "ring_notes",
+        "slot", "task", "line", "offset", "time", "prompt_tokens", "prompt_derived", "shared_prefix",
+        "shared_source", "re_entry", "reused", "processed", "prefill_ms", "outcome", "forced", "alive_before",
+        "created", "restored", "erased_cascade", "erased_other", "erase_counts", "cache_saved", "cache_loaded",
+        "placement", "retention", "baseline_loss", "notes",
+        "n_prompt", "lcp", "trim", "fresh", "ring_notes",
     )
 
     def __init__(self, ev: Any, time: float | None, lcp: SharedPrefix | None, alive: tuple, fresh: bool, notes: int):
@@ -184,14 +220,14 @@ class _Open:
         self.trim: int | None = None
         self.restored: Any = None
         self.forced = False
-        self.evals: int | None = None
-        self.ms: float | None = None
+        self.processed: int | None = None
+        self.prefill_ms: float | None = None
         self.created: list[Any] = []
-        self.cascade: list[Any] = []
-        self.other: list[Any] = []
-        self.kinds: dict[str, int] = {}
-        self.saved = self.loaded = 0
-        self.alive = alive
+        self.erased_cascade: list[Any] = []
+        self.erased_other: list[Any] = []
+        self.erase_counts: dict[str, int] = {}
+        self.cache_saved = self.cache_loaded = 0
+        self.alive_before = alive
         self.fresh = fresh
         self.ring_notes = notes
 
@@ -203,65 +239,131 @@ class Replay:
     def __init__(self, clock: Callable[[int], float | None] | None = None):
         self.clock = clock
         self.rings: dict[int | None, Ring] = {}
-        self._open: dict[int | None, _Open] = {}
+        self._open: dict[int | None, Served] = {}
         self._held: list[Any] = []
         self._lcp: dict[int, SharedPrefix] = {}
+        self._checks: dict[tuple[int, int], int] = {}  # (slot, task) -> `against`, the task's first
         self._last_task: int = -1
         self._erased_by_last: dict[int | None, list[Any]] = {}  # what each slot's last request erased
+        self.n_swa: int | None = None  # as the server's erase lines state it
         self.restarts = 0
         self.notes: list[str] = []
 
     def feed(self, ev: Any) -> list[Request]:
         """Take one event; return the requests it completed (usually none)."""
-        kind = ev.kind
-        task = ev.task
-        if kind == "shared_prefix":
-            self._lcp[ev.slot] = ev
-            return []
-        if task is None or task < 0 or (kind in _HELD and ev.slot not in self._open):
-            if kind in _HELD:
-                self._held.append(ev)
-            return []
-        slot = ev.slot
-        current = self._open.get(slot)
-        done: list[Request] = []
-        if current is None or current.task != task:
-            if task < self._last_task and (current is None or task < current.task):
-                done += self._restart(ev)
-                current = None
-            if current is not None:
-                done.append(self._close(current))
-            current = self._start(ev)
-        self._attach(current, ev)
-        return done
+        out: list[Served] = []
+        self.run((ev,), out.append)
+        return [Request.of(r) for r in out]
 
     def feed_all(self, events: Iterable[Any]) -> list[Request]:
-        out: list[Request] = []
-        for ev in events:
-            out += self.feed(ev)
-        return out + self.finish()
+        out: list[Served] = []
+        self.run(events, out.append)
+        self._finish(out.append)
+        return [Request.of(r) for r in out]
 
-    def finish(self) -> list[Request]:
+    def finish(self, side: deque | None = None) -> list[Request]:
         """Close every open request (the end of the log)."""
-        done = [self._close(o) for o in sorted(self._open.values(), key=lambda o: o.offset)]
-        self._open.clear()
-        return done
+        out: list[Served] = []
+        self._finish(out.append, side)
+        return [Request.of(r) for r in out]
+
+    def run(self, events: Iterable[Any], emit: Callable[[Served], Any], side: deque | None = None) -> None:
+        """Feed every event, in log order; ``emit`` each request as it completes (a ``Served``,
+        which the caller may keep: the replay forgets it). ``side``: ``SharedPrefix`` /
+        ``CheckpointCheck`` notes in offset order, taken as the events reach them (a deque the
+        caller may fill while ``events`` is read)."""
+        opened = self._open
+        cur: Any = None
+        cur_slot = cur_task = _NONE
+        for ev in events:
+            task = ev.task
+            slot = ev.slot
+            kind = ev.kind
+            if task != cur_task or slot != cur_slot:  # another request's line (rare): the long way
+                if side:
+                    self._drain(side, ev.offset)
+                if kind == "shared_prefix" or kind == "checkpoint_check":
+                    self._take_note(ev)
+                    continue
+                if task is None or task < 0 or (kind in _HELD and slot not in opened):
+                    if kind in _HELD:
+                        self._held.append(ev)
+                    continue
+                cur = opened.get(slot)
+                if cur is None or cur.task != task:
+                    if task < self._last_task and (cur is None or task < cur.task):
+                        self._restart(ev, emit)
+                        cur = None
+                    if cur is not None:
+                        emit(self._close(cur))
+                    cur = self._start(ev)
+                cur_slot, cur_task = slot, task
+            # the lines of the request being read, most frequent first
+            if kind == "cache_trim":
+                if cur.trim is None:
+                    cur.trim = ev.n_past
+            elif kind == "created":
+                self.rings[slot].apply(ev)
+                cur.created.append(ev)
+            elif kind == "prompt_eval":
+                cur.processed, cur.prefill_ms = ev.n_tokens, ev.ms
+            elif kind == "new_prompt":
+                if cur.n_prompt is None:
+                    cur.n_prompt = ev.n_tokens
+            elif kind in ERASE_KINDS:
+                gone = self.rings[slot].apply(ev)
+                (cur.erased_cascade if kind == "erased_invalidated" else cur.erased_other).append(gone)
+                cur.erase_counts[kind] = cur.erase_counts.get(kind, 0) + 1
+                if kind == "erased_invalidated" and ev.n_swa is not None:
+                    self.n_swa = ev.n_swa
+            elif kind == "restored":
+                if cur.restored is None:
+                    cur.restored = ev
+            elif kind == "forced":
+                cur.forced = True
+            elif kind in CACHE_KINDS:
+                self.rings[slot].apply(ev)
+                if kind == "cache_saved":
+                    cur.cache_saved += 1
+                else:
+                    cur.cache_loaded += 1
+            elif kind == "shared_prefix" or kind == "checkpoint_check":
+                self._take_note(ev)
 
     # ------------------------------------------------------------------ internals
 
-    def _restart(self, ev: Any) -> list[Request]:
-        done = self.finish()
+    def _drain(self, side: deque, offset: int) -> None:
+        while side and side[0].offset < offset:
+            self._take_note(side.popleft())
+
+    def _take_note(self, note: Any) -> None:
+        if note.kind == "shared_prefix":
+            self._lcp[note.slot] = note
+            return
+        if len(self._checks) >= _PENDING_CHECKS:
+            self._checks.clear()
+        self._checks.setdefault((note.slot, note.task), note.against)
+
+    def _finish(self, emit: Callable[[Served], Any], side: deque | None = None) -> None:
+        if side:
+            self._drain(side, float("inf"))
+        for o in sorted(self._open.values(), key=lambda o: o.offset):
+            emit(self._close(o))
+        self._open.clear()
+
+    def _restart(self, ev: Any, emit: Callable[[Served], Any]) -> None:
+        self._finish(emit)
         self.rings.clear()
         self._held.clear()
         self._lcp.clear()
+        self._checks.clear()
         self._erased_by_last.clear()
         self.restarts += 1
         if len(self.notes) < 20:
             self.notes.append(f"line {ev.line}: task {ev.task} after task {self._last_task}: server restarted")
         self._last_task = -1
-        return done
 
-    def _start(self, ev: Any) -> _Open:
+    def _start(self, ev: Any) -> Served:
         slot = ev.slot
         fresh = slot not in self.rings
         ring = self.rings.setdefault(slot, Ring())
@@ -274,43 +376,14 @@ class Replay:
             loaded += h.kind == "cache_loaded"
         lcp = self._lcp.get(slot) if slot is not None else None
         self._lcp.clear()  # each slot selection prints fresh lines; older ones are stale
-        o = _Open(ev, self.clock(ev.offset) if self.clock else None, lcp, tuple(ring.alive), fresh, notes_before)
-        o.saved, o.loaded = saved, loaded
+        o = Served(ev, self.clock(ev.offset) if self.clock else None, lcp, tuple(ring.alive.values()), fresh,
+                   notes_before)
+        o.cache_saved, o.cache_loaded = saved, loaded
         self._open[slot] = o
         self._last_task = max(self._last_task, ev.task)
         return o
 
-    def _attach(self, o: _Open, ev: Any) -> None:
-        kind = ev.kind
-        ring = self.rings[o.slot]
-        if kind == "cache_trim":
-            if o.trim is None:
-                o.trim = ev.n_past
-        elif kind == "prompt_eval":
-            o.evals, o.ms = ev.n_tokens, ev.ms
-        elif kind == "new_prompt":
-            if o.n_prompt is None:
-                o.n_prompt = ev.n_tokens
-        elif kind == "created":
-            ring.apply(ev)
-            o.created.append(ev)
-        elif kind in ERASE_KINDS:
-            gone = ring.apply(ev)
-            (o.cascade if kind == "erased_invalidated" else o.other).append(gone)
-            o.kinds[kind] = o.kinds.get(kind, 0) + 1
-        elif kind == "restored":
-            if o.restored is None:
-                o.restored = ev
-        elif kind == "forced":
-            o.forced = True
-        elif kind in CACHE_KINDS:
-            ring.apply(ev)
-            if kind == "cache_saved":
-                o.saved += 1
-            else:
-                o.loaded += 1
-
-    def _close(self, o: _Open) -> Request:
+    def _close(self, o: Served) -> Served:
         restored = o.restored
         if restored is not None:
             re_entry = restored.n_past if restored.n_past is not None else restored.n_tokens
@@ -319,15 +392,11 @@ class Replay:
         else:
             re_entry = 0 if o.forced else None
         prompt, derived = o.n_prompt, False
-        if prompt is None and re_entry is not None and o.evals is not None:
-            prompt, derived = re_entry + o.evals, True
-        lcp = o.lcp
-        if lcp is not None and (prompt is None or lcp.n_tokens == prompt):
-            shared, source = lcp.lcp, "lcp"
-        else:
-            shared, source = re_entry, ("re_entry" if re_entry is not None else None)
+        if prompt is None and re_entry is not None and o.processed is not None:
+            prompt, derived = re_entry + o.processed, True
+        shared, source = self._shared(o, prompt, re_entry)
         reused = re_entry
-        erased_any = bool(o.cascade or o.other)
+        erased_any = bool(o.erased_cascade or o.erased_other)
         if restored is not None:
             outcome = "restored"
         elif o.forced:
@@ -339,33 +408,53 @@ class Replay:
         else:
             outcome = "silent_reset"
         warm = outcome != "cold"
-        placement = outcome == "forced" and bool(o.alive)
         earlier = self._erased_by_last.get(o.slot, ())
-        retention = (
+        o.retention = (
             outcome in ("forced", "silent_reset")
             and prompt is not None
             and any(c.kind == "created" and c.n_tokens < prompt for c in earlier)
         )
-        if source == "lcp":
-            baseline = warm and shared is not None and shared < BASELINE_TOKENS
+        if source == "re_entry":  # a forced request shared an unknown amount
+            o.baseline_loss = warm and not o.forced and shared is not None and shared < BASELINE_TOKENS
         else:
-            baseline = warm and not o.forced and shared is not None and shared < BASELINE_TOKENS
+            o.baseline_loss = warm and shared is not None and shared < BASELINE_TOKENS
         # what this request erased of checkpoints made before it: the next request's retention
-        own = {id(c) for c in o.created}
-        self._erased_by_last[o.slot] = [c for c in o.cascade + o.other if id(c) not in own]
+        if erased_any or earlier:
+            own = o.created
+            self._erased_by_last[o.slot] = [c for c in o.erased_cascade + o.erased_other if not _among(c, own)]
         if self._open.get(o.slot) is o:
             del self._open[o.slot]
         ring = self.rings.get(o.slot)
-        notes = tuple(ring.notes[o.ring_notes:]) if ring is not None else ()
-        return Request(
-            slot=o.slot, task=o.task, line=o.line, offset=o.offset, time=o.time,
-            prompt_tokens=prompt, prompt_derived=derived, shared_prefix=shared, shared_source=source,
-            re_entry=re_entry, reused=reused, processed=o.evals, prefill_ms=o.ms, outcome=outcome,
-            forced=o.forced, alive_before=o.alive, created=tuple(o.created), restored=restored,
-            erased_cascade=tuple(o.cascade), erased_other=tuple(o.other), erase_counts=o.kinds, cache_saved=o.saved,
-            cache_loaded=o.loaded, placement=placement, retention=retention, baseline_loss=baseline,
-            notes=notes,
-        )
+        o.notes = tuple(ring.notes[o.ring_notes:]) if ring is not None and len(ring.notes) > o.ring_notes else ()
+        o.prompt_tokens, o.prompt_derived, o.shared_prefix, o.shared_source = prompt, derived, shared, source
+        o.re_entry = o.reused = re_entry
+        o.outcome = outcome
+        o.placement = outcome == "forced" and bool(o.alive_before)
+        return o
+
+    def _shared(self, o: Served, prompt: int | None, re_entry: int | None) -> tuple[int | None, str | None]:
+        """The prefix shared with the slot's cache and where it comes from (module docstring)."""
+        lcp = o.lcp
+        if lcp is not None and (
+            o.cache_loaded  # the slot's content changed after the `checking sim` line
+            or (prompt is not None and lcp.n_tokens != prompt)
+            or (re_entry is not None and lcp.lcp < re_entry)  # shares less than it reused: not this cache
+        ):
+            lcp = None
+        against = self._checks.pop((o.slot, o.task), None)
+        if against is not None and (self.n_swa != 0 or (re_entry is not None and against < re_entry)):
+            against = None  # n_past - n_swa with n_swa unknown, or impossible
+        if lcp is not None and against is not None and prompt is not None and against != min(lcp.lcp, prompt - 1):
+            lcp = None  # the engine's own n_past says the sim line was about other content
+        if lcp is not None:
+            return lcp.lcp, "lcp"
+        if against is not None:
+            return against, "n_past"
+        return re_entry, ("re_entry" if re_entry is not None else None)
+
+
+def _among(c: Any, items: list[Any]) -> bool:
+    return any(c is x for x in items)
 
 
 def replay(events: Iterable[Any], clock: Callable[[int], float | None] | None = None) -> list[Request]:
