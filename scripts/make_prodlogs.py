@@ -1,7 +1,7 @@
 """Production-shaped llama-server logs from a known ground truth (seeded, deterministic).
 
     python scripts/make_prodlogs.py --out DIR [--format b11434|ik] [--seed 0] [--requests 400]
-        [--servers 1] [--slots 2] [--conversations 6] [--pieces 3] [--days 3]
+        [--servers 1] [--slots 2] [--conversations 6] [--pieces 3] [--days 3] [--dense]
 
 Writes, per server, the log rotated into pieces (``server0.log`` newest, ``server0.log.1``,
 ``server0.log.2.gz``, ... oldest; pieces 2+ gzip) and ``truth.json``: every request as the
@@ -93,8 +93,9 @@ def traffic(rng: random.Random, requests: int, conversations: int) -> list[tuple
 
 
 class Server:
-    def __init__(self, fmt: str, slots: int, rng: random.Random, t0: float, span_s: float, n: int):
-        self.fmt, self.rng = fmt, rng
+    def __init__(self, fmt: str, slots: int, rng: random.Random, t0: float, span_s: float, n: int,
+                 chatter: bool = True):
+        self.fmt, self.rng, self.chatter = fmt, rng, chatter
         self.slots = [Slot() for _ in range(slots)]
         self.lines: list[str] = []
         self.t = t0
@@ -124,7 +125,7 @@ class Server:
 
     def info(self, func: str, msg: str, kv: str) -> None:
         self.tick()
-        self.lines.append(f'INFO [{func:>24}] {msg} | tid="140178915811968" timestamp={int(self.t)} {kv}')
+        self.lines.append(f'INFO [{func:>24}] {msg} | tid="140178915811968" timestamp={int(self.t)}{" " + kv if kv else ""}')
 
     def ck(self, n: int, extra: str = "") -> str:
         if self.fmt == "b11434":
@@ -149,10 +150,13 @@ class Server:
         forced = False
         erased: list[dict[str, Any]] = []
         if self.fmt == "b11434":
+            self.sampler_lines(sid)
             self.slot_line("launch_slot_", sid, task, "processing task, is_child = 0")
             self.slot_line("operator()", sid, task, f"new prompt, n_ctx_slot = 262144, n_keep = 0, task.n_tokens = {L}")
         else:
+            self.ik_before(cached)
             self.info("launch_slot_with_task", "slot is processing task", f"id_slot={sid} id_task={task}")
+            self.ik_cache(sid, task, cached, n_past, bool(slot.cache and n_past < cached))
         if slot.cache and n_past < cached:  # partial match: the recurrent state cannot rewind
             if n_past > 0:
                 for c in reversed(slot.ring):
@@ -215,8 +219,50 @@ class Server:
             "placement": forced and bool(alive_before), "retention": retention, "baseline_loss": baseline,
         })
 
+    # ---------------------------------------------------------------- what else -lv 4 prints
+    # A real server prints about two lines that are no lifecycle event for every one that is
+    # (tests/fixtures/logs: 0.37 events per line after start-up); without them (chatter=False)
+    # the log is the dense worst case for the reader (0.72 events per line).
+    def sampler_lines(self, sid: int) -> None:
+        if not self.chatter:
+            return
+        self.slot_line("launch_slot_", sid, -1, "sampler chain: logits -> logit-bias -> ?penalties -> ?dry -> "
+                       "?top-n-sigma -> top-k -> ?typical -> top-p -> min-p -> ?xtc -> temp-ext -> dist ")
+        self.slot_line("launch_slot_", sid, -1, "sampler params: ")
+        self.lines += [
+            "\trepeat_last_n = 64, repeat_penalty = 1.000, frequency_penalty = 0.000, presence_penalty = 0.000",
+            "\tdry_multiplier = 0.000, dry_base = 1.750, dry_allowed_length = 2, dry_penalty_last_n = 64",
+            "\ttop_k = 40, top_p = 0.950, min_p = 0.050, xtc_probability = 0.000, xtc_threshold = 0.100, "
+            "typical_p = 1.000, top_n_sigma = -1.000, temp = 0.000",
+            "\tmirostat = 0, mirostat_lr = 0.100, mirostat_ent = 5.000, adaptive_target = -1.000, adaptive_decay = 0.900",
+        ]
+
+    def progress(self, sid: int, task: int, n: int, L: int) -> None:
+        if self.chatter and self.fmt == "b11434":
+            self.slot_line("print_timing", sid, task, f"prompt processing, n_tokens = {n:6d}, progress = {n / L:.2f}, "
+                           f"t = {n / 1100:6.2f} s / 1100.00 tokens per second")
+
+    def ik_before(self, cached: int) -> None:
+        if self.chatter:
+            self.info("log_server_request", "request", 'remote_addr="127.0.0.1" remote_port=48710 status=200 '
+                      'method="POST" path="/completion" params={}')
+            self.lines.append(f"======== Prompt cache: cache size: {cached}, n_keep: 0, n_discarded_prompt: 0, "
+                              "cache_ram_n_min: 0, f_keep: 0.00, cache_ram_similarity: 0.50")
+            self.lines.append("banned strings is not supported by recurrent model, it will be disabled.")
+
+    def ik_cache(self, sid: int, task: int, cached: int, n_past: int, partial: bool) -> None:
+        if not self.chatter:
+            return
+        self.lines.append(f"======== Cache: cache_size = {cached}, n_past0 =  {n_past}, n_past1 =  {n_past}, "
+                          f"n_past_prompt1 = {n_past},  n_past2 =  {n_past}, n_past_prompt2 =  {n_past}")
+        if partial:
+            self.lines.append("Common part does not match fully")
+
     def choose(self, prompt: list, L: int) -> tuple[int, int, str]:
         best, best_sim = None, 0.0
+        if self.chatter and self.fmt == "b11434":
+            self.srv_line("server_strea", "conv_id= (empty=1)")
+            self.srv_line("operator()", "chat format: peg-native")
         for i, s in enumerate(self.slots):
             if not s.cache:
                 if self.fmt == "b11434":
@@ -257,6 +303,7 @@ class Server:
                 self.trim(sid, task, pos)
             pos = m
             if self.fmt == "b11434":
+                self.progress(sid, task, pos, L)
                 self.trim(sid, task, pos)
             if len(slot.ring) >= RING:
                 old = slot.ring.pop(0)
@@ -267,6 +314,8 @@ class Server:
             created += 1
             if self.fmt == "ik":
                 self.trim(sid, task, pos)
+        if self.chatter and self.fmt == "b11434":
+            self.slot_line("init_sampler", sid, task, f"init sampler, took 0.58 ms, tokens: text = {L}, total = {L}")
         return created
 
     def timing(self, sid: int, task: int, ms: float, n: int, L: int) -> None:
@@ -277,13 +326,20 @@ class Server:
         if self.fmt == "b11434":
             self.slot_line("print_timing", sid, task, text)
             self.slot_line("print_timing", sid, task, f"       eval time =     180.00 ms /    16 tokens (   11.25 ms per token,    88.89 tokens per second)")
+            if self.chatter:
+                self.slot_line("print_timing", sid, task, f"      total time = {ms + 180:10.2f} ms / {n + 16:5d} tokens")
+                self.slot_line("print_timing", sid, task, "   graphs reused =         10")
             self.slot_line("release", sid, task, f"stop processing: n_tokens = {L + 15}, truncated = 0")
             self.srv_line("update_slots", "all slots are idle")
         else:
             self.slot_line("print_timing", sid, task, "")
             self.lines.append(text)
             self.lines.append("       eval time =     180.00 ms /    16 tokens (   11.25 ms per token,    88.89 tokens per second)")
+            if self.chatter:
+                self.lines.append(f"      total time = {ms + 180:10.2f} ms / {n + 16:5d} tokens")
             self.info("release_slots", "slot released", f"id_slot={sid} id_task={task} n_ctx=262144 n_past={L + 16} n_system_tokens=0 n_cache_tokens={L + 16} truncated=false")
+            if self.chatter:
+                self.info("slots_idle", "all slots are idle", "")
 
 
 def truth_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -334,14 +390,15 @@ def write_pieces(lines: list[str], base: Path, pieces: int) -> list[Path]:
 
 
 def generate(out: Path, fmt: str = "b11434", seed: int = 0, requests: int = 400, servers: int = 1,
-             slots: int = 2, conversations: int = 6, pieces: int = 3, days: float = 3.0) -> dict[str, Any]:
+             slots: int = 2, conversations: int = 6, pieces: int = 3, days: float = 3.0,
+             chatter: bool = True) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     result: dict[str, Any] = {"format": fmt, "seed": seed, "servers": []}
     all_rows = []
     for s in range(servers):
         t0 = 1_795_900_000.0 if fmt == "ik" else 0.5
-        server = Server(fmt, slots, rng, t0, days * 86400, requests)
+        server = Server(fmt, slots, rng, t0, days * 86400, requests, chatter)
         for i, (kind, prompt) in enumerate(traffic(rng, requests, conversations)):
             server.serve(i, kind, prompt)
         paths = write_pieces(server.lines, out / f"server{s}.log", pieces)
@@ -364,8 +421,11 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=6)
     ap.add_argument("--pieces", type=int, default=3)
     ap.add_argument("--days", type=float, default=3.0)
+    ap.add_argument("--dense", action="store_true",
+                    help="only the lifecycle lines (no sampler, progress, timing chatter): the reader's worst case")
     a = ap.parse_args()
-    r = generate(a.out, a.format, a.seed, a.requests, a.servers, a.slots, a.conversations, a.pieces, a.days)
+    r = generate(a.out, a.format, a.seed, a.requests, a.servers, a.slots, a.conversations, a.pieces, a.days,
+                 chatter=not a.dense)
     print(json.dumps(r["figures"], indent=1))
     return 0
 

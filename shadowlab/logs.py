@@ -36,8 +36,10 @@ percentiles (p-th: the ceil(p·n/100)-th smallest value).
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as _dt
 import gzip
+import io
 import json
 import math
 import os
@@ -74,6 +76,8 @@ _IK_INFO = re.compile(rb"^(?:INFO|WARN|VERB) \[[^\]]*\].*\btimestamp=\d+", re.M)
 _UNIX = re.compile(rb"timestamp=(\d{1,12})")
 _SIM_WORD = b"checking sim = "
 _SIM = re.compile(rb"id +(\d+) \| task -?\d+ \| +- checking sim = [\d.]+ \((\d+)/(\d+)\)")
+_CHECK_WORD = b"hecking checkpoint with ["
+_CHECK = re.compile(rb"id +(\d+) \| task (\d+) \| +[Cc]hecking checkpoint with \[-?\d+, -?\d+\] against (\d+)\.\.\.")
 
 
 class UsageError(Exception):
@@ -116,77 +120,181 @@ def group_servers(paths: Sequence[str]) -> list[tuple[str, list[str]]]:
             for k, v in groups.items()]
 
 
-class _Reader:
-    """Line-aligned chunks of one file (gzip or plain), with the bookkeeping the clock and the
-    damage report need. The last two chunks are kept so an event's line can be looked at."""
+class _Stream(io.RawIOBase):
+    """One server's pieces, oldest first, as one binary stream for ``logparse.iter_events``,
+    which reads it with ``readinto`` into one reused buffer: each block is filled here and cut at
+    its last newline (the partial line is carried to the next block), so a piece's cut last line
+    is never handed on and never joins the next piece's first line. Offsets and line numbers run
+    on across pieces, so a line that looks back (ik_llama.cpp's timing line) finds its header in
+    the previous piece. While the parser reads a block the block stays in the buffer: the clock
+    reads a request's time there, and the side notes the parser does not make events of (b11434's
+    ``checking sim`` and ``checking checkpoint ... against N`` lines) are taken from it."""
 
-    def __init__(self, path: str, report: FileReport, sims: deque):
-        self.path, self.report, self.sims = path, report, sims
-        self.recent: deque[tuple[int, bytes]] = deque(maxlen=2)
-        self.pos = 0  # decompressed bytes handed on
-        self.lines = 0  # lines handed on
+    def __init__(self, pieces: Sequence[str], server: str, side: deque, reports: list[FileReport]):
+        super().__init__()
+        self.pieces, self.server, self.side, self.reports = list(pieces), server, side, reports
+        self.stats: logparse.ParseStats | None = None  # set before reading: per-piece counts
+        self.src: Any = None
+        self.raw: Any = None
+        self.rep: FileReport | None = None
+        self.carry = b""
+        self.open_line = False  # the last bytes handed on were an overlong line's, without newline
+        self.pos = 0  # stream bytes handed on
+        self.buf: Any = b""  # the block being parsed: stream bytes [start, start + size)
+        self.start = self.size = 0
+        self.prev = b""  # the last SNIFF bytes before it
+        self.starts: list[tuple[int, int, str]] = []  # (stream offset, stream line, path) per piece
+        self.pending: FileReport | None = None  # the piece whose counts settle() gives next
+        self.piece_pos = 0
+        self._base = (0, 0, 0, 0)
 
-    def chunks(self) -> Iterator[bytes]:
-        rep = self.report
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while True:
+            if self.src is None:
+                if not self._open_next():
+                    return 0
+                continue  # a piece that cannot be opened has no src: the next one
+            n = self._fill(b)
+            if n:
+                return n
+
+    def piece_of(self, offset: int, line: int) -> tuple[str, int]:
+        """(path, line within it) of a stream line."""
+        i = bisect.bisect_right(self.starts, (offset, 1 << 62, "")) - 1
+        if i < 0:
+            return (self.pieces[0] if self.pieces else "", line)
+        return self.starts[i][2], line - self.starts[i][1]
+
+    def _open_next(self) -> bool:
+        if not self.pieces:
+            return False
+        self.settle()
+        path = self.pieces.pop(0)
+        rep = FileReport(path=path, server=self.server)
+        self.reports.append(rep)
+        self.pending, self.piece_pos = rep, self.pos
+        st = self.stats
+        self._base = (st.lines, st.unknown_count, len(st.unknown_samples), st.overlong_lines) if st else (0, 0, 0, 0)
+        self.starts.append((self.pos, self._base[0], path))
         try:
-            raw = open(self.path, "rb")  # noqa: SIM115 - closed below
+            raw = open(path, "rb")  # noqa: SIM115 - closed in _close_piece
         except OSError as exc:
             rep.error = f"cannot open: {exc.strerror or exc}"
-            return
-        with raw:
+            return True  # src stays None: the next piece
+        try:
+            head = raw.read(2)
+            raw.seek(0)
+        except OSError as exc:
+            rep.error = f"cannot read: {exc.strerror or exc}"
+            raw.close()
+            return True
+        rep.compressed = head == b"\x1f\x8b"
+        self.raw, self.rep = raw, rep
+        self.src = gzip.GzipFile(fileobj=raw, mode="rb") if rep.compressed else raw
+        return True
+
+    def _fill(self, b: Any) -> int:
+        """Fill b with the current piece (after the carried partial line); the bytes up to its
+        last newline, or 0 when the piece is done (then closed)."""
+        if self.size:  # b still holds the block before: keep its end for look-backs
+            self.prev = bytes(b[max(0, self.size - SNIFF): self.size])
+        k = len(self.carry)
+        b[:k] = self.carry
+        view = memoryview(b)
+        n, eof = k, False
+        while n < len(b):
             try:
-                head = raw.read(2)
-                raw.seek(0)
-            except OSError as exc:
-                rep.error = f"cannot read: {exc.strerror or exc}"
-                return
-            rep.compressed = head == b"\x1f\x8b"
-            src: Any = gzip.GzipFile(fileobj=raw, mode="rb") if rep.compressed else raw
-            carry = b""
-            while True:
-                try:
-                    block = src.read(CHUNK)
-                except (OSError, EOFError, zlib.error) as exc:
-                    where = f"compressed byte {raw.tell()}" if rep.compressed else f"byte {self.pos + len(carry)}"
-                    line = self.lines + carry.count(b"\n") + 1
-                    rep.damage = f"unreadable after {where} (line {line}): {exc}"
-                    break
-                if not block:
-                    break
-                data = carry + block if carry else block
-                nl = data.rfind(b"\n")
-                if nl < 0:
-                    carry = data
-                    if len(carry) > 2 * logparse.MAX_LINE:  # one endless line: hand it on whole
-                        carry = self._hand(carry + b"\n")
-                    continue
-                carry = data[nl + 1:]
-                yield self._hand(data[: nl + 1])
-            if carry:  # a line cut mid-write: never parsed (a cut number would read as another)
-                rep.cut_last_line = True
-                rep.unknown += 1
-                if len(rep.unknown_samples) < logparse.MAX_SAMPLES:
-                    rep.unknown_samples.append((-1, carry[: logparse.SAMPLE_CHARS].decode("utf-8", "replace")))
+                got = self.src.readinto(view[n:])
+            except (OSError, EOFError, zlib.error) as exc:
+                rep = self.rep
+                where = f"compressed byte {self.raw.tell()}" if rep.compressed else f"byte {self.pos - self.piece_pos + n}"
+                rep.damage = f"unreadable after {where}: {exc}"
+                got = 0
+            if not got:
+                eof = True
+                break
+            n += got
+        view.release()
+        end = b.rfind(b"\n", 0, n) + 1
+        if eof:
+            if end < n:  # a line cut mid-write: never parsed (a cut number would read as another)
+                self._cut_line(bytes(b[end:n]))
+            if not end:
+                return self._close_piece(b)
+        elif not end:  # a buffer without a newline: an overlong line, the parser cuts it
+            end = n
+        self.carry = bytes(b[end:n])
+        self.open_line = b[end - 1] != 10
+        self.buf, self.start, self.size = b, self.pos, end
+        self.pos += end
+        self._side_notes(b, end)
+        if eof:
+            self.carry = b""
+            self._close_piece(None)
+        return end
 
-    def _hand(self, chunk: bytes) -> bytes:
-        start = self.pos
-        self.recent.append((start, chunk))
-        self.pos += len(chunk)
-        self.lines += chunk.count(b"\n")
-        i = chunk.find(_SIM_WORD)
-        while i >= 0:  # b11434's slot-selection lines state the shared prefix (not events)
-            line_start = chunk.rfind(b"\n", 0, i) + 1
-            m = _SIM.search(chunk, line_start, i + 40)
+    def _close_piece(self, b: Any) -> int:
+        """The piece is done; 1 when a newline is still owed (an overlong line ended the piece)."""
+        self.src.close()
+        if self.raw is not self.src:
+            self.raw.close()
+        self.src = self.raw = None
+        if b is not None and self.open_line:  # ends the overlong line the parser is skipping
+            b[:1] = b"\n"
+            self.open_line = False
+            self.buf, self.start, self.size = b, self.pos, 1
+            self.pos += 1
+            return 1
+        return 0
+
+    def _cut_line(self, tail: bytes) -> None:
+        rep = self.rep
+        rep.cut_last_line = True
+        rep.unknown += 1
+        if len(rep.unknown_samples) < logparse.MAX_SAMPLES:
+            rep.unknown_samples.append((-1, tail[: logparse.SAMPLE_CHARS].decode("utf-8", "replace")))
+
+    def settle(self) -> None:
+        """Give the piece read last its counts from the parser's: called when the parser asks
+        for the next piece's first block (it has read every block before) and at the end."""
+        rep, self.pending = self.pending, None
+        st = self.stats
+        if rep is None or st is None:
+            return
+        lines, unknown, samples, overlong = self._base
+        rep.lines, rep.bytes = st.lines - lines, self.pos - self.piece_pos
+        rep.unknown += st.unknown_count - unknown
+        got = [(ln - lines, text) for ln, text in st.unknown_samples[samples:]]
+        rep.unknown_samples = (got + rep.unknown_samples)[: logparse.MAX_SAMPLES]
+        rep.overlong = st.overlong_lines - overlong
+
+    def _side_notes(self, b: Any, end: int) -> None:
+        side, base = self.side, self.start
+        i = b.find(_SIM_WORD, 0, end)
+        while i >= 0:  # b11434's slot-selection lines state the shared prefix
+            line_start = b.rfind(b"\n", 0, i) + 1
+            m = _SIM.search(b, line_start, i + 40)
             if m:
-                self.sims.append(lifecycle.SharedPrefix(int(m[1]), int(m[2]), int(m[3]), start + line_start))
-            i = chunk.find(_SIM_WORD, i + 1)
-        return chunk
+                side.append(lifecycle.SharedPrefix(int(m[1]), int(m[2]), int(m[3]), base + line_start))
+            i = b.find(_SIM_WORD, i + 1, end)
+        i = b.find(_CHECK_WORD, 0, end)
+        last = b""
+        while i >= 0:  # b11434: the engine's n_past (one note per task: its lines all say the same)
+            line_start = b.rfind(b"\n", 0, i) + 1
+            head = b[b.rfind(b"| task ", line_start, i): i]
+            if head != last:  # the first line of a task's run of them
+                m = _CHECK.search(b, line_start, i + 80)
+                if m:
+                    last = head
+                    side.append(lifecycle.CheckpointCheck(int(m[1]), int(m[2]), int(m[3]), base + line_start))
+            i = b.find(_CHECK_WORD, i + 1, end)
 
-    def line_at(self, offset: int) -> tuple[bytes, int] | None:
-        for start, chunk in reversed(self.recent):
-            if start <= offset < start + len(chunk):
-                return chunk, offset - start
-        return None
+    def line_at(self, offset: int) -> tuple[Any, int] | None:
+        i = offset - self.start
+        return (self.buf, i) if 0 <= i < self.size else None
 
 
 def sniff_family(path: str) -> str:
@@ -225,12 +333,18 @@ def distribution(values: Sequence[int]) -> dict[str, Any]:
 
 
 class Figures:
-    """What one scope (overall, a server, a slot) adds up. Cheap per request: sums and arrays."""
+    """What one scope (a slot; a server and the whole are folded from their slots) adds up: sums
+    and arrays of numbers, one ``add`` per request."""
+
+    _SUMS = ("requests", "shared_stated", "prompt_tokens", "reusable", "reused", "processed", "avoidable",
+             "prefill_ms", "timed_tokens", "placement", "retention", "baseline", "create_n", "create_mib_n",
+             "create_ms_n", "create_mib", "create_ms", "restore_n", "restore_mib_n", "restore_ms_n",
+             "restore_mib", "restore_ms")
 
     def __init__(self) -> None:
         self.requests = 0
-        self.outcomes: Counter = Counter()
-        self.events: Counter = Counter()
+        self.outcomes: dict[str, int] = dict.fromkeys(lifecycle.OUTCOMES, 0)
+        self.events: dict[str, int] = dict.fromkeys(EVENT_COUNT_KINDS, 0)
         self.shared = array("q")  # over warm requests with a known shared prefix
         self.shared_stated = 0
         self.prompts = array("q")
@@ -245,44 +359,27 @@ class Figures:
         self.t0: float | None = None
         self.t1: float | None = None
 
-    def add(self, r: lifecycle.Request) -> None:
+    def add(self, r: Any) -> None:
+        """One request (a ``lifecycle.Served`` or ``Request``)."""
         self.requests += 1
         self.outcomes[r.outcome] += 1
         ev = self.events
-        ev["created"] += len(r.created)
-        for k, n in r.erase_counts.items():
-            ev[k] += n
-        ev["restored"] += r.restored is not None
-        ev["forced"] += r.forced
-        ev["cache_saved"] += r.cache_saved
-        ev["cache_loaded"] += r.cache_loaded
-        if r.prompt_tokens is not None:
-            self.prompts.append(r.prompt_tokens)
-            self.prompt_tokens += r.prompt_tokens
-        if r.outcome != "cold" and r.shared_prefix is not None:
-            self.shared.append(r.shared_prefix)
-            self.shared_stated += r.shared_source == "lcp"
-            self.reusable += r.shared_prefix
-            self.avoidable += max(0, r.shared_prefix - (r.reused or 0))
-        self.reused += r.reused or 0
-        if r.processed is not None:
-            self.processed += r.processed
-            if r.prefill_ms is not None:
-                self.prefill_ms += r.prefill_ms
-                self.timed_tokens += r.processed
-        self.placement += r.placement
-        self.retention += r.retention
-        self.baseline += r.baseline_loss
-        for c in r.created:
-            self.create_n += 1
-            if c.size_mib is not None:
-                self.create_mib += c.size_mib
-                self.create_mib_n += 1
-            if c.took_ms is not None:
-                self.create_ms += c.took_ms
-                self.create_ms_n += 1
-        if r.restored is not None:
-            c = r.restored
+        if r.created:
+            ev["created"] += len(r.created)
+            self.create_n += len(r.created)
+            for c in r.created:
+                if c.size_mib is not None:
+                    self.create_mib += c.size_mib
+                    self.create_mib_n += 1
+                if c.took_ms is not None:
+                    self.create_ms += c.took_ms
+                    self.create_ms_n += 1
+        if r.erase_counts:
+            for k, n in r.erase_counts.items():
+                ev[k] += n
+        c = r.restored
+        if c is not None:
+            ev["restored"] += 1
             self.restore_n += 1
             if c.size_mib is not None:
                 self.restore_mib += c.size_mib
@@ -290,9 +387,57 @@ class Figures:
             if c.took_ms is not None:
                 self.restore_ms += c.took_ms
                 self.restore_ms_n += 1
-        if r.time is not None:
-            self.t0 = r.time if self.t0 is None else min(self.t0, r.time)
-            self.t1 = r.time if self.t1 is None else max(self.t1, r.time)
+        if r.forced:
+            ev["forced"] += 1
+        if r.cache_saved or r.cache_loaded:
+            ev["cache_saved"] += r.cache_saved
+            ev["cache_loaded"] += r.cache_loaded
+        prompt = r.prompt_tokens
+        if prompt is not None:
+            self.prompts.append(prompt)
+            self.prompt_tokens += prompt
+        reused = r.reused or 0
+        shared = r.shared_prefix
+        if shared is not None and r.outcome != "cold":
+            self.shared.append(shared)
+            if r.shared_source != "re_entry":
+                self.shared_stated += 1
+            self.reusable += shared
+            if shared > reused:
+                self.avoidable += shared - reused
+        self.reused += reused
+        if r.processed is not None:
+            self.processed += r.processed
+            if r.prefill_ms is not None:
+                self.prefill_ms += r.prefill_ms
+                self.timed_tokens += r.processed
+        if r.placement:
+            self.placement += 1
+        if r.retention:
+            self.retention += 1
+        if r.baseline_loss:
+            self.baseline += 1
+        t = r.time
+        if t is not None:
+            if self.t0 is None or t < self.t0:
+                self.t0 = t
+            if self.t1 is None or t > self.t1:
+                self.t1 = t
+
+    def merge(self, other: Figures) -> Figures:
+        """Add another scope's figures into this one (a server's from its slots)."""
+        for name in self._SUMS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.outcomes, other.outcomes), (self.events, other.events)):
+            for k, v in theirs.items():
+                mine[k] += v
+        self.shared.extend(other.shared)
+        self.prompts.extend(other.prompts)
+        for t in (other.t0, other.t1):
+            if t is not None:
+                self.t0 = t if self.t0 is None else min(self.t0, t)
+                self.t1 = t if self.t1 is None else max(self.t1, t)
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         shared = distribution(self.shared)
@@ -375,7 +520,7 @@ class _Clock:
 
     def __init__(self, family: str):
         self.unix = family == "ik_llama.cpp"
-        self.reader: _Reader | None = None
+        self.reader: _Stream | None = None
         self.base = 0.0
         self.last: float | None = None
 
@@ -386,7 +531,12 @@ class _Clock:
         chunk, i = found
         if self.unix:
             j = chunk.rfind(b"timestamp=", max(0, i - SNIFF), i)
-            m = _UNIX.match(chunk, j) if j >= 0 else None
+            if j >= 0:
+                m = _UNIX.match(chunk, j)
+            else:  # the INFO line before may end the block before
+                prev = self.reader.prev if i < SNIFF else b""
+                j = prev.rfind(b"timestamp=")
+                m = _UNIX.match(prev, j) if j >= 0 else None
             if m:
                 self.last = float(m[1])
             return self.last
@@ -414,12 +564,6 @@ class Options:
     trace: TextIO | None = None
 
 
-class Scope:
-    def __init__(self) -> None:
-        self.figures = Figures()
-        self.bins: list[tuple[float, int]] = []  # (time, outcome index) for the picture
-
-
 def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
     """Read every file; the whole result as the JSON document (``version`` 1)."""
     overall = Figures()
@@ -434,68 +578,9 @@ def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
                                         "time_unit": "s", "source": "shadowlab logs"}) + "\n")
     for server, pieces in group_servers(paths):
         family = options.family or sniff_family(pieces[0])
-        clock = _Clock(family)
-        replay = lifecycle.Replay(clock)
-        fig = Figures()
-        slots: dict[Any, Figures] = {}
-        sims: deque = deque()
-        first_time: list[float | None] = [None]
-        server_notes: list[str] = []
-        absolute_filter = any(b is not None and b.absolute for b in (options.since, options.until))
-        if absolute_filter and not clock.unix:
-            server_notes.append("--since/--until dates not applied: this log has elapsed times only (no wall clock)")
-
-        def take(reqs: list[lifecycle.Request]) -> None:
-            for r in reqs:
-                if first_time[0] is None and r.time is not None:
-                    first_time[0] = r.time
-                if options.slot is not None and r.slot != options.slot:
-                    continue
-                if not _in_window(r.time, first_time[0], options, clock.unix):
-                    continue
-                fig.add(r)
-                overall.add(r)
-                slots.setdefault(r.slot, Figures()).add(r)
-                if r.time is not None:
-                    times.append(r.time - (first_time[0] or 0.0))
-                    codes.append(lifecycle.OUTCOMES.index(r.outcome))
-                row = _row(server, r)
-                if len(rows) < MAX_ROWS:
-                    rows.append(row)
-                if options.trace is not None:
-                    options.trace.write(json.dumps(row, separators=(",", ":")) + "\n")
-
-        for path in pieces:
-            rep = FileReport(path=path, server=server)
-            files_out.append(rep)
-            reader = _Reader(path, rep, sims)
-            clock.reader = reader
-            stats = logparse.ParseStats(family=family)
-            feed = replay.feed
-            try:
-                for ev in logparse.iter_events(reader.chunks(), family, stats=stats):
-                    while sims and sims[0].offset < ev.offset:
-                        feed(sims.popleft())
-                    done = feed(ev)
-                    if done:
-                        take(done)
-            except MemoryError:  # pragma: no cover - a hostile file must not take the host down
-                rep.damage = "out of memory while reading"
-            while sims:
-                feed(sims.popleft())
-            rep.lines, rep.bytes = stats.lines, stats.bytes
-            rep.unknown += stats.unknown_count
-            rep.unknown_samples = (stats.unknown_samples + rep.unknown_samples)[: logparse.MAX_SAMPLES]
-            rep.overlong = stats.overlong_lines
-        take(replay.finish())
-        server_notes += replay.notes[:5] + [n for ring in replay.rings.values() for n in ring.notes][:5]
-        servers_out.append({
-            "server": server, "family": family, "files": pieces,
-            "time": "unix" if clock.unix else "elapsed", "restarts": replay.restarts,
-            "figures": fig.to_dict(),
-            "slots": {str(k): v.to_dict() for k, v in sorted(slots.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
-            "notes": server_notes,
-        })
+        doc, fig = _server(server, pieces, family, options, files_out, rows, times, codes)
+        servers_out.append(doc)
+        overall.merge(fig)
     readable = [f for f in files_out if f.error is None]
     overall_doc = overall.to_dict()
     if len({s["time"] for s in servers_out}) > 1:  # elapsed and Unix times do not add up
@@ -520,6 +605,71 @@ def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
         "notes": notes,
         "_hist": log_bins(overall.shared),  # for the HTML picture only; not in the JSON
     }
+
+
+def _server(server: str, pieces: list[str], family: str, options: Options, files_out: list[FileReport],
+            rows: list[dict[str, Any]], times: array, codes: array) -> tuple[dict[str, Any], Figures]:
+    """One server's pieces as one stream: its JSON part and its figures (folded from its slots'
+    at the end: each request is added once, to its slot)."""
+    side: deque = deque()
+    stream = _Stream(pieces, server, side, files_out)
+    clock = _Clock(family)
+    clock.reader = stream
+    replay = lifecycle.Replay(clock)
+    slots: dict[Any, Figures] = {}
+    first_time: list[float | None] = [None]
+    server_notes: list[str] = []
+    absolute_filter = any(b is not None and b.absolute for b in (options.since, options.until))
+    if absolute_filter and not clock.unix:
+        server_notes.append("--since/--until dates not applied: this log has elapsed times only (no wall clock)")
+    filtered = options.slot is not None or options.since is not None or options.until is not None
+    trace = options.trace
+    outcome_code = {o: i for i, o in enumerate(lifecycle.OUTCOMES)}
+
+    def take(r: lifecycle.Served) -> None:
+        t = r.time
+        if first_time[0] is None and t is not None:
+            first_time[0] = t
+        if filtered and (options.slot is not None and r.slot != options.slot
+                         or not _in_window(t, first_time[0], options, clock.unix)):
+            return
+        fig = slots.get(r.slot)
+        if fig is None:
+            fig = slots[r.slot] = Figures()
+        fig.add(r)
+        if t is not None:
+            times.append(t - (first_time[0] or 0.0))
+            codes.append(outcome_code[r.outcome])
+        if trace is not None or len(rows) < MAX_ROWS:  # a row only where one is shown
+            row = _row(server, r, stream)
+            if len(rows) < MAX_ROWS:
+                rows.append(row)
+            if trace is not None:
+                trace.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    stats = logparse.ParseStats(family=family)
+    stream.stats = stats
+    try:
+        replay.run(logparse.iter_events(stream, family, stats=stats), take, side)
+    except MemoryError:  # pragma: no cover - a hostile file must not take the host down
+        if stream.rep is not None:
+            stream.rep.damage = "out of memory while reading"
+    stream.settle()
+    for path in stream.pieces:  # not reached (out of memory): said, not silently dropped
+        files_out.append(FileReport(path=path, server=server, error="not read: reading stopped before it"))
+    for r in replay.finish(side):
+        take(r)
+    fig = Figures()
+    for f in slots.values():
+        fig.merge(f)
+    server_notes += replay.notes[:5] + [n for ring in replay.rings.values() for n in ring.notes][:5]
+    return {
+        "server": server, "family": family, "files": pieces,
+        "time": "unix" if clock.unix else "elapsed", "restarts": replay.restarts,
+        "figures": fig.to_dict(),
+        "slots": {str(k): v.to_dict() for k, v in sorted(slots.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))},
+        "notes": server_notes,
+    }, fig
 
 
 def _in_window(t: float | None, first: float | None, options: Options, unix: bool) -> bool:
@@ -553,10 +703,11 @@ def _ck(c: Any) -> list[Any]:
     return [c.pos_min, c.pos_max, c.n_tokens]
 
 
-def _row(server: str, r: lifecycle.Request) -> dict[str, Any]:
-    """One request as a trace line (docs/trace.md)."""
+def _row(server: str, r: Any, stream: _Stream | None = None) -> dict[str, Any]:
+    """One request (``Served`` or ``Request``) as a trace line (docs/trace.md)."""
+    line = stream.piece_of(r.offset, r.line)[1] if stream is not None else r.line
     return {
-        "time": r.time, "server": server, "slot": r.slot, "task": r.task, "line": r.line,
+        "time": r.time, "server": server, "slot": r.slot, "task": r.task, "line": line,
         "prompt_tokens": r.prompt_tokens, "shared_prefix": r.shared_prefix, "shared_source": r.shared_source,
         "reused": r.reused, "processed": r.processed, "outcome": r.outcome, "prefill_ms": r.prefill_ms,
         "checkpoints": {

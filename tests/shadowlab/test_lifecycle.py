@@ -85,3 +85,41 @@ def test_every_request_matches_the_generators_truth(tmp_path, fmt):
         assert [c.n_tokens for c in r.alive_before] == t["alive_before"]
         assert (len(r.created), len(r.erased_cascade)) == (t["created"], t["erased_invalidated"])
         assert (r.placement, r.retention, r.baseline_loss) == (t["placement"], t["retention"], t["baseline_loss"])
+
+
+def _forced_after_check(n_swa):
+    """A request forced after `checking checkpoint ... against 300`, with no sim line."""
+    ck = dict(pos_min=999, pos_max=999, n_tokens=1000)
+    return [
+        logparse.NewPrompt(line=1, offset=1, slot=0, task=1, n_tokens=1000),
+        logparse.CheckpointCreated(line=2, offset=2, slot=0, task=1, **ck),
+        logparse.NewPrompt(line=3, offset=3, slot=0, task=2, n_tokens=2000),
+        lifecycle.CheckpointCheck(0, 2, 300, offset=4),
+        logparse.ForcedReprocessing(line=5, offset=5, slot=0, task=2),
+        logparse.CheckpointErased(line=6, offset=6, slot=0, task=2, n_swa=n_swa, pos_next=0, **ck),
+        logparse.CacheTrim(line=7, offset=7, slot=0, task=2, n_past=0),
+    ]
+
+
+def test_a_forced_request_shares_the_n_past_its_checkpoint_check_states_once_n_swa_is_0():
+    forced = lifecycle.replay(_forced_after_check(0))[1]
+    assert (forced.outcome, forced.shared_prefix, forced.shared_source) == ("forced", 300, "n_past")
+    assert forced.baseline_loss  # 300 < 512, stated: counted
+    unknown_swa = lifecycle.replay(_forced_after_check(None))[1]  # the line says n_past - n_swa
+    assert (unknown_swa.shared_prefix, unknown_swa.shared_source) == (0, "re_entry")
+    swa = lifecycle.replay(_forced_after_check(128))[1]
+    assert swa.shared_source == "re_entry" and not swa.baseline_loss
+
+
+def test_a_sim_line_is_stale_once_a_prompt_cache_entry_is_loaded():
+    ev = [lifecycle.SharedPrefix(0, 0, 4560, offset=1),
+          logparse.PromptCacheLoaded(line=2, offset=2, slot=None, task=None, n_tokens=4570),
+          logparse.NewPrompt(line=3, offset=3, slot=0, task=7, n_tokens=4560),
+          lifecycle.CheckpointCheck(0, 7, 4559, offset=4),
+          logparse.CheckpointRestored(line=5, offset=5, slot=0, task=7, pos_min=4555, pos_max=4555,
+                                      n_tokens=4556, n_past=4556)]
+    r = lifecycle.Replay()
+    r.n_swa = 0  # as an earlier erase line would have said
+    got = r.feed_all(ev)[0]
+    assert (got.shared_prefix, got.shared_source, got.reused) == (4559, "n_past", 4556)
+    assert not got.baseline_loss

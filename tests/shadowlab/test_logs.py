@@ -110,3 +110,36 @@ def test_survives_hostile_input(tmp_path):
     only_bad = cli(str(tmp_path / "missing.log"))
     assert only_bad.returncode == 2 and "Traceback" not in only_bad.stderr
     assert cli("--since", "yesterday-ish", str(cut)).returncode == 2
+
+
+def test_real_a_b_a_the_prompt_cache_load_makes_the_sim_line_stale():
+    """b11434 printed `checking sim = 0.000 (0/4560)` for the slot's old content (B), then loaded
+    A's prompt-cache entry and restored at 4556: A shared 4559 (its `against 4559`), not 0."""
+    doc = doc_of(str(FIX / "llama.cpp-b11434" / "A-B-A.cram8192.log"))
+    a2 = doc["requests"][2]
+    assert (a2["outcome"], a2["shared_prefix"], a2["shared_source"], a2["reused"]) == ("restored", 4559, "n_past", 4556)
+    assert "baseline_loss" not in a2["failures"]
+
+
+def test_rotated_pieces_are_one_stream_even_when_cut_between_a_timing_header_and_its_line(tmp_path):
+    """ik_llama.cpp prints `slot print_timing: id 0 | task N |` and the `prompt eval time` on the
+    next line: a rotation between the two must not lose the request's processed tokens."""
+    whole = (FIX / "ik_llama.cpp-0.1.5" / "A-C.cram0.log").read_bytes()
+    cut = whole.index(b"\nprompt eval time", whole.index(b"task 14 | \n") - 40) + 1
+    (tmp_path / "s.log.1").write_bytes(whole[:cut])
+    (tmp_path / "s.log").write_bytes(whole[cut:])
+    one = doc_of(str(FIX / "ik_llama.cpp-0.1.5" / "A-C.cram0.log"))["overall"]
+    two = doc_of(str(tmp_path / "s.log"), str(tmp_path / "s.log.1"))
+    assert two["lines_not_understood"] == 0 and len(two["servers"]) == 1
+    assert two["overall"]["processed_tokens"] == one["processed_tokens"] == 4560 + 2899
+    assert two["overall"]["prompt_tokens"] == one["prompt_tokens"]
+    assert [f["lines"] for f in two["files"]] == [whole[:cut].count(b"\n"), whole[cut:].count(b"\n")]
+
+
+def test_dense_generated_logs_match_the_truth_too(tmp_path):
+    """Without the sampler / progress / timing lines a real server prints (the reader's worst case)."""
+    truth = make_prodlogs.generate(tmp_path, "b11434", seed=4, requests=150, slots=2, pieces=2, chatter=False)
+    doc = doc_of(*sorted(str(p) for p in tmp_path.glob("server0.log*")))
+    assert doc["lines_not_understood"] == 0
+    assert doc["overall"]["outcomes"] == truth["figures"]["outcomes"]
+    assert doc["overall"]["failures"] == truth["figures"]["failures"]
