@@ -179,14 +179,15 @@ def open_run_dir(options: RunOptions, matrix: Matrix) -> RunLayout:
     return layout
 
 
-def check_run_dir(layout: RunLayout, *, resume: bool) -> None:
-    """A new run needs an empty directory, a resume one with a plan.json."""
+def check_run_dir(layout: RunLayout, *, resume: bool, locked: bool = False) -> None:
+    """A new run needs an empty directory, a resume one with a plan.json; neither one that
+    another shadowlab is running in (``locked``: this process holds the lock)."""
     root = layout.root
+    holder = None if locked else _lock_holder(layout)
+    if holder is not None:
+        raise _in_use(layout, holder)
     exists = root.is_dir() and any(p.name != layout.lock.name for p in root.iterdir())
     if exists and not resume:
-        holder = _lock_holder(layout)
-        if holder is not None:
-            raise _in_use(layout, holder)
         raise RunDirError(
             "the run directory already exists and is not empty",
             path=str(root),
@@ -215,7 +216,7 @@ def lock_run_dir(layout: RunLayout, *, resume: bool) -> Iterator[None]:
             raise _in_use(layout, os.pread(fd, 32, 0)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        check_run_dir(layout, resume=resume)  # again, now that no other run can change it
+        check_run_dir(layout, resume=resume, locked=True)  # again, now that no other run can
         yield
     finally:
         os.close(fd)  # drops the flock

@@ -201,3 +201,21 @@ def test_claims_are_written_while_leased_and_removed_on_release():
     assert isolation.reap_orphans() == []  # held by a live lease: not stale
     lease.release()
     assert not claim.exists()
+
+
+@pytest.mark.parametrize("writer, returncode", [
+    # Python ignores SIGXFSZ: its writes past the cap fail (EFBIG); it goes on as it likes.
+    ([sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'x' * 100000); sys.stdout.flush()"], None),
+    # A C program is killed by SIGXFSZ at the cap.
+    (["head", "-c", "100000", "/dev/zero"], -25),
+])
+def test_an_engine_log_stops_at_its_cap(tmp_path, writer, returncode):
+    # The cap is set once the spawn is over: the child waits to see it before writing.
+    argv = ["sh", "-c", 'while [ "$(ulimit -f)" = unlimited ]; do sleep 0.01; done; exec "$@"', "sh", *writer]
+    proc = EngineProcess(argv, env=dict(os.environ), cwd=tmp_path / "s", log_path=tmp_path / "engine.log",
+                         cores=[isolation.usable_cores()[0]], port=isolation.lease_port().port,
+                         max_log_bytes=4096)
+    proc.popen.wait(timeout=20)
+    report = proc.stop()
+    assert (tmp_path / "engine.log").stat().st_size == 4096 and proc.log_at_cap()
+    assert report.signal_used == "none" and returncode in (None, report.returncode)

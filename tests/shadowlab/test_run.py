@@ -447,3 +447,44 @@ def test_engine_orphaned_by_a_killed_shadowlab_is_reaped_by_the_next(tmp_path, r
     assert {e.pid for e in orphans} <= set(reaped)
     wait_for(lambda: not any(alive(e) for e in orphans), 10, "the orphans to die")
     assert not list(lock_dir.glob("core-*.claim"))
+
+
+def test_a_log_span_is_read_in_chunks_and_finds_lines_cut_by_them(tmp_path):
+    # The turn's line straddles the first chunk's end; the span grows in odd steps.
+    log = tmp_path / "engine.log"
+    line = b"slot print_timing: id  0 | task 7 | prompt eval time =  1.00 ms / 5 tokens\n"
+    head = b"z" * (run.SPAN_CHUNK - 30)  # one line of ~1 MiB, no newline
+    log.write_bytes(head + line + b"| task 12345678901234567890 | too long to be a task id\n")
+    whole, stepped = run.LogSpan(log, 0), run.LogSpan(log, 0)
+    whole.extend(log.stat().st_size)
+    for end in range(0, log.stat().st_size + 1, 997):
+        stepped.extend(end)
+    stepped.extend(log.stat().st_size)
+    for span in (whole, stepped):
+        assert span.complete and span.task_ids == {7}
+    later = run.LogSpan(log, len(head) + len(line))  # a span after the line does not see it
+    later.extend(log.stat().st_size)
+    assert not later.complete and later.task_ids == set()
+
+
+def test_a_run_directory_in_use_is_refused_with_its_holders_pid(tmp_path, repo_root):
+    matrix = write_matrix(tmp_path / "m.yaml")
+    layout = records.RunLayout(tmp_path / "run")
+    layout.root.mkdir()
+    with run.lock_run_dir(layout, resume=False):
+        for resume in (False, True):
+            with pytest.raises(RunDirError, match=rf"another shadowlab \(pid {os.getpid()}\) is running"):
+                run.run(options(tmp_path, matrix, repo_root, resume=resume))
+    assert not layout.plan.exists()  # nothing was written by the refused runs
+
+
+def test_resume_compares_the_options_that_change_results(tmp_path):
+    layout = records.RunLayout(tmp_path)
+    records.write_json_atomic(layout.options, {"faults": ["stale-restore"], "request_timeout_s": 2.0})
+    run.check_resumed_options(layout, {"faults": ["stale-restore"], "request_timeout_s": 2.0})
+    with pytest.raises(RunDirError, match=r"--fault stale-restore then, not given now; "
+                                          r"--request-timeout 2 then, 3 now"):
+        run.check_resumed_options(layout, {"faults": [], "request_timeout_s": 3.0})
+    layout.options.unlink()
+    with pytest.raises(RunDirError, match="no readable options.json"):
+        run.check_resumed_options(layout, {"faults": [], "request_timeout_s": None})
