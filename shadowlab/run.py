@@ -760,6 +760,8 @@ class CellScheduler:
     def _start_ready_cells(self, pending: list[Cell], running: dict, pool: ThreadPoolExecutor,
                            total: int) -> bool:
         """Start what may start now; True when a cell is waiting for free cores."""
+        if self.ctx.stop.is_set():  # halted: a cell finishing will raise why, start nothing
+            return False
         for cell in list(pending):
             if len(running) >= self.jobs:
                 return False
