@@ -317,16 +317,15 @@ def read(run_dir: str | Path) -> RunVerdict:
 
 def _read_prompts(layout: Any) -> dict[str, dict[str, list[int]]]:
     """{engine: {prompt_id: token ids}} from prompts/<engine>.json (absent files: empty)."""
-    import json
+    from shadowlab import records
 
     out: dict[str, dict[str, list[int]]] = {}
     if not layout.prompts_dir.is_dir():
         return out
     for path in sorted(layout.prompts_dir.glob("*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
+        data = records.read_json(path)  # bounded; a link to /dev/zero was read until OOM
+        if not isinstance(data, dict):
+            raise records.RunDirError("not a JSON object of prompt id → prompt", path=str(path))
         out[path.stem] = {
             pid: list(entry["tokens"])
             for pid, entry in data.items()

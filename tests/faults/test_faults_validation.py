@@ -3,8 +3,9 @@
 Items covered, each by the real command line (`python -m shadowlab ...` in a subprocess, whose
 timeout only bounds a test that would otherwise hang: nothing here measures speed):
 
-- 2 (records half): `gate` / `report` on a run directory whose meta.json is a link to
-  /dev/zero, or a FIFO: refused unread, exit 2.
+- 2 (records half): `gate` / `report` on a run directory whose meta.json (or any other record:
+  prompts, plan, environment, matrix, engine.log) is a link to /dev/zero, or a FIFO: refused
+  unread, exit 2.
 - 5: a matrix `name: ../../../x` (path traversal): refused at load, and a run directory is only
   ever made inside its parent.
 - 7: atomically written records get the mode a plain open() gives (0666 & ~umask), through one
@@ -345,16 +346,20 @@ def test_survives_json_nested_200000_deep(run_dir):
 
 
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
-def test_survives_a_meta_json_that_never_ends(run_dir, kind):
-    """Item 2: a meta.json linked to /dev/zero OOM-killed `gate`; `report` never ended."""
-    path = run_dir / META
+@pytest.mark.parametrize("record", [META, "prompts/old.json", "plan.json", "environment.json",
+                                    "matrix.yaml", "cells/old.cram0.A-C/engine.log"])
+def test_survives_a_record_that_never_ends(run_dir, record, kind):
+    """Item 2: a meta.json linked to /dev/zero OOM-killed `gate` (exit -9) and `report` never
+    ended; prompts/<engine>.json likewise (verdicts read it whole). Every record file of a run
+    directory is refused unread."""
+    path = run_dir / record
     path.unlink()
     if kind == "dev-zero":
         path.symlink_to("/dev/zero")
     else:
         os.mkfifo(path)
     for text in judged_both_ways(run_dir):
-        assert f"{path}: cannot read: not a regular file" in text, text
+        assert str(path) in text and "not a regular file" in text, text
 
 
 def test_survives_a_plan_json_of_the_wrong_shape(run_dir):
