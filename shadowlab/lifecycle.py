@@ -67,7 +67,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 BASELINE_TOKENS = 512
 OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
@@ -78,10 +78,10 @@ _PENDING_CHECKS = 4096  # `checking checkpoint` notes of tasks not closed yet (a
 _NONE: Any = object()  # "no request being read"
 
 
-@dataclass(frozen=True, slots=True)
-class SharedPrefix:
+class SharedPrefix(NamedTuple):
     """A ``checking sim = x (lcp/n_tokens)`` line: the slot's cache shares ``lcp`` tokens with the
-    next prompt of ``n_tokens``. Fed to ``Replay.feed`` like an event."""
+    next prompt of ``n_tokens``. Fed to ``Replay.feed`` like an event. (Notes are named tuples, as
+    events are: one is made per slot per request.)"""
 
     slot: int
     lcp: int
@@ -92,8 +92,7 @@ class SharedPrefix:
     task: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CheckpointCheck:
+class CheckpointCheck(NamedTuple):
     """A ``checking checkpoint with [pos_min, pos_max] against N...`` line of ``task``: the engine
     looked for a checkpoint below N = n_past - n_swa. Fed to ``Replay.feed`` like an event."""
 
