@@ -83,14 +83,28 @@ def test_report_and_gate_on_a_non_run_directory_are_usage_errors(tmp_path):
     assert cli.main(["report", str(tmp_path)]) == 2
 
 
-def test_ci_runs_the_readme_test_command(repo_root):
+def _ci_commands(repo_root) -> dict[str, str]:
+    """{variable: the README line .ci/run picks for it}: each pattern must match one line."""
     ci = (repo_root / ".ci" / "run").read_text()
-    pattern = re.search(r'grep -E "([^"]+)" README\.md', ci).group(1)
-    readme = (repo_root / "README.md").read_text()
-    matches = [line for line in readme.splitlines() if re.search(pattern, line)]
-    assert len(matches) == 1
-    assert matches[0].endswith("python -m pytest -q")
-    assert "torch==2.13.0" in matches[0] and "LLAMA_CPP_BUILD_JOBS=2" in matches[0]
+    readme = (repo_root / "README.md").read_text().splitlines()
+    picked = {}
+    for name, pattern in re.findall(r"^(\w+)=\$\(readme_command '([^']+)'\)", ci, re.M):
+        matches = [line for line in readme if re.search(pattern, line)]
+        assert len(matches) == 1, f"{name}: {pattern!r} matches {len(matches)} README lines"
+        picked[name] = matches[0]
+    return picked
+
+
+def test_ci_runs_both_readme_commands_each_in_a_fresh_venv(repo_root):
+    ci = (repo_root / ".ci" / "run").read_text()
+    commands = _ci_commands(repo_root)
+    assert set(commands) == {"main_command", "test_command"}
+    assert commands["main_command"].endswith("shadowlab run matrices/ckpt.yaml")
+    assert commands["test_command"].endswith("python -m pytest -q")
+    assert "torch==2.13.0" in commands["test_command"] and "LLAMA_CPP_BUILD_JOBS=2" in commands["test_command"]
+    runs = re.findall(r'^in_fresh_venv (\w+) \d+ "\$(\w+)"$', ci, re.M)
+    assert runs == [("main", "main_command"), ("test", "test_command")]  # main first, own venvs
+    assert 'python3 -m venv "$venvs/$name"' in ci
     assert "set -euo pipefail" in ci and "CI=true" in ci
 
 
