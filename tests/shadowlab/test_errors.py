@@ -9,6 +9,7 @@ from shadowlab.errors import (
     EngineCrashError,
     EngineError,
     EngineStartError,
+    InfrastructureError,
     MatrixError,
     ProtocolError,
     QualificationError,
@@ -18,13 +19,14 @@ from shadowlab.errors import (
 
 
 def test_the_hierarchy_is_the_one_the_docstring_draws():
-    for cls in (MatrixError, RunDirError, EngineError, QualificationError):
+    for cls in (MatrixError, RunDirError, EngineError, InfrastructureError, QualificationError):
         assert cls.__bases__ == (ShadowlabError,)
         assert cls.__name__ in errors.__doc__
     for cls in (EngineStartError, EngineCrashError, ProtocolError):
         assert issubclass(cls, EngineError) and cls.__name__ in errors.__doc__
     assert set(errors.__all__) == {"ShadowlabError", "MatrixError", "RunDirError", "EngineError",
-                                   "EngineStartError", "EngineCrashError", "ProtocolError", "QualificationError"}
+                                   "EngineStartError", "EngineCrashError", "ProtocolError",
+                                   "InfrastructureError", "QualificationError"}
 
 
 def test_matrix_error_without_line_or_path():
