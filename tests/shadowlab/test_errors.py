@@ -10,6 +10,7 @@ from shadowlab.errors import (
     EngineError,
     EngineStartError,
     InfrastructureError,
+    LogSourceError,
     MatrixError,
     ProtocolError,
     QualificationError,
@@ -19,14 +20,14 @@ from shadowlab.errors import (
 
 
 def test_the_hierarchy_is_the_one_the_docstring_draws():
-    for cls in (MatrixError, RunDirError, EngineError, InfrastructureError, QualificationError):
+    for cls in (MatrixError, RunDirError, LogSourceError, EngineError, InfrastructureError, QualificationError):
         assert cls.__bases__ == (ShadowlabError,)
         assert cls.__name__ in errors.__doc__
     for cls in (EngineStartError, EngineCrashError, ProtocolError):
         assert issubclass(cls, EngineError) and cls.__name__ in errors.__doc__
     assert set(errors.__all__) == {"ShadowlabError", "MatrixError", "RunDirError", "EngineError",
                                    "EngineStartError", "EngineCrashError", "ProtocolError",
-                                   "InfrastructureError", "QualificationError"}
+                                   "InfrastructureError", "QualificationError", "LogSourceError"}
 
 
 def test_matrix_error_without_line_or_path():
