@@ -1,9 +1,7 @@
-"""The matrix file: what to run, loaded and validated before anything starts.
+"""Loading and validating a matrix: YAML in, a frozen `Matrix` or one `MatrixError` out.
 
-`load(path)` reads a YAML matrix and returns a frozen `Matrix`, or raises one `MatrixError`
-naming the file, the line, the key path and, where it helps, a hint. The schema below
-(`SCHEMA`) is the single source of truth for the keys: validation rejects any key it does not
-list, and docs/matrix.md's reference section is generated from it (see `reference_markdown`).
+`load(path)` names the file, the line, the key path and, where it helps, a hint. Every value
+travels with where it was written (`_At`), so any check can point at it.
 """
 
 from __future__ import annotations
@@ -13,25 +11,51 @@ import fnmatch
 import re
 import shutil
 import string
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
 from shadowlab.errors import MatrixError
+from shadowlab.matrix.schema import (
+    CHAT_ROLES,
+    CHECK_KEYS,
+    COMMAND_PLACEHOLDERS,
+    ENDPOINTS,
+    ENGINE_KINDS,
+    LOG_FAMILIES,
+    MATRIX_VERSION,
+    MAX_MATRIX_BYTES,
+    MAX_NAME_CHARS,
+    MAX_PROMPT_TOKENS,
+    MAX_TEXT_CHARS,
+    NAME_RE,
+    OUTCOMES,
+    PROMPT_KINDS,
+    SCHEMA,
+)
+from shadowlab.matrix.specs import (
+    AppendPrompt,
+    CellsSpec,
+    ChatMessage,
+    ChatPrompt,
+    ConfigurationSpec,
+    DivergePrompt,
+    EngineSpec,
+    Expectation,
+    Generation,
+    Identity,
+    Isolation,
+    Matrix,
+    ModelSpec,
+    PromptSpec,
+    RandomPrompt,
+    Selection,
+    SequenceSpec,
+    UnrelatedPrompt,
+)
+from shadowlab.matrix.yamlpos import LineList, LineMap, parse_yaml
 from shadowlab.records import FileRefused, read_regular_file
-
-MATRIX_VERSION = 1
-
-ENGINE_KINDS = ("reference", "llama-server", "openai")
-LOG_FAMILIES = ("reference", "llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "none")
-PROMPT_KINDS = ("random", "diverge", "unrelated", "append", "chat")
-ENDPOINTS = ("completion", "chat")
-OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset", "error")
-CHAT_ROLES = ("system", "user", "assistant", "tool")
-COMMAND_PLACEHOLDERS = ("binary", "model", "port", "threads", "host", "log_file")
 
 _DEFAULT_LOG_FAMILY = {"reference": "reference", "llama-server": "llama.cpp", "openai": "none"}
 _DEFAULT_VERBOSITY = {"reference": ("-lv", "4"), "llama-server": ("-lv", "4"), "openai": ()}
@@ -39,545 +63,14 @@ _DEFAULT_VERBOSITY = {"reference": ("-lv", "4"), "llama-server": ("-lv", "4"), "
 # flag at all (it exits with `error: unknown argument: -lv`); older upstream builds print them
 # at WRN/INF, where `-lv 4` would only add DBG noise to the log the parser reads.
 _DEFAULT_LEVEL_FAMILIES = ("ik_llama.cpp", "llama.cpp-legacy")
-# Names become parts of cell ids and directory names: no dots (the id separator), no slashes.
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
-# A cell id joins at most four names, four dots and `control` (`e.c.control.s.p`): names of 48
-# characters make 203 bytes, well within the 255 a directory name may have.
-MAX_NAME_CHARS = 48
-# Caps that keep loading and running bounded whatever the file says. The matrix file is read
-# whole before parsing (the shipped ones are a few KiB); a prompt is built in memory as text
-# and token ids before it is sent; free text is copied into every report.
-MAX_MATRIX_BYTES = 1 << 20
-MAX_PROMPT_TOKENS = 1 << 20
-MAX_TEXT_CHARS = 4096
 _MAX_INT = (1 << 63) - 1  # every integer must fit an engine's int64
 # The context an engine kind has without -c/--ctx-size (reference: shadowlab_engine.cli's
 # default; llama-server's depends on the build and the model, so it is not known here).
 DEFAULT_CONTEXT = {"reference": 8192}
 _CTX_FLAGS = ("-c", "--ctx-size")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-# --------------------------------------------------------------------------------------------
-# Schema: every key a matrix may hold, with its type, default and meaning.
-
-
-class _Required:
-    def __repr__(self) -> str:
-        return "required"
-
-
-REQUIRED: Any = _Required()
-
-
-@dataclass(frozen=True)
-class Key:
-    name: str
-    type: str
-    default: Any
-    doc: str
-
-    @property
-    def required(self) -> bool:
-        return self.default is REQUIRED
-
-
-@dataclass(frozen=True)
-class Section:
-    title: str  # where the keys live, as a key path pattern
-    keys: tuple[Key, ...]
-    doc: str = ""
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(k.name for k in self.keys)
-
-
-_PROMPT_COMMON = (
-    Key("kind", "random | diverge | unrelated | append | chat", REQUIRED, "How the prompt is built."),
-    Key("endpoint", "completion | chat", "completion (chat for kind chat)",
-        "`completion`: token ids to `/completion`; `chat`: messages to `/v1/chat/completions`."),
-    Key("message_delimiters", "bool", False,
-        "Send llama.cpp's `message_delimiters` with a `/completion` request (completion only)."),
-    Key("description", "str", "", "Free text shown in the plan and report."),
-)
-
-SCHEMA: dict[str, Section] = {
-    "matrix": Section("(top level)", (
-        Key("version", "int", REQUIRED, f"Matrix format version; this shadowlab reads {MATRIX_VERSION}."),
-        Key("name", "name", REQUIRED, "Short name of the experiment: the run directory is "
-            "`reports/<name>-<UTC time>`, so letters, digits, `_`, `-`, at most 48 characters."),
-        Key("description", "str", "", "Free text shown in the report (at most 4096 characters)."),
-        Key("engines", "map name → engine", REQUIRED, "The engines under test (at least one)."),
-        Key("configurations", "map name → configuration", "{default: {}}",
-            "Named flag/env deltas applied on top of each engine's."),
-        Key("prompts", "map id → prompt", REQUIRED, "Prompts, exact in tokens."),
-        Key("sequences", "map name → list of prompt ids", REQUIRED,
-            "Turns sent, in order, to one fresh engine process."),
-        Key("cells", "cells", "all configurations × sequences", "Which combinations run."),
-        Key("generation", "generation", "see below", "Decoding settings for every turn."),
-        Key("isolation", "isolation", "see below", "Per-cell resources."),
-        Key("identity", "identity", "see below", "Byte-identity checks against cold runs."),
-        Key("expectations", "list of expectation", "[]", "Checks the gate enforces."),
-    )),
-    "engine": Section("engines.<name>", (
-        Key("kind", "reference | llama-server | openai", REQUIRED, "Which adapter drives the engine."),
-        Key("model", "model", "required unless kind openai", "The model the engine loads."),
-        Key("binary", "path | auto", "auto",
-            "The engine executable: `auto` lets the adapter find it; a path (relative to the matrix "
-            "file) or a bare name on PATH must exist."),
-        Key("command", "list of str", "the adapter's",
-            "Command template; placeholders " + ", ".join("`{%s}`" % p for p in COMMAND_PLACEHOLDERS)
-            + ". Must use `{port}`."),
-        Key("flags", "list of str", "[]", "Flags every cell of this engine gets."),
-        Key("env", "map str → str", "{}", "Environment every cell of this engine gets."),
-        Key("threads", "int", "isolation.cores_per_cell", "Engine threads (at most the cell's cores)."),
-        Key("ready_timeout_s", "number", 60, "Seconds to wait for `/health` 200 and a first answer."),
-        Key("log_family", "|".join(LOG_FAMILIES), "by kind: reference, llama.cpp, none",
-            "Log format the checkpoint parser expects."),
-        Key("log_patterns", "list of regex", "[]", "Extra parser patterns for another fork (must compile)."),
-        Key("verbosity_flags", "list of str", "by kind: [-lv, 4] or []",
-            "Flags that make the engine print checkpoint lines. Default `[]` for log_family "
-            "ik_llama.cpp (no `-lv` flag) and llama.cpp-legacy (lines at WRN/INF)."),
-    )),
-    "model": Section("engines.<name>.model", (
-        Key("preset", "str", None, "Reference-engine preset (generated on demand), with `seed`."),
-        Key("seed", "int", 0, "Seed of the generated weights."),
-        Key("path", "path", None, "An existing regular model file (relative to the matrix file)."),
-        Key("gguf", "{preset, seed}", None, "A generated GGUF model (for llama-server)."),
-    ), "Exactly one of `preset`, `path`, `gguf`."),
-    "gguf": Section("engines.<name>.model.gguf", (
-        Key("preset", "str", REQUIRED, "GGUF generator preset."),
-        Key("seed", "int", 0, "Seed of the generated weights."),
-    )),
-    "configuration": Section("configurations.<name>", (
-        Key("flags", "list of str", "[]", "Flags appended to the engine's."),
-        Key("env", "map str → str", "{}", "Environment merged over the engine's."),
-        Key("description", "str", "", "Free text shown in the plan and report."),
-    )),
-    "prompt.random": Section("prompts.<id> (kind: random)", _PROMPT_COMMON + (
-        Key("tokens", "int", REQUIRED, "Exact length in tokens (at most 2^20; with n_predict it must "
-            "fit the engine's context)."),
-        Key("seed", "int", REQUIRED, "Seed of the generated text."),
-    )),
-    "prompt.diverge": Section("prompts.<id> (kind: diverge)", _PROMPT_COMMON + (
-        Key("from", "prompt id", REQUIRED, "Source prompt P."),
-        Key("shared", "int", REQUIRED, "K: tokens shared with P; token K differs (1 ≤ K < len(P), K < tokens)."),
-        Key("tokens", "int", REQUIRED, "Exact total length."),
-        Key("seed", "int", REQUIRED, "Seed of the new text after the divergence point."),
-    )),
-    "prompt.unrelated": Section("prompts.<id> (kind: unrelated)", _PROMPT_COMMON + (
-        Key("tokens", "int", REQUIRED, "Exact length in tokens."),
-        Key("seed", "int", REQUIRED, "Seed of the generated text."),
-        Key("unrelated_to", "list of prompt ids", "earlier random and unrelated prompts",
-            "Prompts it must share no prefix with (its first token differs from each one's)."),
-    )),
-    "prompt.append": Section("prompts.<id> (kind: append)", _PROMPT_COMMON + (
-        Key("from", "prompt id", REQUIRED, "Source prompt P; the result starts with all of P."),
-        Key("extra", "int", REQUIRED, "Tokens appended after P (≥ 1)."),
-        Key("seed", "int", REQUIRED, "Seed of the appended text."),
-    )),
-    "prompt.chat": Section("prompts.<id> (kind: chat)", _PROMPT_COMMON + (
-        Key("messages", "list of message", REQUIRED, "The conversation sent on this turn."),
-    )),
-    "message": Section("prompts.<id>.messages[i]", (
-        Key("role", "|".join(CHAT_ROLES), REQUIRED, "Message role."),
-        Key("content", "str | {from_turn: i}", REQUIRED,
-            "Text, or `{from_turn: i}` (assistant only): the warm cell's reply to turn i "
-            "(0-based, an earlier turn of the same sequence)."),
-    )),
-    "cells": Section("cells", (
-        Key("include", "list of selection", "[{}] (everything)", "Combinations to run."),
-        Key("exclude", "list of selection", "[]", "Combinations removed from the included ones."),
-    ), "Warm cells are engine × configuration × sequence combinations."),
-    "selection": Section("cells.include[i], cells.exclude[i]", (
-        Key("engine", "glob", "*", "Engine name or `*` pattern."),
-        Key("configuration", "glob", "*", "Configuration name or `*` pattern."),
-        Key("sequence", "glob", "*", "Sequence name or `*` pattern."),
-    )),
-    "generation": Section("generation", (
-        Key("n_predict", "int", 16, "Tokens generated per turn; with each prompt it must fit the context."),
-        Key("temperature", "number", 0.0, "Must be ≤ 0 (greedy) unless `allow_sampling`."),
-        Key("allow_sampling", "bool", False, "Accept temperature > 0 (identity checks become meaningless)."),
-        Key("ignore_eos", "bool", False, "Keep generating past end-of-sequence."),
-    )),
-    "isolation": Section("isolation", (
-        Key("cores_per_cell", "int", 1, "Dedicated CPU cores per running cell (at most the machine's)."),
-        Key("gpu", "none | int", "none", "`none` hides every GPU; an index gives that device."),
-        Key("keep_scratch", "bool", False, "Keep each cell's scratch directory after it ends."),
-        Key("jobs", "int", 1, "Cells run at once (bounded by the free cores)."),
-        Key("max_log_mib", "int", 1024, "Cap on each engine's engine.log (MiB): an engine whose log "
-            "reaches it is stopped from writing more and its cell fails (infrastructure)."),
-    )),
-    "identity": Section("identity", (
-        Key("required", "bool", True, "A warm turn whose output differs from its cold run fails the gate."),
-        Key("control", "bool", True, "Plan one cold-vs-cold control cell per engine × configuration."),
-    )),
-    "expectation": Section("expectations[i]", (
-        Key("engine", "glob", "*", "Which cells: engine name or pattern."),
-        Key("configuration", "glob", "*", "Which cells: configuration name or pattern."),
-        Key("sequence", "glob", "*", "Which cells: sequence name or pattern."),
-        Key("turn", "int | prompt id", "every turn",
-            "The turn checked: 0-based index or the prompt id; omitted: every turn of the cell "
-            "(the first one is `cold`), and `max_forced` counts over them."),
-        Key("description", "str", "", "Why this is expected (shown in the report)."),
-        Key("outcome", "outcome | list of outcomes", None, "Allowed outcomes: " + ", ".join(OUTCOMES) + "."),
-        Key("min_reused", "int", None, "At least this many prompt tokens reused."),
-        Key("min_saved_fraction", "number 0..1", None, "At least this fraction of the prompt reused."),
-        Key("max_forced", "int", None, "At most this many forced full re-processings."),
-        Key("checkpoints_created_at", "list of int", None,
-            "`pos_max` values that must be among the checkpoints created on the turn."),
-        Key("identity", "bool", None, "Require (true) or waive (false) byte identity with the cold run."),
-        Key("cascade", "bool", None,
-            "Require (true) or waive (false) the erase cascade: every checkpoint alive at the turn's "
-            "start with `pos_max` above its re-entry point was erased (`erased invalidated`), none kept. "
-            "Needs the engine's log (not log_family none)."),
-    ), "At least one check (`outcome` … `cascade`) is required."),
-}
-
-_CHECK_KEYS = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at",
-               "identity", "cascade")
 _CASCADE_HINT = ("write `cascade: true` (every checkpoint above the re-entry point must be erased) or "
                  "`cascade: false` (waive the default cascade check on these turns)")
-
-
-# --------------------------------------------------------------------------------------------
-# The loaded matrix.
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Where an engine's model comes from: generated (`preset`, `gguf`) or an existing `path`."""
-
-    source: str  # "preset" | "path" | "gguf"
-    preset: str | None = None
-    seed: int | None = None
-    path: Path | None = None
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    name: str
-    kind: str
-    model: ModelSpec | None
-    binary: str  # "auto" or a resolved path
-    command: tuple[str, ...] | None
-    flags: tuple[str, ...]
-    env: Mapping[str, str]
-    threads: int
-    ready_timeout_s: float
-    log_family: str
-    log_patterns: tuple[str, ...]
-    verbosity_flags: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ConfigurationSpec:
-    name: str
-    flags: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    description: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PromptSpec:
-    """Common part of every prompt. `length` is the exact token count, None for chat."""
-
-    id: str
-    kind: str
-    endpoint: str = "completion"
-    message_delimiters: bool = False
-    description: str = ""
-
-    @property
-    def length(self) -> int | None:
-        return None
-
-    def depends_on(self) -> tuple[str, ...]:
-        """Prompts that must be materialized before this one."""
-        return ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class RandomPrompt(PromptSpec):
-    tokens: int
-    seed: int
-
-    @property
-    def length(self) -> int:
-        return self.tokens
-
-
-@dataclass(frozen=True, kw_only=True)
-class DivergePrompt(PromptSpec):
-    """source[:shared] followed by new tokens; token `shared` differs from the source's."""
-
-    source: str
-    shared: int
-    tokens: int
-    seed: int
-
-    @property
-    def length(self) -> int:
-        return self.tokens
-
-    def depends_on(self) -> tuple[str, ...]:
-        return (self.source,)
-
-
-@dataclass(frozen=True, kw_only=True)
-class UnrelatedPrompt(PromptSpec):
-    """Fresh tokens whose first token differs from the first token of every `unrelated_to`."""
-
-    tokens: int
-    seed: int
-    unrelated_to: tuple[str, ...]
-
-    @property
-    def length(self) -> int:
-        return self.tokens
-
-    def depends_on(self) -> tuple[str, ...]:
-        return self.unrelated_to
-
-
-@dataclass(frozen=True, kw_only=True)
-class AppendPrompt(PromptSpec):
-    """All of `source`, then `extra` new tokens."""
-
-    source: str
-    extra: int
-    seed: int
-    source_length: int
-
-    @property
-    def length(self) -> int:
-        return self.source_length + self.extra
-
-    def depends_on(self) -> tuple[str, ...]:
-        return (self.source,)
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One message; `from_turn` set means: the warm cell's reply to that turn (0-based)."""
-
-    role: str
-    content: str | None = None
-    from_turn: int | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChatPrompt(PromptSpec):
-    messages: tuple[ChatMessage, ...]
-
-    def reply_turns(self) -> tuple[int, ...]:
-        return tuple(m.from_turn for m in self.messages if m.from_turn is not None)
-
-
-TOKEN_PROMPTS = (RandomPrompt, DivergePrompt, UnrelatedPrompt, AppendPrompt)
-
-
-@dataclass(frozen=True)
-class SequenceSpec:
-    name: str
-    prompts: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Engine × configuration × sequence names or `*` globs."""
-
-    engine: str = "*"
-    configuration: str = "*"
-    sequence: str = "*"
-
-    def matches(self, engine: str, configuration: str, sequence: str) -> bool:
-        return (
-            fnmatch.fnmatchcase(engine, self.engine)
-            and fnmatch.fnmatchcase(configuration, self.configuration)
-            and fnmatch.fnmatchcase(sequence, self.sequence)
-        )
-
-
-@dataclass(frozen=True)
-class CellsSpec:
-    include: tuple[Selection, ...] = (Selection(),)
-    exclude: tuple[Selection, ...] = ()
-
-
-@dataclass(frozen=True)
-class Generation:
-    n_predict: int = 16
-    temperature: float = 0.0
-    allow_sampling: bool = False
-    ignore_eos: bool = False
-
-
-@dataclass(frozen=True)
-class Isolation:
-    cores_per_cell: int = 1
-    gpu: int | None = None  # None: every GPU hidden
-    keep_scratch: bool = False
-    jobs: int = 1
-    max_log_mib: int = 1024  # an engine's log beyond this fails its cell (a flood, not a record)
-
-
-@dataclass(frozen=True)
-class Identity:
-    required: bool = True
-    control: bool = True
-
-
-@dataclass(frozen=True)
-class Expectation:
-    """Checks on one turn (or every turn) of the selected warm cells. Unset checks are None."""
-
-    selection: Selection
-    turn: int | str | None = None
-    outcome: tuple[str, ...] | None = None
-    min_reused: int | None = None
-    min_saved_fraction: float | None = None
-    max_forced: int | None = None
-    checkpoints_created_at: tuple[int, ...] | None = None
-    identity: bool | None = None
-    cascade: bool | None = None
-    description: str = ""
-    line: int | None = field(default=None, compare=False)  # where it is written, for reports
-
-
-@dataclass(frozen=True)
-class Matrix:
-    path: Path
-    version: int
-    name: str
-    description: str
-    engines: Mapping[str, EngineSpec]
-    configurations: Mapping[str, ConfigurationSpec]
-    prompts: Mapping[str, PromptSpec]
-    sequences: Mapping[str, SequenceSpec]
-    cells: CellsSpec
-    generation: Generation
-    isolation: Isolation
-    identity: Identity
-    expectations: tuple[Expectation, ...]
-    # Lines of the keys that checks made after loading point at (`check_machine`).
-    lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
-
-    def selected(self) -> list[tuple[str, str, str]]:
-        """(engine, configuration, sequence) of every warm cell, in matrix order."""
-        return [
-            combo
-            for combo in self._all_combinations()
-            if any(s.matches(*combo) for s in self.cells.include)
-            and not any(s.matches(*combo) for s in self.cells.exclude)
-        ]
-
-    def _all_combinations(self) -> Iterator[tuple[str, str, str]]:
-        for engine in self.engines:
-            for configuration in self.configurations:
-                for sequence in self.sequences:
-                    yield engine, configuration, sequence
-
-    def to_dict(self) -> dict[str, Any]:
-        """The matrix as YAML-ready data with every default filled in; `load` reads it back."""
-        return _matrix_to_dict(self)
-
-
-# --------------------------------------------------------------------------------------------
-# YAML with line numbers.
-
-
-class _LineMap(dict):
-    """A YAML mapping that remembers the line of each key and value (1-based)."""
-
-    line: int
-    key_lines: dict[Any, int]
-    value_lines: dict[Any, int]
-
-
-class _LineList(list):
-    line: int
-    item_lines: list[int]
-
-
-# libyaml's parser when available (10x faster); the constructors below are the same either way.
-_SafeLoader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _LineLoader(_SafeLoader):
-    """SafeLoader whose mappings and sequences record where they start; duplicate keys fail."""
-
-    def __init__(self, stream: str, file: str) -> None:
-        super().__init__(stream)
-        self.file = file
-        self.path: list[str] = []  # key path of the value being constructed (for errors)
-
-    def key_path(self, last: Any) -> str:
-        return _join_path([*self.path, last])
-
-
-def _join_path(parts: Iterable[Any]) -> str:
-    text = ""
-    for part in parts:
-        text += f"[{part}]" if isinstance(part, int) and not isinstance(part, bool) else (
-            f".{part}" if text else str(part))
-    return text
-
-
-def _construct_map(loader: _LineLoader, node: yaml.MappingNode) -> _LineMap:
-    loader.flatten_mapping(node)
-    result = _LineMap()
-    result.line = node.start_mark.line + 1
-    result.key_lines, result.value_lines = {}, {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        key_line = key_node.start_mark.line + 1
-        if not isinstance(key, (str, int, float, bool)) or key is None:
-            raise MatrixError("a mapping key must be a plain name", file=loader.file, line=key_line,
-                              key_path=_join_path(loader.path))
-        if key in result:
-            raise MatrixError(
-                f"duplicate key {key!r} (first at line {result.key_lines[key]})",
-                file=loader.file, line=key_line, key_path=loader.key_path(key),
-                hint="YAML would silently keep only the last one; rename or remove one of them",
-            )
-        loader.path.append(str(key))
-        result[key] = loader.construct_object(value_node, deep=True)
-        loader.path.pop()
-        result.key_lines[key] = key_line
-        result.value_lines[key] = value_node.start_mark.line + 1
-    return result
-
-
-def _construct_seq(loader: _LineLoader, node: yaml.SequenceNode) -> _LineList:
-    result = _LineList()
-    for index, child in enumerate(node.value):
-        loader.path.append(index)
-        result.append(loader.construct_object(child, deep=True))
-        loader.path.pop()
-    result.line = node.start_mark.line + 1
-    result.item_lines = [child.start_mark.line + 1 for child in node.value]
-    return result
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
-
-
-def _parse_yaml(text: str, file: str) -> Any:
-    loader = _LineLoader(text, file)
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise MatrixError(f"invalid YAML: {problem}", file=file, line=line,
-                          hint="check indentation and quoting on or just above this line") from None
-    except yaml.YAMLError as exc:
-        raise MatrixError(f"invalid YAML: {exc}", file=file) from None
-    finally:
-        loader.dispose()
 
 
 # --------------------------------------------------------------------------------------------
@@ -628,7 +121,7 @@ def _closest_hint(word: str, known: Iterable[str], what: str = "") -> str:
 
 def _fields(value: Any, at: _At, section: str) -> dict[str, tuple[Any, _At]]:
     """Check a mapping against a schema section; return key → (value, where)."""
-    if not isinstance(value, _LineMap):
+    if not isinstance(value, LineMap):
         at.fail(f"expected a mapping, got {_describe(value)}")
     sec = SCHEMA[section]
     known = sec.names()
@@ -708,7 +201,7 @@ def _scalar_text(value: Any, at: _At) -> str:
 
 
 def _list(value: Any, at: _At) -> list[tuple[Any, _At]]:
-    if not isinstance(value, _LineList):
+    if not isinstance(value, LineList):
         at.fail(f"expected a list, got {_describe(value)}")
     return [(v, at.item(i, value.item_lines[i])) for i, v in enumerate(value)]
 
@@ -718,7 +211,7 @@ def _str_list(value: Any, at: _At) -> tuple[str, ...]:
 
 
 def _env(value: Any, at: _At) -> dict[str, str]:
-    if not isinstance(value, _LineMap):
+    if not isinstance(value, LineMap):
         at.fail(f"expected a mapping of variable → value, got {_describe(value)}")
     env = {}
     for key, v in value.items():
@@ -731,7 +224,7 @@ def _env(value: Any, at: _At) -> dict[str, str]:
 
 def _name(value: Any, at: _At, what: str) -> str:
     """A name that becomes part of a directory name: one safe path component, never `..`."""
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.match(value):
         shown = _describe(value if not isinstance(value, str) else value[:MAX_NAME_CHARS + 8])
         at.fail(f"{what} name {shown} cannot be used in a cell id or directory name",
                 "use letters, digits, '_' and '-' (first not '-'; no dots, slashes or spaces)")
@@ -743,7 +236,7 @@ def _name(value: Any, at: _At, what: str) -> str:
 
 def _named_map(value: Any, at: _At, what: str, *, nonempty: bool = True) -> list[tuple[str, Any, _At]]:
     """A `name → body` mapping (engines, prompts, ...): names checked, order kept."""
-    if not isinstance(value, _LineMap):
+    if not isinstance(value, LineMap):
         at.fail(f"expected a mapping of {what} name → definition, got {_describe(value)}")
     if nonempty and not value:
         at.fail(f"no {what}s defined", line=value.line)
@@ -786,7 +279,7 @@ def load(path: str | Path, *, check_files: bool = True) -> Matrix:
                                f"{MAX_MATRIX_BYTES >> 20} MiB") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MatrixError(f"cannot read the matrix file: {exc}", file=file) from None
-    data = _parse_yaml(text, file)
+    data = parse_yaml(text, file)
     ctx = _Context(file=file, base_dir=path.resolve().parent, check_files=check_files)
     return _matrix(data, ctx, path)
 
@@ -796,7 +289,7 @@ def loads(text: str, *, file: str = "<matrix>", base_dir: str | Path = ".", chec
     if len(text) > MAX_MATRIX_BYTES:
         raise MatrixError(f"{len(text)} characters; a matrix may hold at most {MAX_MATRIX_BYTES >> 20} MiB",
                           file=file)
-    data = _parse_yaml(text, file)
+    data = parse_yaml(text, file)
     ctx = _Context(file=file, base_dir=Path(base_dir).resolve(), check_files=check_files)
     return _matrix(data, ctx, Path(file))
 
@@ -848,10 +341,10 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
     return matrix
 
 
-def _line_of(data: _LineMap, section: str, key: str) -> int | None:
+def _line_of(data: LineMap, section: str, key: str) -> int | None:
     """Where `section.key` is written, else where `section` is, else None."""
     body = data.get(section)
-    if isinstance(body, _LineMap) and key in body:
+    if isinstance(body, LineMap) and key in body:
         return body.value_lines[key]
     return data.key_lines.get(section)
 
@@ -1038,7 +531,7 @@ def _prompts(value: Any, at: _At) -> dict[str, PromptSpec]:
 
 def _prompt(pid: str, body: Any, at: _At, names: list[str], kinds: Mapping[str, Any],
             build: Callable[[str], PromptSpec]) -> PromptSpec:
-    if not isinstance(body, _LineMap):
+    if not isinstance(body, LineMap):
         at.fail(f"expected a prompt definition (a mapping with `kind`), got {_describe(body)}")
     if "kind" not in body:
         at.fail("missing required key 'kind'", "one of: " + ", ".join(PROMPT_KINDS), line=body.line)
@@ -1131,7 +624,7 @@ def _messages(value: Any, at: _At) -> tuple[ChatMessage, ...]:
         f = _fields(v, a, "message")
         role = _choice(*f["role"], CHAT_ROLES)
         content, c_at = f["content"]
-        if isinstance(content, _LineMap):
+        if isinstance(content, LineMap):
             if role != "assistant":
                 c_at.fail("only an assistant message can take a reply from an earlier turn")
             if set(content) != {"from_turn"}:
@@ -1166,7 +659,7 @@ def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec]) -> dict[s
     return out
 
 
-def _check_chat_turns(matrix: Matrix, at: _At, raw: _LineMap) -> None:
+def _check_chat_turns(matrix: Matrix, at: _At, raw: LineMap) -> None:
     """A chat turn may only splice the reply of an earlier turn of its sequence."""
     for name, seq in matrix.sequences.items():
         for index, pid in enumerate(seq.prompts):
@@ -1202,7 +695,7 @@ def context_size(engine: EngineSpec, configuration: ConfigurationSpec) -> tuple[
     return (size if size > 0 else None), value  # llama.cpp's -c 0: the model's own, unknown here
 
 
-def _check_context(matrix: Matrix, at: _At, raw: _LineMap) -> None:
+def _check_context(matrix: Matrix, at: _At, raw: LineMap) -> None:
     """A token prompt (+ n_predict) longer than a cell's context would be refused by the engine
     (HTTP 400) only after minutes of building and tokenizing it: refuse it now."""
     n_predict = matrix.generation.n_predict
@@ -1313,9 +806,9 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
     if not cells:
         at.fail("this expectation selects no planned cell", "check its engine/configuration/sequence "
                 "against cells.include / cells.exclude", line=value.line)
-    checks = [k for k in _CHECK_KEYS if k in f]
+    checks = [k for k in CHECK_KEYS if k in f]
     if not checks:
-        at.fail("an expectation needs at least one check", "add one of: " + ", ".join(_CHECK_KEYS), line=value.line)
+        at.fail("an expectation needs at least one check", "add one of: " + ", ".join(CHECK_KEYS), line=value.line)
     turn = _turn(*f["turn"], matrix, cells) if "turn" in f else None
     outcome = None
     if "outcome" in f:
@@ -1371,133 +864,3 @@ def _turn(value: Any, at: _At, matrix: Matrix, cells: list[tuple[str, str, str]]
         at.fail(f"turn {index} is past the end of sequence {short[0]!r}",
                 "turns are 0-based; narrow the selection or name the turn by prompt id")
     return index
-
-
-# --------------------------------------------------------------------------------------------
-# Back to YAML-ready data (the run directory's resolved matrix.yaml).
-
-
-def _matrix_to_dict(m: Matrix) -> dict[str, Any]:
-    return {
-        "version": m.version,
-        "name": m.name,
-        "description": m.description,
-        "engines": {n: _engine_to_dict(e) for n, e in m.engines.items()},
-        "configurations": {
-            n: {"flags": list(c.flags), "env": dict(c.env), "description": c.description}
-            for n, c in m.configurations.items()
-        },
-        "prompts": {n: _prompt_to_dict(p) for n, p in m.prompts.items()},
-        "sequences": {n: list(s.prompts) for n, s in m.sequences.items()},
-        "cells": {
-            "include": [_selection_to_dict(s) for s in m.cells.include],
-            "exclude": [_selection_to_dict(s) for s in m.cells.exclude],
-        },
-        "generation": vars(m.generation).copy(),
-        "isolation": {**vars(m.isolation), "gpu": "none" if m.isolation.gpu is None else m.isolation.gpu},
-        "identity": vars(m.identity).copy(),
-        "expectations": [_expectation_to_dict(x) for x in m.expectations],
-    }
-
-
-def _engine_to_dict(e: EngineSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": e.kind}
-    if e.model is not None:
-        if e.model.source == "path":
-            out["model"] = {"path": str(e.model.path)}
-        elif e.model.source == "gguf":
-            out["model"] = {"gguf": {"preset": e.model.preset, "seed": e.model.seed}}
-        else:
-            out["model"] = {"preset": e.model.preset, "seed": e.model.seed}
-    out["binary"] = e.binary
-    if e.command is not None:
-        out["command"] = list(e.command)
-    out.update(flags=list(e.flags), env=dict(e.env), threads=e.threads, ready_timeout_s=e.ready_timeout_s,
-               log_family=e.log_family, log_patterns=list(e.log_patterns),
-               verbosity_flags=list(e.verbosity_flags))
-    return out
-
-
-def _prompt_to_dict(p: PromptSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": p.kind, "endpoint": p.endpoint, "message_delimiters": p.message_delimiters,
-                           "description": p.description}
-    if isinstance(p, RandomPrompt):
-        out.update(tokens=p.tokens, seed=p.seed)
-    elif isinstance(p, DivergePrompt):
-        out.update({"from": p.source, "shared": p.shared, "tokens": p.tokens, "seed": p.seed})
-    elif isinstance(p, UnrelatedPrompt):
-        out.update(tokens=p.tokens, seed=p.seed, unrelated_to=list(p.unrelated_to))
-    elif isinstance(p, AppendPrompt):
-        out.update({"from": p.source, "extra": p.extra, "seed": p.seed})
-    elif isinstance(p, ChatPrompt):
-        out["messages"] = [
-            {"role": m.role, "content": m.content if m.from_turn is None else {"from_turn": m.from_turn}}
-            for m in p.messages
-        ]
-    return out
-
-
-def _selection_to_dict(s: Selection) -> dict[str, str]:
-    return {"engine": s.engine, "configuration": s.configuration, "sequence": s.sequence}
-
-
-def _expectation_to_dict(x: Expectation) -> dict[str, Any]:
-    out: dict[str, Any] = _selection_to_dict(x.selection)
-    if x.turn is not None:
-        out["turn"] = x.turn
-    if x.description:
-        out["description"] = x.description
-    for key in _CHECK_KEYS:
-        value = getattr(x, key)
-        if value is not None:
-            out[key] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Reference documentation, generated from SCHEMA (docs/matrix.md embeds it; a test compares).
-
-DOC_BEGIN = "<!-- BEGIN GENERATED: matrix schema (python -m shadowlab.matrix docs/matrix.md) -->"
-DOC_END = "<!-- END GENERATED -->"
-
-
-def reference_markdown() -> str:
-    """Markdown tables of every section and key of the schema."""
-    parts = []
-    for section in SCHEMA.values():
-        parts.append(f"### `{section.title}`\n")
-        if section.doc:
-            parts.append(section.doc + "\n")
-        parts.append("| key | type | default | meaning |\n|---|---|---|---|")
-        for k in section.keys:
-            cells = (f"`{k.name}`", k.type, _doc_default(k), k.doc)
-            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-        parts.append("")
-    return "\n".join(parts)
-
-
-def _doc_default(key: Key) -> str:
-    if key.required:
-        return "**required**"
-    if key.default is None:
-        return "—"
-    if isinstance(key.default, bool):
-        return "`true`" if key.default else "`false`"
-    if key.default == "":
-        return '`""`'
-    return f"`{key.default}`"
-
-
-def write_reference(doc_path: str | Path) -> None:
-    """Replace the generated section of a markdown file with `reference_markdown()`."""
-    path = Path(doc_path)
-    text = path.read_text(encoding="utf-8")
-    head, _, rest = text.partition(DOC_BEGIN)
-    _, _, tail = rest.partition(DOC_END)
-    path.write_text(f"{head}{DOC_BEGIN}\n{reference_markdown()}{DOC_END}{tail}", encoding="utf-8")
-
-
-if __name__ == "__main__":  # python -m shadowlab.matrix docs/matrix.md
-    import sys
-
-    write_reference(sys.argv[1] if len(sys.argv) > 1 else "docs/matrix.md")

@@ -1,0 +1,92 @@
+"""Back to YAML-ready data: the run directory's resolved matrix.yaml, which `load` reads back.
+
+Imports no spec class at run time (specs.py imports this module for `Matrix.to_dict`): each
+prompt is dumped by its `kind`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shadowlab.matrix.schema import CHECK_KEYS
+
+if TYPE_CHECKING:
+    from shadowlab.matrix.specs import EngineSpec, Expectation, Matrix, Selection
+
+
+def matrix_to_dict(m: Matrix) -> dict[str, Any]:
+    return {
+        "version": m.version,
+        "name": m.name,
+        "description": m.description,
+        "engines": {n: _engine_to_dict(e) for n, e in m.engines.items()},
+        "configurations": {
+            n: {"flags": list(c.flags), "env": dict(c.env), "description": c.description}
+            for n, c in m.configurations.items()
+        },
+        "prompts": {n: _prompt_to_dict(p) for n, p in m.prompts.items()},
+        "sequences": {n: list(s.prompts) for n, s in m.sequences.items()},
+        "cells": {
+            "include": [_selection_to_dict(s) for s in m.cells.include],
+            "exclude": [_selection_to_dict(s) for s in m.cells.exclude],
+        },
+        "generation": vars(m.generation).copy(),
+        "isolation": {**vars(m.isolation), "gpu": "none" if m.isolation.gpu is None else m.isolation.gpu},
+        "identity": vars(m.identity).copy(),
+        "expectations": [_expectation_to_dict(x) for x in m.expectations],
+    }
+
+
+def _engine_to_dict(e: EngineSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": e.kind}
+    if e.model is not None:
+        if e.model.source == "path":
+            out["model"] = {"path": str(e.model.path)}
+        elif e.model.source == "gguf":
+            out["model"] = {"gguf": {"preset": e.model.preset, "seed": e.model.seed}}
+        else:
+            out["model"] = {"preset": e.model.preset, "seed": e.model.seed}
+    out["binary"] = e.binary
+    if e.command is not None:
+        out["command"] = list(e.command)
+    out.update(flags=list(e.flags), env=dict(e.env), threads=e.threads, ready_timeout_s=e.ready_timeout_s,
+               log_family=e.log_family, log_patterns=list(e.log_patterns),
+               verbosity_flags=list(e.verbosity_flags))
+    return out
+
+
+def _prompt_to_dict(p: Any) -> dict[str, Any]:  # a PromptSpec subclass, by its kind
+    out: dict[str, Any] = {"kind": p.kind, "endpoint": p.endpoint, "message_delimiters": p.message_delimiters,
+                           "description": p.description}
+    if p.kind == "random":
+        out.update(tokens=p.tokens, seed=p.seed)
+    elif p.kind == "diverge":
+        out.update({"from": p.source, "shared": p.shared, "tokens": p.tokens, "seed": p.seed})
+    elif p.kind == "unrelated":
+        out.update(tokens=p.tokens, seed=p.seed, unrelated_to=list(p.unrelated_to))
+    elif p.kind == "append":
+        out.update({"from": p.source, "extra": p.extra, "seed": p.seed})
+    elif p.kind == "chat":
+        out["messages"] = [
+            {"role": m.role, "content": m.content if m.from_turn is None else {"from_turn": m.from_turn}}
+            for m in p.messages
+        ]
+    return out
+
+
+def _selection_to_dict(s: Selection) -> dict[str, str]:
+    return {"engine": s.engine, "configuration": s.configuration, "sequence": s.sequence}
+
+
+def _expectation_to_dict(x: Expectation) -> dict[str, Any]:
+    out: dict[str, Any] = _selection_to_dict(x.selection)
+    if x.turn is not None:
+        out["turn"] = x.turn
+    if x.description:
+        out["description"] = x.description
+    for key in CHECK_KEYS:
+        value = getattr(x, key)
+        if value is not None:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out
+

@@ -1,0 +1,213 @@
+"""The matrix schema: every key a matrix may hold, with its type, default and meaning.
+
+`SCHEMA` is the single source of truth for the keys: validation (`validate.py`) rejects any key
+it does not list, and docs/matrix.md's reference section is generated from it (`docs.py`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+MATRIX_VERSION = 1
+
+ENGINE_KINDS = ("reference", "llama-server", "openai")
+LOG_FAMILIES = ("reference", "llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "none")
+PROMPT_KINDS = ("random", "diverge", "unrelated", "append", "chat")
+ENDPOINTS = ("completion", "chat")
+OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset", "error")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+COMMAND_PLACEHOLDERS = ("binary", "model", "port", "threads", "host", "log_file")
+# Names become parts of cell ids and directory names: no dots (the id separator), no slashes.
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*\Z")
+# A cell id joins at most four names, four dots and `control` (`e.c.control.s.p`): names of 48
+# characters make 203 bytes, well within the 255 a directory name may have.
+MAX_NAME_CHARS = 48
+# Caps that keep loading and running bounded whatever the file says. The matrix file is read
+# whole before parsing (the shipped ones are a few KiB); a prompt is built in memory as text
+# and token ids before it is sent; free text is copied into every report.
+MAX_MATRIX_BYTES = 1 << 20
+MAX_PROMPT_TOKENS = 1 << 20
+MAX_TEXT_CHARS = 4096
+
+
+# --------------------------------------------------------------------------------------------
+# Schema: every key a matrix may hold, with its type, default and meaning.
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "required"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    type: str
+    default: Any
+    doc: str
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str  # where the keys live, as a key path pattern
+    keys: tuple[Key, ...]
+    doc: str = ""
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.keys)
+
+
+_PROMPT_COMMON = (
+    Key("kind", "random | diverge | unrelated | append | chat", REQUIRED, "How the prompt is built."),
+    Key("endpoint", "completion | chat", "completion (chat for kind chat)",
+        "`completion`: token ids to `/completion`; `chat`: messages to `/v1/chat/completions`."),
+    Key("message_delimiters", "bool", False,
+        "Send llama.cpp's `message_delimiters` with a `/completion` request (completion only)."),
+    Key("description", "str", "", "Free text shown in the plan and report."),
+)
+
+SCHEMA: dict[str, Section] = {
+    "matrix": Section("(top level)", (
+        Key("version", "int", REQUIRED, f"Matrix format version; this shadowlab reads {MATRIX_VERSION}."),
+        Key("name", "name", REQUIRED, "Short name of the experiment: the run directory is "
+            "`reports/<name>-<UTC time>`, so letters, digits, `_`, `-`, at most 48 characters."),
+        Key("description", "str", "", "Free text shown in the report (at most 4096 characters)."),
+        Key("engines", "map name → engine", REQUIRED, "The engines under test (at least one)."),
+        Key("configurations", "map name → configuration", "{default: {}}",
+            "Named flag/env deltas applied on top of each engine's."),
+        Key("prompts", "map id → prompt", REQUIRED, "Prompts, exact in tokens."),
+        Key("sequences", "map name → list of prompt ids", REQUIRED,
+            "Turns sent, in order, to one fresh engine process."),
+        Key("cells", "cells", "all configurations × sequences", "Which combinations run."),
+        Key("generation", "generation", "see below", "Decoding settings for every turn."),
+        Key("isolation", "isolation", "see below", "Per-cell resources."),
+        Key("identity", "identity", "see below", "Byte-identity checks against cold runs."),
+        Key("expectations", "list of expectation", "[]", "Checks the gate enforces."),
+    )),
+    "engine": Section("engines.<name>", (
+        Key("kind", "reference | llama-server | openai", REQUIRED, "Which adapter drives the engine."),
+        Key("model", "model", "required unless kind openai", "The model the engine loads."),
+        Key("binary", "path | auto", "auto",
+            "The engine executable: `auto` lets the adapter find it; a path (relative to the matrix "
+            "file) or a bare name on PATH must exist."),
+        Key("command", "list of str", "the adapter's",
+            "Command template; placeholders " + ", ".join("`{%s}`" % p for p in COMMAND_PLACEHOLDERS)
+            + ". Must use `{port}`."),
+        Key("flags", "list of str", "[]", "Flags every cell of this engine gets."),
+        Key("env", "map str → str", "{}", "Environment every cell of this engine gets."),
+        Key("threads", "int", "isolation.cores_per_cell", "Engine threads (at most the cell's cores)."),
+        Key("ready_timeout_s", "number", 60, "Seconds to wait for `/health` 200 and a first answer."),
+        Key("log_family", "|".join(LOG_FAMILIES), "by kind: reference, llama.cpp, none",
+            "Log format the checkpoint parser expects."),
+        Key("log_patterns", "list of regex", "[]", "Extra parser patterns for another fork (must compile)."),
+        Key("verbosity_flags", "list of str", "by kind: [-lv, 4] or []",
+            "Flags that make the engine print checkpoint lines. Default `[]` for log_family "
+            "ik_llama.cpp (no `-lv` flag) and llama.cpp-legacy (lines at WRN/INF)."),
+    )),
+    "model": Section("engines.<name>.model", (
+        Key("preset", "str", None, "Reference-engine preset (generated on demand), with `seed`."),
+        Key("seed", "int", 0, "Seed of the generated weights."),
+        Key("path", "path", None, "An existing regular model file (relative to the matrix file)."),
+        Key("gguf", "{preset, seed}", None, "A generated GGUF model (for llama-server)."),
+    ), "Exactly one of `preset`, `path`, `gguf`."),
+    "gguf": Section("engines.<name>.model.gguf", (
+        Key("preset", "str", REQUIRED, "GGUF generator preset."),
+        Key("seed", "int", 0, "Seed of the generated weights."),
+    )),
+    "configuration": Section("configurations.<name>", (
+        Key("flags", "list of str", "[]", "Flags appended to the engine's."),
+        Key("env", "map str → str", "{}", "Environment merged over the engine's."),
+        Key("description", "str", "", "Free text shown in the plan and report."),
+    )),
+    "prompt.random": Section("prompts.<id> (kind: random)", _PROMPT_COMMON + (
+        Key("tokens", "int", REQUIRED, "Exact length in tokens (at most 2^20; with n_predict it must "
+            "fit the engine's context)."),
+        Key("seed", "int", REQUIRED, "Seed of the generated text."),
+    )),
+    "prompt.diverge": Section("prompts.<id> (kind: diverge)", _PROMPT_COMMON + (
+        Key("from", "prompt id", REQUIRED, "Source prompt P."),
+        Key("shared", "int", REQUIRED, "K: tokens shared with P; token K differs (1 ≤ K < len(P), K < tokens)."),
+        Key("tokens", "int", REQUIRED, "Exact total length."),
+        Key("seed", "int", REQUIRED, "Seed of the new text after the divergence point."),
+    )),
+    "prompt.unrelated": Section("prompts.<id> (kind: unrelated)", _PROMPT_COMMON + (
+        Key("tokens", "int", REQUIRED, "Exact length in tokens."),
+        Key("seed", "int", REQUIRED, "Seed of the generated text."),
+        Key("unrelated_to", "list of prompt ids", "earlier random and unrelated prompts",
+            "Prompts it must share no prefix with (its first token differs from each one's)."),
+    )),
+    "prompt.append": Section("prompts.<id> (kind: append)", _PROMPT_COMMON + (
+        Key("from", "prompt id", REQUIRED, "Source prompt P; the result starts with all of P."),
+        Key("extra", "int", REQUIRED, "Tokens appended after P (≥ 1)."),
+        Key("seed", "int", REQUIRED, "Seed of the appended text."),
+    )),
+    "prompt.chat": Section("prompts.<id> (kind: chat)", _PROMPT_COMMON + (
+        Key("messages", "list of message", REQUIRED, "The conversation sent on this turn."),
+    )),
+    "message": Section("prompts.<id>.messages[i]", (
+        Key("role", "|".join(CHAT_ROLES), REQUIRED, "Message role."),
+        Key("content", "str | {from_turn: i}", REQUIRED,
+            "Text, or `{from_turn: i}` (assistant only): the warm cell's reply to turn i "
+            "(0-based, an earlier turn of the same sequence)."),
+    )),
+    "cells": Section("cells", (
+        Key("include", "list of selection", "[{}] (everything)", "Combinations to run."),
+        Key("exclude", "list of selection", "[]", "Combinations removed from the included ones."),
+    ), "Warm cells are engine × configuration × sequence combinations."),
+    "selection": Section("cells.include[i], cells.exclude[i]", (
+        Key("engine", "glob", "*", "Engine name or `*` pattern."),
+        Key("configuration", "glob", "*", "Configuration name or `*` pattern."),
+        Key("sequence", "glob", "*", "Sequence name or `*` pattern."),
+    )),
+    "generation": Section("generation", (
+        Key("n_predict", "int", 16, "Tokens generated per turn; with each prompt it must fit the context."),
+        Key("temperature", "number", 0.0, "Must be ≤ 0 (greedy) unless `allow_sampling`."),
+        Key("allow_sampling", "bool", False, "Accept temperature > 0 (identity checks become meaningless)."),
+        Key("ignore_eos", "bool", False, "Keep generating past end-of-sequence."),
+    )),
+    "isolation": Section("isolation", (
+        Key("cores_per_cell", "int", 1, "Dedicated CPU cores per running cell (at most the machine's)."),
+        Key("gpu", "none | int", "none", "`none` hides every GPU; an index gives that device."),
+        Key("keep_scratch", "bool", False, "Keep each cell's scratch directory after it ends."),
+        Key("jobs", "int", 1, "Cells run at once (bounded by the free cores)."),
+        Key("max_log_mib", "int", 1024, "Cap on each engine's engine.log (MiB): an engine whose log "
+            "reaches it is stopped from writing more and its cell fails (infrastructure)."),
+    )),
+    "identity": Section("identity", (
+        Key("required", "bool", True, "A warm turn whose output differs from its cold run fails the gate."),
+        Key("control", "bool", True, "Plan one cold-vs-cold control cell per engine × configuration."),
+    )),
+    "expectation": Section("expectations[i]", (
+        Key("engine", "glob", "*", "Which cells: engine name or pattern."),
+        Key("configuration", "glob", "*", "Which cells: configuration name or pattern."),
+        Key("sequence", "glob", "*", "Which cells: sequence name or pattern."),
+        Key("turn", "int | prompt id", "every turn",
+            "The turn checked: 0-based index or the prompt id; omitted: every turn of the cell "
+            "(the first one is `cold`), and `max_forced` counts over them."),
+        Key("description", "str", "", "Why this is expected (shown in the report)."),
+        Key("outcome", "outcome | list of outcomes", None, "Allowed outcomes: " + ", ".join(OUTCOMES) + "."),
+        Key("min_reused", "int", None, "At least this many prompt tokens reused."),
+        Key("min_saved_fraction", "number 0..1", None, "At least this fraction of the prompt reused."),
+        Key("max_forced", "int", None, "At most this many forced full re-processings."),
+        Key("checkpoints_created_at", "list of int", None,
+            "`pos_max` values that must be among the checkpoints created on the turn."),
+        Key("identity", "bool", None, "Require (true) or waive (false) byte identity with the cold run."),
+        Key("cascade", "bool", None,
+            "Require (true) or waive (false) the erase cascade: every checkpoint alive at the turn's "
+            "start with `pos_max` above its re-entry point was erased (`erased invalidated`), none kept. "
+            "Needs the engine's log (not log_family none)."),
+    ), "At least one check (`outcome` … `cascade`) is required."),
+}
+
+# The keys of an expectation that are checks (the rest select cells and describe).
+CHECK_KEYS = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at",
+              "identity", "cascade")

@@ -1,0 +1,250 @@
+"""The loaded matrix: frozen dataclasses, built by `validate.load` and read by every stage."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shadowlab.matrix.dump import matrix_to_dict
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where an engine's model comes from: generated (`preset`, `gguf`) or an existing `path`."""
+
+    source: str  # "preset" | "path" | "gguf"
+    preset: str | None = None
+    seed: int | None = None
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    name: str
+    kind: str
+    model: ModelSpec | None
+    binary: str  # "auto" or a resolved path
+    command: tuple[str, ...] | None
+    flags: tuple[str, ...]
+    env: Mapping[str, str]
+    threads: int
+    ready_timeout_s: float
+    log_family: str
+    log_patterns: tuple[str, ...]
+    verbosity_flags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ConfigurationSpec:
+    name: str
+    flags: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptSpec:
+    """Common part of every prompt. `length` is the exact token count, None for chat."""
+
+    id: str
+    kind: str
+    endpoint: str = "completion"
+    message_delimiters: bool = False
+    description: str = ""
+
+    @property
+    def length(self) -> int | None:
+        return None
+
+    def depends_on(self) -> tuple[str, ...]:
+        """Prompts that must be materialized before this one."""
+        return ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RandomPrompt(PromptSpec):
+    tokens: int
+    seed: int
+
+    @property
+    def length(self) -> int:
+        return self.tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class DivergePrompt(PromptSpec):
+    """source[:shared] followed by new tokens; token `shared` differs from the source's."""
+
+    source: str
+    shared: int
+    tokens: int
+    seed: int
+
+    @property
+    def length(self) -> int:
+        return self.tokens
+
+    def depends_on(self) -> tuple[str, ...]:
+        return (self.source,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnrelatedPrompt(PromptSpec):
+    """Fresh tokens whose first token differs from the first token of every `unrelated_to`."""
+
+    tokens: int
+    seed: int
+    unrelated_to: tuple[str, ...]
+
+    @property
+    def length(self) -> int:
+        return self.tokens
+
+    def depends_on(self) -> tuple[str, ...]:
+        return self.unrelated_to
+
+
+@dataclass(frozen=True, kw_only=True)
+class AppendPrompt(PromptSpec):
+    """All of `source`, then `extra` new tokens."""
+
+    source: str
+    extra: int
+    seed: int
+    source_length: int
+
+    @property
+    def length(self) -> int:
+        return self.source_length + self.extra
+
+    def depends_on(self) -> tuple[str, ...]:
+        return (self.source,)
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message; `from_turn` set means: the warm cell's reply to that turn (0-based)."""
+
+    role: str
+    content: str | None = None
+    from_turn: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatPrompt(PromptSpec):
+    messages: tuple[ChatMessage, ...]
+
+    def reply_turns(self) -> tuple[int, ...]:
+        return tuple(m.from_turn for m in self.messages if m.from_turn is not None)
+
+
+TOKEN_PROMPTS = (RandomPrompt, DivergePrompt, UnrelatedPrompt, AppendPrompt)
+
+
+@dataclass(frozen=True)
+class SequenceSpec:
+    name: str
+    prompts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Engine × configuration × sequence names or `*` globs."""
+
+    engine: str = "*"
+    configuration: str = "*"
+    sequence: str = "*"
+
+    def matches(self, engine: str, configuration: str, sequence: str) -> bool:
+        return (
+            fnmatch.fnmatchcase(engine, self.engine)
+            and fnmatch.fnmatchcase(configuration, self.configuration)
+            and fnmatch.fnmatchcase(sequence, self.sequence)
+        )
+
+
+@dataclass(frozen=True)
+class CellsSpec:
+    include: tuple[Selection, ...] = (Selection(),)
+    exclude: tuple[Selection, ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    n_predict: int = 16
+    temperature: float = 0.0
+    allow_sampling: bool = False
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Isolation:
+    cores_per_cell: int = 1
+    gpu: int | None = None  # None: every GPU hidden
+    keep_scratch: bool = False
+    jobs: int = 1
+    max_log_mib: int = 1024  # an engine's log beyond this fails its cell (a flood, not a record)
+
+
+@dataclass(frozen=True)
+class Identity:
+    required: bool = True
+    control: bool = True
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """Checks on one turn (or every turn) of the selected warm cells. Unset checks are None."""
+
+    selection: Selection
+    turn: int | str | None = None
+    outcome: tuple[str, ...] | None = None
+    min_reused: int | None = None
+    min_saved_fraction: float | None = None
+    max_forced: int | None = None
+    checkpoints_created_at: tuple[int, ...] | None = None
+    identity: bool | None = None
+    cascade: bool | None = None
+    description: str = ""
+    line: int | None = field(default=None, compare=False)  # where it is written, for reports
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    version: int
+    name: str
+    description: str
+    engines: Mapping[str, EngineSpec]
+    configurations: Mapping[str, ConfigurationSpec]
+    prompts: Mapping[str, PromptSpec]
+    sequences: Mapping[str, SequenceSpec]
+    cells: CellsSpec
+    generation: Generation
+    isolation: Isolation
+    identity: Identity
+    expectations: tuple[Expectation, ...]
+    # Lines of the keys that checks made after loading point at (`check_machine`).
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def selected(self) -> list[tuple[str, str, str]]:
+        """(engine, configuration, sequence) of every warm cell, in matrix order."""
+        return [
+            combo
+            for combo in self._all_combinations()
+            if any(s.matches(*combo) for s in self.cells.include)
+            and not any(s.matches(*combo) for s in self.cells.exclude)
+        ]
+
+    def _all_combinations(self) -> Iterator[tuple[str, str, str]]:
+        for engine in self.engines:
+            for configuration in self.configurations:
+                for sequence in self.sequences:
+                    yield engine, configuration, sequence
+
+    def to_dict(self) -> dict[str, Any]:
+        """The matrix as YAML-ready data with every default filled in; `load` reads it back."""
+        return matrix_to_dict(self)
