@@ -76,7 +76,6 @@ SPAN_CHUNK = 1 << 20
 SPAN_OVERLAP = 64
 PORT_ATTEMPTS = 3
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
-READY_PROBE_TEXT = "shadowlab ready probe"
 CRASH_WAIT_S = 1.0  # after a broken connection, how long to wait for the engine's exit status
 MAX_RESPONSE_BYTES = 64 << 20  # an answer larger than this is an engine error, not a record
 # Exit statuses an engine may end with when shadowlab stops it: anything else (or exiting
@@ -371,8 +370,8 @@ def materialize_prompts(ctx: RunContext) -> None:
                                                    log_path=log_path) as live:
                 engine.prompts = prompts.materialize(ctx.matrix.prompts, live.tokenize)
         except (EngineError, httpx.HTTPError, ValueError, ResponseTooLarge, isolation.ProcessSurvived) as exc:
-            hint = " (kind openai: token prompts need the server's /tokenize; use chat prompts)" \
-                if engine.spec.kind == "openai" else ""
+            hint = f" (kind {engine.spec.kind}: {engine.adapter.tokenize_hint})" \
+                if engine.adapter.tokenize_hint else ""
             ctx.unavailable[name] = f"prompts could not be tokenized: {exc}{hint}"
             ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
             continue
@@ -558,9 +557,7 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
                  log_path: Path, scratch: Path) -> LiveEngine:
     """Spawn pinned on ``cores`` and wait until ready; a port taken under us is retried."""
     threads = min(engine.spec.threads, len(cores.cores))
-    flags = list(cell_flags)
-    if engine.spec.kind == "reference":
-        flags += [arg for fault in ctx.options.faults for arg in ("--fault", fault)]
+    flags = [*cell_flags, *engine.adapter.fault_flags(ctx.options.faults)]
     env, delta = cell_environment(ctx, engine, cell_env, threads)
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
@@ -686,20 +683,14 @@ def wait_ready(live: LiveEngine, timeout_s: float) -> None:
     if not proc.listens_on_port():
         raise EngineStartError(f"port {live.port.port} answers, but not from the engine's process",
                                engine=name, log_tail=_tail_lines(proc))
-    probe = getattr(live.engine.adapter, "ready_probe", None)
-    try:
-        if probe is not None:  # the adapter's own (openai: GET /v1/models; no /tokenize needed)
-            probe(live.client)
-        elif not live.tokenize(READY_PROBE_TEXT):
-            raise ValueError("/tokenize returned no tokens")
+    try:  # the kind's own probe (default: one /tokenize; openai: GET /v1/models)
+        live.engine.adapter.ready_probe(live.client)
     except (httpx.HTTPError, ValueError) as exc:
         raise EngineStartError(f"ready probe failed: {exc}", engine=name,
                                log_tail=_tail_lines(proc)) from None
     live.startup_ms = (time.monotonic() - proc.started_at) * 1000.0
-    props = getattr(live.engine.adapter, "props", None)
-    if props is not None:
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            live.props = props(live.client)
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        live.props = live.engine.adapter.props(live.client)
 
 
 def _tail_lines(proc: EngineProcess, count: int = 20) -> list[str]:
@@ -1019,8 +1010,7 @@ class CellRunner:
 
 
 def gpu_record(requested: int | None, live: LiveEngine) -> records.Gpu:
-    reported = live.engine.adapter.reported_device(live.props) if hasattr(
-        live.engine.adapter, "reported_device") else None
+    reported = live.engine.adapter.reported_device(live.props)
     if reported is None:
         verified = None
     elif requested is None:

@@ -26,6 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 __all__ = [
+    "DEFAULT_LEVEL_FAMILIES",
+    "MODEL_SOURCES",
     "EngineAdapter",
     "EngineAdapterBase",
     "EngineIdentity",
@@ -35,6 +37,7 @@ __all__ = [
     "get_adapter",
     "known_kinds",
     "register",
+    "unregister",
     "sha256_file",
     "token_ids",
 ]
@@ -89,10 +92,33 @@ class TurnResult:
     timings: Mapping[str, Any] = field(default_factory=dict)
 
 
+# Families whose builds print their checkpoint lines at the default level: ik_llama.cpp has no
+# `-lv` flag at all (it exits with `error: unknown argument: -lv`); older upstream builds print
+# them at WRN/INF, where `-lv 4` would only add DBG noise to the log the parser reads.
+DEFAULT_LEVEL_FAMILIES = ("ik_llama.cpp", "llama.cpp-legacy")
+MODEL_SOURCES = ("preset", "path", "gguf")
+READY_PROBE_TEXT = "shadowlab ready probe"
+
+
 @runtime_checkable
 class EngineAdapter(Protocol):
+    """Everything that differs between engine kinds (docs/DESIGN.md §3)."""
+
     kind: str
-    log_family: str  # logparse family: "reference" | "llama.cpp" | "ik_llama.cpp" | "none"
+    # The kind's facts, read by matrix validation before anything starts.
+    log_family: str  # default logparse family; after prepare(): the family this engine is read with
+    verbosity_flags: tuple[str, ...]  # default engines.<name>.verbosity_flags
+    model_sources: tuple[str, ...]  # the model keys it loads: "preset" | "path" | "gguf"
+    model_required: bool
+    model_hint: str  # what to write instead of a model it cannot load
+    default_context: int | None  # tokens of context without -c/--ctx-size; None: not known here
+    tokenize_hint: str  # added to the reason when its /tokenize fails
+
+    def presets(self) -> tuple[str, ...]:
+        """Names a `preset` model may take; () when they are not checked before the run."""
+
+    def default_verbosity(self, family: str) -> tuple[str, ...]:
+        """verbosity_flags when the matrix gives none, for an engine read as `family`."""
 
     def prepare(self, spec: Any, cache_dir: Path) -> EngineIdentity:
         """Build or locate the binary and model; hash them."""
@@ -104,6 +130,18 @@ class EngineAdapter(Protocol):
 
     def env(self, spec: Any, cell_env: Mapping[str, str]) -> dict[str, str]:
         """Environment additions for one cell (the runner adds GPU and thread vars)."""
+
+    def fault_flags(self, faults: Sequence[str]) -> list[str]:
+        """Flags that inject `shadowlab run --fault` faults; [] when the kind has none."""
+
+    def ready_probe(self, client: httpx.Client) -> None:
+        """After /health 200: one real answer, or an exception saying why not."""
+
+    def props(self, client: httpx.Client) -> dict[str, Any]:
+        """The running engine's self-description (recorded in meta.json), {} if none."""
+
+    def reported_device(self, props: Mapping[str, Any]) -> str | None:
+        """The device the engine says it computes on, from its props; None if unknown."""
 
     def completion_request(self, turn: TurnRequest, generation: Any) -> tuple[str, dict]:
         """(path, json body) for one turn; generation has n_predict and temperature."""
@@ -118,12 +156,24 @@ class EngineAdapter(Protocol):
 class EngineAdapterBase:
     """Defaults for llama.cpp-shaped HTTP servers (the reference engine speaks the same API).
 
-    Subclasses set ``kind`` and ``log_family`` and implement ``prepare``, ``command``
+    Subclasses set ``kind`` and the kind's facts below, and implement ``prepare``, ``command``
     and usually ``env``.
     """
 
     kind: str = ""
     log_family: str = "none"
+    verbosity_flags: tuple[str, ...] = ()
+    model_sources: tuple[str, ...] = MODEL_SOURCES
+    model_required: bool = True
+    model_hint: str = ""
+    default_context: int | None = None
+    tokenize_hint: str = ""
+
+    def presets(self) -> tuple[str, ...]:
+        return ()
+
+    def default_verbosity(self, family: str) -> tuple[str, ...]:
+        return () if family in DEFAULT_LEVEL_FAMILIES else self.verbosity_flags
 
     def prepare(self, spec: Any, cache_dir: Path) -> EngineIdentity:
         raise NotImplementedError
@@ -135,6 +185,13 @@ class EngineAdapterBase:
 
     def env(self, spec: Any, cell_env: Mapping[str, str]) -> dict[str, str]:
         return dict(getattr(spec, "env", None) or {}) | dict(cell_env)
+
+    def fault_flags(self, faults: Sequence[str]) -> list[str]:
+        return []
+
+    def ready_probe(self, client: httpx.Client) -> None:
+        if not self.tokenize(client, READY_PROBE_TEXT):
+            raise ValueError("/tokenize returned no tokens")
 
     def completion_request(self, turn: TurnRequest, generation: Any) -> tuple[str, dict]:
         if turn.is_chat:
@@ -296,8 +353,14 @@ def register(kind: str, factory: Callable[[], EngineAdapter]) -> None:
     _registry.factories[kind] = factory
 
 
+def unregister(kind: str) -> None:
+    """Forget a kind registered with `register` (a test's own kind, once the test is done)."""
+    _registry.factories.pop(kind, None)
+
+
 def known_kinds() -> list[str]:
-    return sorted(set(_BUILTIN_MODULES) | set(_registry.factories))
+    """The built-in kinds in their documented order, then the registered ones as registered."""
+    return list(dict.fromkeys([*_BUILTIN_MODULES, *_registry.factories]))
 
 
 def get_adapter(kind: str) -> EngineAdapter:

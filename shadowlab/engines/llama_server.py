@@ -166,6 +166,11 @@ def _is_int(value: Any) -> bool:
 class LlamaServerAdapter(EngineAdapterBase):
     kind = "llama-server"
     log_family = "llama.cpp"
+    verbosity_flags = ("-lv", "4")
+    model_sources = ("gguf", "path")
+    model_hint = ("llama-server takes {gguf: {preset, seed}} or a .gguf path; "
+                  "the reference engine takes {preset, seed} or a safetensors path")
+    # default_context None: llama-server's depends on the build and the model
 
     def __init__(self) -> None:
         # Set by prepare(): what this engine runs.

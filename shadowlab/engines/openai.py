@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from shadowlab import gguf_model
+from shadowlab.engines import reference
 from shadowlab.engines import (
     EngineAdapterBase,
     EngineIdentity,
@@ -51,6 +52,12 @@ def _prompt_tokens(body: Mapping[str, Any]) -> int | None:
 class OpenAIAdapter(EngineAdapterBase):
     kind = "openai"
     log_family = "none"
+    verbosity_flags = ()
+    model_required = False  # the command template may name the model itself
+    tokenize_hint = "token prompts need the server's /tokenize; use chat prompts"
+
+    def presets(self) -> tuple[str, ...]:
+        return reference.presets()  # a `preset` model is the reference engine's generated one
 
     def __init__(self) -> None:
         self._model_path: str = ""

@@ -33,6 +33,16 @@ def package_sha256(package_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def presets() -> tuple[str, ...]:
+    """The reference engine's model presets (a light import: no torch); () when not installed,
+    and the adapter reports that when the run starts."""
+    try:
+        from shadowlab_engine.config import PRESETS
+    except ImportError:
+        return ()
+    return tuple(PRESETS)
+
+
 def _engine_version() -> str:
     try:
         from shadowlab_engine.server import engine_version
@@ -44,6 +54,17 @@ def _engine_version() -> str:
 class ReferenceAdapter(EngineAdapterBase):
     kind = "reference"
     log_family = "reference"
+    verbosity_flags = ("-lv", "4")
+    model_sources = ("preset", "path")
+    model_hint = ("the reference engine takes {preset, seed} or a safetensors path; "
+                  "llama-server takes {gguf: {preset, seed}} or a .gguf path")
+    default_context = 8192  # shadowlab_engine.cli's -c default (a test compares)
+
+    def presets(self) -> tuple[str, ...]:
+        return presets()
+
+    def fault_flags(self, faults: Sequence[str]) -> list[str]:
+        return [arg for fault in faults for arg in ("--fault", fault)]
 
     def __init__(self) -> None:
         # Set by prepare(): the model file it located or generated for this engine.

@@ -20,7 +20,6 @@ from shadowlab.matrix.schema import (
     CHECK_KEYS,
     COMMAND_PLACEHOLDERS,
     ENDPOINTS,
-    ENGINE_KINDS,
     LOG_FAMILIES,
     MATRIX_VERSION,
     MAX_MATRIX_BYTES,
@@ -55,12 +54,12 @@ from shadowlab.matrix.specs import (
     SequenceSpec,
     UnrelatedPrompt,
 )
-from shadowlab.matrix.validate import DEFAULT_CONTEXT, check_machine, context_size, load, loads
+from shadowlab.matrix.validate import check_machine, context_size, load, loads
 
 __all__ = [
     "AppendPrompt", "CHAT_ROLES", "CHECK_KEYS", "COMMAND_PLACEHOLDERS", "CellsSpec", "ChatMessage",
-    "ChatPrompt", "ConfigurationSpec", "DEFAULT_CONTEXT", "DOC_BEGIN", "DOC_END", "DivergePrompt",
-    "ENDPOINTS", "ENGINE_KINDS", "EngineSpec", "Expectation", "Generation", "Identity", "Isolation",
+    "ChatPrompt", "ConfigurationSpec", "DOC_BEGIN", "DOC_END", "DivergePrompt",
+    "ENDPOINTS", "EngineSpec", "Expectation", "Generation", "Identity", "Isolation",
     "Key", "LOG_FAMILIES", "MATRIX_VERSION", "MAX_MATRIX_BYTES", "MAX_NAME_CHARS", "MAX_PROMPT_TOKENS",
     "MAX_TEXT_CHARS", "Matrix", "ModelSpec", "OUTCOMES", "PROMPT_KINDS", "PromptSpec", "REQUIRED",
     "RandomPrompt", "SCHEMA", "Section", "Selection", "SequenceSpec", "TOKEN_PROMPTS",

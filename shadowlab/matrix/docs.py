@@ -1,9 +1,11 @@
-"""docs/matrix.md's reference section, generated from the schema (a test compares)."""
+"""docs/matrix.md's reference section, generated from the schema and the engine registry
+(a test compares)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from shadowlab.engines import DEFAULT_LEVEL_FAMILIES, get_adapter, known_kinds
 from shadowlab.matrix.schema import SCHEMA, Key
 
 DOC_BEGIN = "<!-- BEGIN GENERATED: matrix schema (python -m shadowlab.matrix docs/matrix.md) -->"
@@ -22,7 +24,27 @@ def reference_markdown() -> str:
             cells = (f"`{k.name}`", k.type, _doc_default(k), k.doc)
             parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         parts.append("")
+    parts.append(engine_kinds_markdown())
     return "\n".join(parts)
+
+
+def engine_kinds_markdown() -> str:
+    """The registered engine kinds and the defaults each one gives (shadowlab/engines/)."""
+    rows = ["### Engine kinds\n",
+            "What `engines.<name>.kind` may be, and what each kind fills in when the matrix is "
+            "silent. A kind is one adapter module in `shadowlab/engines/`.\n",
+            "| kind | `log_family` | `verbosity_flags` | `model` | context without `-c` |",
+            "|---|---|---|---|---|"]
+    for kind in known_kinds():
+        a = get_adapter(kind)
+        flags = "[" + ", ".join(a.verbosity_flags) + "]"
+        model = " or ".join(f"`{s}`" for s in a.model_sources) + ("" if a.model_required else " (optional)")
+        context = "not known before start" if a.default_context is None else str(a.default_context)
+        cells = (f"`{kind}`", f"`{a.log_family}`", f"`{flags}`", model, context)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    rows.append("\n`verbosity_flags` is `[]` for log_family " + ", ".join(DEFAULT_LEVEL_FAMILIES)
+                + " (their builds print checkpoint lines at the default level).\n")
+    return "\n".join(rows)
 
 
 def _doc_default(key: Key) -> str:

@@ -12,7 +12,6 @@ from typing import Any
 
 MATRIX_VERSION = 1
 
-ENGINE_KINDS = ("reference", "llama-server", "openai")
 LOG_FAMILIES = ("reference", "llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "none")
 PROMPT_KINDS = ("random", "diverge", "unrelated", "append", "chat")
 ENDPOINTS = ("completion", "chat")
@@ -94,8 +93,10 @@ SCHEMA: dict[str, Section] = {
         Key("expectations", "list of expectation", "[]", "Checks the gate enforces."),
     )),
     "engine": Section("engines.<name>", (
-        Key("kind", "reference | llama-server | openai", REQUIRED, "Which adapter drives the engine."),
-        Key("model", "model", "required unless kind openai", "The model the engine loads."),
+        Key("kind", "engine kind", REQUIRED,
+            "Which adapter drives the engine: a registered kind (see *Engine kinds* below)."),
+        Key("model", "model", "by kind", "The model the engine loads; the "
+            "kind decides which sources it loads (*Engine kinds*)."),
         Key("binary", "path | auto", "auto",
             "The engine executable: `auto` lets the adapter find it; a path (relative to the matrix "
             "file) or a bare name on PATH must exist."),
@@ -106,10 +107,10 @@ SCHEMA: dict[str, Section] = {
         Key("env", "map str → str", "{}", "Environment every cell of this engine gets."),
         Key("threads", "int", "isolation.cores_per_cell", "Engine threads (at most the cell's cores)."),
         Key("ready_timeout_s", "number", 60, "Seconds to wait for `/health` 200 and a first answer."),
-        Key("log_family", "|".join(LOG_FAMILIES), "by kind: reference, llama.cpp, none",
+        Key("log_family", "|".join(LOG_FAMILIES), "the kind's",
             "Log format the checkpoint parser expects."),
         Key("log_patterns", "list of regex", "[]", "Extra parser patterns for another fork (must compile)."),
-        Key("verbosity_flags", "list of str", "by kind: [-lv, 4] or []",
+        Key("verbosity_flags", "list of str", "the kind's",
             "Flags that make the engine print checkpoint lines. Default `[]` for log_family "
             "ik_llama.cpp (no `-lv` flag) and llama.cpp-legacy (lines at WRN/INF)."),
     )),

@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from shadowlab.engines import EngineAdapter, get_adapter, known_kinds
 from shadowlab.errors import MatrixError
 from shadowlab.matrix.schema import (
     CHAT_ROLES,
     CHECK_KEYS,
     COMMAND_PLACEHOLDERS,
     ENDPOINTS,
-    ENGINE_KINDS,
     LOG_FAMILIES,
     MATRIX_VERSION,
     MAX_MATRIX_BYTES,
@@ -57,16 +57,7 @@ from shadowlab.matrix.specs import (
 from shadowlab.matrix.yamlpos import LineList, LineMap, parse_yaml
 from shadowlab.records import FileRefused, read_regular_file
 
-_DEFAULT_LOG_FAMILY = {"reference": "reference", "llama-server": "llama.cpp", "openai": "none"}
-_DEFAULT_VERBOSITY = {"reference": ("-lv", "4"), "llama-server": ("-lv", "4"), "openai": ()}
-# Families that print their checkpoint lines at the default level. ik_llama.cpp has no `-lv`
-# flag at all (it exits with `error: unknown argument: -lv`); older upstream builds print them
-# at WRN/INF, where `-lv 4` would only add DBG noise to the log the parser reads.
-_DEFAULT_LEVEL_FAMILIES = ("ik_llama.cpp", "llama.cpp-legacy")
 _MAX_INT = (1 << 63) - 1  # every integer must fit an engine's int64
-# The context an engine kind has without -c/--ctx-size (reference: shadowlab_engine.cli's
-# default; llama-server's depends on the build and the model, so it is not known here).
-DEFAULT_CONTEXT = {"reference": 8192}
 _CTX_FLAGS = ("-c", "--ctx-size")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CASCADE_HINT = ("write `cascade: true` (every checkpoint above the re-entry point must be erased) or "
@@ -351,15 +342,11 @@ def _line_of(data: LineMap, section: str, key: str) -> int | None:
 
 def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
     f = _fields(body, at, "engine")
-    kind = _choice(*f["kind"], ENGINE_KINDS)
+    kind = _choice(*f["kind"], tuple(known_kinds()))
+    adapter = get_adapter(kind)  # the kind's own facts: defaults, model sources, presets
     if "model" in f:
-        model = _model(*f["model"], ctx)
-        wrong = {"reference": "gguf", "llama-server": "preset"}.get(kind)
-        if model.source == wrong:
-            f["model"][1].fail(f"a {kind} engine cannot load a {wrong} model",
-                               "the reference engine takes {preset, seed} or a safetensors path; "
-                               "llama-server takes {gguf: {preset, seed}} or a .gguf path")
-    elif kind == "openai":
+        model = _model(*f["model"], ctx, adapter)
+    elif not adapter.model_required:
         model = None
     else:
         at.fail("missing required key 'model'", "e.g. model: {preset: tiny, seed: 0}", line=body.line)
@@ -373,7 +360,7 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
     timeout = _number(*f["ready_timeout_s"]) if "ready_timeout_s" in f else 60.0
     if timeout <= 0:
         f["ready_timeout_s"][1].fail(f"expected a positive number of seconds, got {timeout:g}")
-    family = _choice(*f["log_family"], LOG_FAMILIES) if "log_family" in f else _DEFAULT_LOG_FAMILY[kind]
+    family = _choice(*f["log_family"], LOG_FAMILIES) if "log_family" in f else adapter.log_family
     return EngineSpec(
         name=name,
         kind=kind,
@@ -387,11 +374,11 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
         log_family=family,
         log_patterns=_log_patterns(*f["log_patterns"]) if "log_patterns" in f else (),
         verbosity_flags=_str_list(*f["verbosity_flags"]) if "verbosity_flags" in f
-        else () if family in _DEFAULT_LEVEL_FAMILIES else _DEFAULT_VERBOSITY[kind],
+        else adapter.default_verbosity(family),
     )
 
 
-def _model(value: Any, at: _At, ctx: _Context) -> ModelSpec:
+def _model(value: Any, at: _At, ctx: _Context, adapter: EngineAdapter) -> ModelSpec:
     f = _fields(value, at, "model")
     sources = [k for k in ("preset", "path", "gguf") if k in f]
     if len(sources) != 1:
@@ -399,6 +386,9 @@ def _model(value: Any, at: _At, ctx: _Context) -> ModelSpec:
                 + (f" (got {', '.join(sources)})" if sources else ""),
                 "e.g. model: {preset: tiny, seed: 0} or model: {path: models/x.gguf}", line=value.line)
     source = sources[0]
+    if source not in adapter.model_sources:
+        at.fail(f"a {adapter.kind} engine cannot load a {source} model",
+                adapter.model_hint or f"kind {adapter.kind} loads: " + ", ".join(adapter.model_sources))
     if source == "path":
         if "seed" in f:
             f["seed"][1].fail("seed only applies to a generated model (preset or gguf)")
@@ -411,19 +401,11 @@ def _model(value: Any, at: _At, ctx: _Context) -> ModelSpec:
         return ModelSpec("gguf", preset=_str(*g["preset"]), seed=seed)
     seed = _int(*f["seed"], minimum=0) if "seed" in f else 0
     preset = _str(*f["preset"])
-    known = _reference_presets()
+    known = adapter.presets()
     if known and preset not in known:
-        f["preset"][1].fail(f"unknown reference-engine preset {preset!r}", _closest_hint(preset, known, "presets"))
+        f["preset"][1].fail(f"unknown {adapter.kind}-engine preset {preset!r}",
+                            _closest_hint(preset, known, "presets"))
     return ModelSpec("preset", preset=preset, seed=seed)
-
-
-def _reference_presets() -> tuple[str, ...]:
-    """The reference engine's model presets (a light import: no torch)."""
-    try:
-        from shadowlab_engine.config import PRESETS
-    except ImportError:  # engine not installed: the adapter reports it when the run starts
-        return ()
-    return tuple(PRESETS)
 
 
 def _existing_path(value: Any, at: _At, ctx: _Context, what: str) -> Path:
@@ -686,7 +668,7 @@ def context_size(engine: EngineSpec, configuration: ConfigurationSpec) -> tuple[
         elif arg.startswith("--ctx-size="):
             value = arg.replace("=", " ", 1)
     if value is None:
-        default = DEFAULT_CONTEXT.get(engine.kind)
+        default = get_adapter(engine.kind).default_context
         return default, f"the {engine.kind} engine's default {default}"
     try:
         size = int(value.split(" ", 1)[1])

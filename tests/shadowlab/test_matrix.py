@@ -529,7 +529,9 @@ def test_context_size_reads_the_flags_in_the_engines_order():
 def test_the_reference_default_context_is_the_engines():
     from shadowlab_engine.cli import build_parser
 
-    assert build_parser().parse_args([]).ctx_size == mx.DEFAULT_CONTEXT["reference"]
+    from shadowlab.engines import get_adapter
+
+    assert build_parser().parse_args([]).ctx_size == get_adapter("reference").default_context
 
 
 @pytest.mark.parametrize("old, new, key", [
