@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shadowlab import environment, records
+from shadowlab import environment, records, rundir
 
 REPO = Path(__file__).resolve().parent.parent
 # `0.03.802.812` = minutes.seconds.milliseconds.microseconds since the engine started.
@@ -77,7 +77,7 @@ def run_matrix(matrix: Path, jobs: int, out: Path) -> tuple[float, int]:
 def cell_rows(run_dir: Path) -> list[tuple[str, float, float, float, float, float]]:
     layout = records.RunLayout(run_dir)
     rows = []
-    for cell_id, meta in records.read_cell_metas(run_dir).items():
+    for cell_id, meta in rundir.read_cell_metas(run_dir).items():
         if meta.status is not records.CellStatus.OK:
             continue
         engine_ms = engine_startup_ms(layout.engine_log(cell_id)) or 0.0

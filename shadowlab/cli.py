@@ -1,6 +1,6 @@
-"""Command line: ``shadowlab run | report | gate``. Thin: parse, call the stage, map errors.
+"""Command line: ``shadowlab run | report | gate | logs``. Thin: parse, call the stage, map errors.
 
-Exit codes (decided here and in the gate, nowhere else):
+Exit codes (defined in shadowlab/exitcodes.py; decided here and in the gate, nowhere else):
   0  qualified
   1  a check failed (the run completed; the gate said no)
   2  usage or matrix error (nothing was started)
@@ -15,23 +15,13 @@ import contextlib
 import importlib
 import os
 import sys
-import tempfile
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 
 from shadowlab.errors import EngineError, InfrastructureError, QualificationError, ShadowlabError
-
-EXIT_QUALIFIED = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INFRASTRUCTURE = 3
-
-EPILOG = """exit codes:
-  0  qualified            1  a check failed
-  2  usage/matrix error   3  infrastructure failure (engine never started)
-  130/143 interrupted (engines stopped; rerun with --resume)"""
+from shadowlab.exitcodes import (
+    EPILOG, EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE, TRACEBACK_NAME, write_traceback,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,16 +114,6 @@ def _known_faults() -> tuple[str, ...]:
     return KNOWN
 
 
-def optional_stage(module: str) -> ModuleType | None:
-    """A later stage's module, or None while it does not exist yet."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            return None
-        raise
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -180,9 +160,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_INFRASTRUCTURE
 
 
-TRACEBACK_NAME = "shadowlab-error.txt"
-
-
 def _safe(exc: BaseException) -> str:
     from shadowlab.records import terminal_safe  # messages may quote engine output
 
@@ -191,21 +168,6 @@ def _safe(exc: BaseException) -> str:
 
 def _run_dir_of(args: argparse.Namespace) -> Path | None:
     return getattr(args, "run_dir", None) or getattr(args, "out", None)
-
-
-def write_traceback(run_dir: Path | None) -> Path:
-    """The current exception's traceback in ``run_dir/shadowlab-error.txt`` (else a temp file)."""
-    text = traceback.format_exc()
-    if run_dir is not None:
-        with contextlib.suppress(OSError):
-            if run_dir.is_dir():
-                path = run_dir / TRACEBACK_NAME
-                path.write_text(text, encoding="utf-8")
-                return path
-    fd, name = tempfile.mkstemp(prefix="shadowlab-error-", suffix=".txt")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return Path(name)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -231,34 +193,28 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _judge(run_dir: Path, *, all_ran: bool) -> int:
-    """Verdicts, report and gate, each when its module exists (they are built in parallel)."""
-    report = optional_stage("shadowlab.report")
-    if report is not None:
-        report.render_run(run_dir)
-        print(f"shadowlab: report in {run_dir}", file=sys.stderr)
-    gate = optional_stage("shadowlab.gate")
-    if gate is None:
-        return EXIT_QUALIFIED if all_ran else EXIT_INFRASTRUCTURE
-    return _gate(run_dir)
+    """Verdicts, report and gate on the finished run: the directory is read once and the
+    verdicts computed once (written to verdicts.json), then shared by the report and the gate."""
+    from shadowlab import gate, report
+
+    inputs = gate.load_run(run_dir, write_verdicts=True)
+    result = gate.evaluate_inputs(inputs)
+    report.render_inputs(inputs, result)
+    print(f"shadowlab: report in {run_dir}", file=sys.stderr)
+    return gate.show(result)
 
 
 def _report(run_dir: Path) -> int:
-    report = optional_stage("shadowlab.report")
-    if report is None:
-        print("shadowlab: the report stage is not available in this build", file=sys.stderr)
-        return EXIT_INFRASTRUCTURE
+    from shadowlab import report
+
     report.render_run(run_dir)
     return EXIT_QUALIFIED
 
 
 def _gate(run_dir: Path) -> int:
-    gate = optional_stage("shadowlab.gate")
-    if gate is None:
-        print("shadowlab: the gate stage is not available in this build", file=sys.stderr)
-        return EXIT_INFRASTRUCTURE
-    if hasattr(gate, "main"):  # prints its summary
-        return int(gate.main(run_dir))
-    return int(gate.evaluate(run_dir))
+    from shadowlab import gate
+
+    return gate.main(run_dir)  # prints its summary
 
 
 if __name__ == "__main__":

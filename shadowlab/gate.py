@@ -1,7 +1,8 @@
 """The qualification gate: one exit code for a run directory, decided here and nowhere else.
 
     evaluate(run_dir) -> GateResult      never raises for a bad run directory: exit_code 2
-    load_run(run_dir) -> RunInputs       matrix + plan + verdicts + environment (report.py uses it)
+    load_run(run_dir) -> RunInputs       the run directory read once (rundir.load) + its verdicts
+    evaluate_inputs(inputs) -> GateResult    what the report and `shadowlab run` share
 
 Exit codes (GATE_HELP, README):
 
@@ -19,56 +20,61 @@ Exit codes (GATE_HELP, README):
        Takes precedence over 1: a run with a missing cell is never reported as merely "a check
        failed"; the summary still lists every failed check.
 
-A pure function of the run directory: verdicts come from `shadowlab.verdicts.compute(run_dir)`
-(or `verdicts.json` when the raw cell records are not there), so the gate can be re-run on
-another machine from the directory alone.
+A pure function of the run directory: verdicts come from `shadowlab.verdicts.compute(run)` on
+the loaded records (or `verdicts.json` when the raw cell records are not there), so the gate can
+be re-run on another machine from the directory alone. The exit codes are exitcodes.py's.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from shadowlab import verdicts
+from shadowlab import rundir, verdicts
 from shadowlab.errors import RunDirError, ShadowlabError
+from shadowlab.exitcodes import (
+    EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE, GATE_HELP, write_traceback,
+)
 from shadowlab.expectations import CheckResult, CheckStatus, evaluate as evaluate_checks
 from shadowlab.matrix import Matrix
-from shadowlab.matrix import load as load_matrix
-from shadowlab.records import RunLayout, planned_cell_ids, read_json, terminal_safe
-
-EXIT_QUALIFIED = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INFRASTRUCTURE = 3
-
-GATE_HELP = """\
-shadowlab gate RUN_DIR — decide whether a run qualifies; prints a compact summary.
-
-exit codes:
-  0  qualified: every cell ran and every check passed
-  1  a check failed: a matrix expectation (outcome, min_reused, min_saved_fraction,
-     max_forced, checkpoints_created_at, identity, cascade), byte identity of a warm turn
-     that reused cache vs its cold run, a cold-vs-cold control mismatch (identity
-     inconclusive), a cascade that kept stale checkpoints, or a turn answered with an error
-  2  usage or matrix error: not a run directory, matrix.yaml unreadable or invalid
-  3  infrastructure failure: an engine never started, a cell could not run to the end, or
-     an engine reported impossible figures (it cannot be believed); takes precedence over 1
-"""
+from shadowlab.records import CellMeta, terminal_safe
 
 
 @dataclass(frozen=True)
 class RunInputs:
-    """Everything a run directory holds that the gate and the report read."""
+    """A loaded run directory and its verdicts: what the gate judges and the report renders."""
 
-    run_dir: Path
-    matrix: Matrix
+    run: rundir.RunDir
     verdict: verdicts.RunVerdict
-    planned: tuple[str, ...]  # cell ids of plan.json, in plan order
-    plan: dict[str, Any]
-    environment: dict[str, Any]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.root
+
+    @property
+    def matrix(self) -> Matrix:
+        assert self.run.matrix is not None  # load_run requires it
+        return self.run.matrix
+
+    @property
+    def planned(self) -> tuple[str, ...]:
+        return self.run.planned
+
+    @property
+    def plan(self) -> Mapping[str, Any]:
+        return self.run.plan
+
+    @property
+    def environment(self) -> Mapping[str, Any]:
+        return self.run.environment
+
+    @property
+    def metas(self) -> Mapping[str, CellMeta]:
+        return self.run.metas
 
 
 @dataclass(frozen=True)
@@ -153,13 +159,16 @@ def main(run_dir: str | Path, out: TextIO | None = None) -> int:
     try:
         result = evaluate(run_dir)
     except Exception as exc:  # noqa: BLE001 - exit 1 would read as "a check failed"
-        from shadowlab.cli import write_traceback
-
         where = write_traceback(Path(run_dir))
         print(f"shadowlab gate: {run_dir}: internal error: {type(exc).__name__}: {exc} "
               f"(traceback in {where})", file=out or sys.stdout)
         return EXIT_INFRASTRUCTURE
-    print(terminal_safe(result.summary()), file=out or sys.stdout)  # quotes engine output
+    return show(result, out)
+
+
+def show(result: GateResult, out: TextIO | None = None) -> int:
+    """Print the summary (it quotes engine output: escaped); return the exit code."""
+    print(terminal_safe(result.summary()), file=out or sys.stdout)
     return result.exit_code
 
 
@@ -167,53 +176,32 @@ def main(run_dir: str | Path, out: TextIO | None = None) -> int:
 
 
 def load_run(run_dir: str | Path, *, write_verdicts: bool = False) -> RunInputs:
-    """Matrix, plan, verdicts and environment of a run. Raises RunDirError / MatrixError.
-    `write_verdicts` (the report) refreshes verdicts.json; the gate only reads."""
-    root = Path(run_dir)
-    layout = RunLayout(root)
-    if not root.is_dir():
-        raise RunDirError("not a directory", path=str(root), hint="pass reports/<run-id>")
-    if not layout.matrix.exists():
-        raise RunDirError("no matrix.yaml: not a shadowlab run directory", path=str(root),
-                          hint="pass the directory `shadowlab run` wrote (reports/<run-id>)")
-    matrix = load_matrix(layout.matrix, check_files=False)  # MatrixError: exit 2
-    plan = _read_json_object(layout.plan) if layout.plan.exists() else {}
-    planned = planned_cell_ids(plan, source=str(layout.plan))
-    environment = _read_json_object(layout.environment) if layout.environment.exists() else {}
-    if planned and not layout.cells_dir.is_dir() and not (root / "verdicts.json").is_file():
-        # Planned, yet not one cell left a record (e.g. the engine could not be prepared):
-        # every planned cell is then judged "never ran", an infrastructure failure.
-        verdict = verdicts.RunVerdict(run_id=root.name)
-    else:
-        verdict = load_verdicts(root, write=write_verdicts)
-    return RunInputs(root, matrix, verdict, planned, plan, environment)
+    """The run directory read once, and its verdicts computed once. Raises RunDirError /
+    MatrixError. `write_verdicts` (the report, `shadowlab run`) refreshes verdicts.json; the
+    gate only reads."""
+    run = rundir.load(run_dir)
+    return RunInputs(run, judge(run, write=write_verdicts))
 
 
-def load_verdicts(root: Path, *, write: bool = False) -> verdicts.RunVerdict:
+def judge(run: rundir.RunDir, *, write: bool = False) -> verdicts.RunVerdict:
     """Recompute from the cell records when they are there; else read verdicts.json."""
-    if RunLayout(root).cells_dir.is_dir():
-        return verdicts.compute(root, write=write)
-    saved = root / "verdicts.json"
-    if saved.exists():
+    if run.has_cells:
+        return verdicts.compute(run, write=write)
+    if run.saved_verdicts is not None:
         try:
-            return verdicts.RunVerdict.from_dict(_read_json_object(saved))
+            return verdicts.RunVerdict.from_dict(dict(run.saved_verdicts))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise RunDirError(f"verdicts.json cannot be read: {type(exc).__name__}: {exc}",
-                              path=str(saved)) from None
-    raise RunDirError("no cells/ and no verdicts.json: nothing to judge", path=str(root),
+                              path=str(run.root / rundir.VERDICTS_NAME)) from None
+    if run.planned:
+        # Planned, yet not one cell left a record (e.g. the engine could not be prepared):
+        # every planned cell is then judged "never ran", an infrastructure failure.
+        return verdicts.RunVerdict(run_id=run.run_id)
+    raise RunDirError("no cells/ and no verdicts.json: nothing to judge", path=str(run.root),
                       hint="did `shadowlab run` finish writing this directory?")
-
-
-def _read_json_object(path: Path) -> dict[str, Any]:
-    """A record's JSON object through records.read_json: regular files only, size and depth
-    bounded, RunDirError naming the file otherwise."""
-    data = read_json(path)
-    if not isinstance(data, dict):
-        raise RunDirError("not a JSON object", path=str(path))
-    return data
 
 
 __all__ = [
     "EXIT_QUALIFIED", "EXIT_CHECK_FAILED", "EXIT_USAGE", "EXIT_INFRASTRUCTURE", "GATE_HELP",
-    "GateResult", "RunInputs", "evaluate", "evaluate_inputs", "exit_code_for", "load_run", "load_verdicts", "main",
+    "GateResult", "RunInputs", "evaluate", "evaluate_inputs", "exit_code_for", "judge", "load_run", "main", "show",
 ]

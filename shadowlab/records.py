@@ -618,26 +618,6 @@ def planned_cell_ids(plan: Any, *, source: str) -> tuple[str, ...]:
     return tuple(ids)
 
 
-def read_cell_metas(root: Path) -> dict[str, CellMeta]:
-    """Every cell's meta.json of a run directory, by cell id (plan order when plan.json exists).
-    A record whose cell_id is not its directory's name is refused: readers use the id in paths."""
-    layout = RunLayout(root)
-    order: tuple[str, ...] = ()
-    if layout.plan.exists():
-        order = planned_cell_ids(read_json(layout.plan), source=str(layout.plan))
-    found = sorted(p.parent.name for p in layout.cells_dir.glob("*/meta.json"))
-    ids = [c for c in order if c in found] + [c for c in found if c not in order]
-    metas = {}
-    for cell_id in ids:
-        path = layout.meta(cell_id)
-        meta = read_meta(path)
-        if meta.cell_id != cell_id:
-            raise RunDirError(f"cell_id: {meta.cell_id!r} is not the name of its directory",
-                              path=str(path))
-        metas[cell_id] = meta
-    return metas
-
-
 # ---------------------------------------------------------------- documentation
 
 

@@ -11,8 +11,10 @@
 - ``report.md`` — the verdict and compact tables, for a pull-request comment or a CI step summary.
 - ``junit.xml`` — one test case per cell and one per check; failures carry the message.
 
-Numbers come from `shadowlab.gate.load_run` (verdicts recomputed from the records) and the gate's
-checks, so the report, the gate and CI never disagree.
+Numbers come from the run directory as `shadowlab.gate.load_run` loaded it once (rundir.py; the
+verdicts computed once from the records) and the gate's checks on those inputs, so the report,
+the gate and CI never disagree. `render_inputs(inputs, result)` renders an already loaded run
+(`shadowlab run` hands over what its gate judges).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import math
 import shlex
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from shadowlab import gate as gate_mod
 from shadowlab.escape import visible, xml_text
 from shadowlab.expectations import CheckResult, CheckStatus
 from shadowlab.gate import GateResult, RunInputs
-from shadowlab.records import CellMeta, read_cell_metas, write_bytes_atomic
+from shadowlab.records import CellMeta, write_bytes_atomic
 from shadowlab.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outcome, RunVerdict, TurnVerdict
 
 HTML_NAME = "report.html"
@@ -54,13 +56,16 @@ class ReportPaths:
 def render_run(run_dir: str | Path) -> ReportPaths:
     """Write report.html, report.md and junit.xml into `run_dir`. Raises RunDirError/MatrixError
     when the directory cannot be read (the CLI maps those to exit 2)."""
-    root = Path(run_dir)
-    inputs = gate_mod.load_run(root, write_verdicts=True)
-    result = gate_mod.evaluate_inputs(inputs)
-    metas = read_cell_metas(root) if (root / "cells").is_dir() else {}
+    inputs = gate_mod.load_run(Path(run_dir), write_verdicts=True)
+    return render_inputs(inputs, gate_mod.evaluate_inputs(inputs))
+
+
+def render_inputs(inputs: RunInputs, result: GateResult) -> ReportPaths:
+    """Write the three files for a loaded run and the gate's result on it."""
+    root = inputs.run_dir
     paths = ReportPaths(root / HTML_NAME, root / MARKDOWN_NAME, root / JUNIT_NAME)
-    write_bytes_atomic(paths.html, _encode(render_html(inputs, result, metas)))
-    write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result, metas)))
+    write_bytes_atomic(paths.html, _encode(render_html(inputs, result)))
+    write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result)))
     write_bytes_atomic(paths.junit, render_junit(inputs, result))
     return paths
 
@@ -322,7 +327,7 @@ class EngineProvenance:
     cells: int
 
 
-def engine_provenance(metas: dict[str, CellMeta]) -> list[EngineProvenance]:
+def engine_provenance(metas: Mapping[str, CellMeta]) -> list[EngineProvenance]:
     seen: dict[tuple[str, str, str], list[CellMeta]] = {}
     for meta in metas.values():
         e = meta.engine
@@ -350,7 +355,7 @@ class EngineProcess:
     env_delta: tuple[tuple[str, str], ...]  # variables set or changed against shadowlab's own
 
 
-def engine_processes(metas: dict[str, CellMeta]) -> list[EngineProcess]:
+def engine_processes(metas: Mapping[str, CellMeta]) -> list[EngineProcess]:
     return [EngineProcess(cell_id, getattr(m.status, "value", str(m.status)),
                           shlex.join(str(a) for a in m.command or ()),
                           tuple(sorted((str(k), str(v)) for k, v in (m.env_delta or {}).items())))
@@ -399,8 +404,9 @@ def _visible_output(value: Any) -> Any:
     return visible(value)
 
 
-def render_html(inputs: RunInputs, result: GateResult, metas: dict[str, CellMeta]) -> str:
+def render_html(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellMeta] | None = None) -> str:
     run = inputs.verdict
+    metas = inputs.metas if metas is None else metas
     warm = [c for c in run.cells if c.kind == "warm"]
     context = dict(
         inputs=inputs, matrix=inputs.matrix, run=run, result=result, metas=metas,
@@ -462,8 +468,9 @@ def _short_sha(value: str | None) -> str:
 # ---------------------------------------------------------------- Markdown
 
 
-def render_markdown(inputs: RunInputs, result: GateResult, metas: dict[str, CellMeta] | None = None) -> str:
+def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellMeta] | None = None) -> str:
     run = inputs.verdict
+    metas = inputs.metas if metas is None else metas
     icon = "✅" if result.qualified else "❌"
     lines = [f"## {icon} shadowlab `{md_cell(inputs.matrix.name)}` — {result.verdict_text} "
              f"(exit {result.exit_code})", ""]

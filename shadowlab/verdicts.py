@@ -53,6 +53,9 @@ from typing import Any
 from shadowlab import identity, plausibility
 from shadowlab.identity import IdentityCheck, IdentityStatus  # part of the verdict schema
 
+if typing.TYPE_CHECKING:
+    from shadowlab.rundir import RunDir
+
 VERDICTS_SCHEMA_VERSION = 3  # 2: TurnVerdict.cascade_checked; 3: implausible, divergence_lower_bound
 # (older files are upgraded on read)
 
@@ -286,98 +289,64 @@ def _from_json(tp: Any, value: Any) -> Any:
 # ---------------------------------------------------------------- compute
 
 
-def compute(run_dir: str | Path, *, write: bool = True) -> RunVerdict:
-    """The verdicts of a run directory (pure: reads files only); writes verdicts.json."""
-    from shadowlab import records
+def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
+    """The verdicts of a loaded run directory (a path is loaded first, matrix optional); writes
+    verdicts.json unless ``write`` is false."""
+    from shadowlab import records, rundir
 
-    layout = records.RunLayout(Path(run_dir))
-    metas = records.read_cell_metas(layout.root)
-    prompts = _read_prompts(layout)
-    patterns = _extra_patterns(layout)
-    cells = [_cell_verdict(layout, meta, prompts, patterns) for meta in metas.values()]
-    cells, controls, noisy = _attach_identity(cells, metas)
+    if not isinstance(run, rundir.RunDir):
+        run = rundir.load(run, need_matrix=False)
+    patterns = _extra_patterns(run)
+    cells = [_cell_verdict(run, meta, patterns) for meta in run.metas.values()]
+    cells, controls, noisy = _attach_identity(cells, run.metas)
     verdict = RunVerdict(
-        run_id=layout.run_id,
+        run_id=run.run_id,
         cells=tuple(cells),
         controls=tuple(controls),
         nondeterministic_engines=tuple(sorted(noisy)),
     )
     if write:
-        records.write_json_atomic(layout.root / "verdicts.json", verdict.to_dict())
+        records.write_json_atomic(run.root / rundir.VERDICTS_NAME, verdict.to_dict())
     return verdict
 
 
 def read(run_dir: str | Path) -> RunVerdict:
-    """verdicts.json of a run directory."""
-    import json
+    """verdicts.json of a run directory (bounded read, RunDirError when it is not an object)."""
+    from shadowlab import rundir
 
-    with open(Path(run_dir) / "verdicts.json", encoding="utf-8") as fh:
-        return RunVerdict.from_dict(json.load(fh))
-
-
-def _read_prompts(layout: Any) -> dict[str, dict[str, list[int]]]:
-    """{engine: {prompt_id: token ids}} from prompts/<engine>.json (absent files: empty)."""
-    from shadowlab import records
-
-    out: dict[str, dict[str, list[int]]] = {}
-    if not layout.prompts_dir.is_dir():
-        return out
-    for path in sorted(layout.prompts_dir.glob("*.json")):
-        data = records.read_json(path)  # bounded; a link to /dev/zero was read until OOM
-        if not isinstance(data, dict):
-            raise records.RunDirError("not a JSON object of prompt id → prompt", path=str(path))
-        out[path.stem] = {
-            pid: list(entry["tokens"])
-            for pid, entry in data.items()
-            if isinstance(entry, dict) and isinstance(entry.get("tokens"), list)
-        }
-    return out
+    return RunVerdict.from_dict(rundir.read_saved_verdicts(run_dir))
 
 
-def _extra_patterns(layout: Any) -> dict[str, tuple[tuple[Any, ...], tuple[str, ...]]]:
-    """{engine: (ExtraPatterns, problems)} from the resolved matrix's `engines.<name>.log_patterns`.
+def _extra_patterns(run: "RunDir") -> dict[str, tuple[tuple[Any, ...], tuple[str, ...]]]:
+    """{engine: (ExtraPatterns, problems)} from the matrix's `engines.<name>.log_patterns`.
     A pattern names its event kind with a group, e.g. ``(?P<restored>)``; one that does not is
     reported on every cell of its engine, not fatal."""
     from shadowlab import logparse
 
-    try:
-        import yaml
-
-        data = yaml.safe_load(layout.matrix.read_text(encoding="utf-8")) or {}
-    except (OSError, ValueError, ImportError):
-        return {}
-    except Exception:  # a malformed matrix copy must not stop the verdicts
-        return {}
     out: dict[str, tuple[Any, ...]] = {}
-    engines = data.get("engines") if isinstance(data, dict) else None
-    for name, spec in (engines or {}).items():
-        if not (isinstance(spec, dict) and spec.get("log_patterns")):
-            continue
+    for name in (run.matrix.engines if run.matrix is not None else {}):
         usable, problems = [], []
-        for text in spec["log_patterns"]:
+        for text in run.log_patterns(name):
             try:
                 usable.append(logparse.ExtraPattern.from_regex(str(text)))
             except (ValueError, re.error) as exc:
                 problems.append(f"log pattern not used: {exc}")
-        out[name] = (tuple(usable), tuple(problems))
+        if usable or problems:
+            out[name] = (tuple(usable), tuple(problems))
     return out
 
 
 # ---------------------------------------------------------------- one cell
 
 
-def _cell_verdict(layout: Any, meta: Any, prompts: dict[str, dict[str, list[int]]], patterns: dict) -> CellVerdict:
-    from shadowlab import logparse
-
+def _cell_verdict(run: "RunDir", meta: Any, patterns: dict) -> CellVerdict:
     cell = meta.cell or {}
     engine = cell.get("engine") or (meta.engine.name if meta.engine else "?")
     family = meta.engine.log_family if meta.engine else "none"
-    log_path = layout.engine_log(meta.cell_id)
-    parsed = None
+    has_log = run.has_log(meta.cell_id)
     extra, problems = patterns.get(engine, ((), ()))
-    if family != "none" and log_path.exists():
-        parsed = logparse.parse(log_path, family, extra)
-    engine_prompts = prompts.get(engine, {})
+    parsed = run.parse_log(meta.cell_id, family, extra) if family != "none" else None
+    engine_prompts = run.prompts.get(engine, {})
     cell_notes: list[str] = []
     turns = _turn_verdicts(meta, parsed, engine_prompts, cell_notes)
     spans = [tuple(t.log_offsets) for t in meta.turns if t.log_offsets and len(t.log_offsets) == 2]
@@ -400,7 +369,7 @@ def _cell_verdict(layout: Any, meta: Any, prompts: dict[str, dict[str, list[int]
         event_counts=dict(parsed.counts) if parsed else {},
         unattributed_events=unattributed,
         notes=tuple(problems)
-        + (() if family == "none" or log_path.exists() else ("engine.log is missing",))
+        + (() if family == "none" or has_log else ("engine.log is missing",))
         + tuple(cell_notes),
     )
 

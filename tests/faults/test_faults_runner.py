@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab import cli, isolation, records
+from shadowlab import cli, isolation, records, rundir
 from shadowlab.records import CellStatus
 
 HOSTILE = Path(__file__).resolve().parents[1] / "shadowlab" / "hostile_engine.py"
@@ -85,7 +85,7 @@ def assert_clear_failure(err: str) -> None:
 
 
 def assert_no_engine_left(out: Path) -> None:
-    metas = records.read_cell_metas(out) if (out / "cells").is_dir() else {}
+    metas = rundir.read_cell_metas(out) if (out / "cells").is_dir() else {}
     for meta in metas.values():
         if meta.pid is not None and psutil.pid_exists(meta.pid):
             assert psutil.Process(meta.pid).status() == psutil.STATUS_ZOMBIE, meta.cell_id
@@ -104,7 +104,7 @@ def infrastructure_failure(tmp_path: Path, modes: list[str], **matrix: str) -> t
 
 
 def only_meta(out: Path) -> records.CellMeta:
-    metas = records.read_cell_metas(out)
+    metas = rundir.read_cell_metas(out)
     assert len(metas) == 1, sorted(metas)
     return next(iter(metas.values()))
 
@@ -131,7 +131,7 @@ def test_survives_an_engine_writing_a_line_without_end_in_bounded_memory(tmp_pat
                            "--out", str(out), "--request-timeout", "60"],
                           capture_output=True, text=True, timeout=300)
     assert_clear_failure(proc.stderr)
-    metas = records.read_cell_metas(out)
+    metas = rundir.read_cell_metas(out)
     assert {m.status for m in metas.values()} == {CellStatus.OK}, proc.stderr[-2000:]
     warm = metas["bad.default.A-B"]
     assert (out / "cells" / warm.cell_id / "engine.log").stat().st_size > 2 * LINE  # both, uncut
@@ -232,7 +232,7 @@ def _read(path: Path) -> bytes:
 
 def test_survives_an_engine_listening_beyond_loopback_after_its_first_answer(tmp_path):
     out, _ = infrastructure_failure(tmp_path, ["bind-all-later"])
-    metas = records.read_cell_metas(out)
+    metas = rundir.read_cell_metas(out)
     for meta in metas.values():
         assert meta.status is CellStatus.FAILED
         assert "listens beyond loopback on 0.0.0.0:" in meta.reason and "after turn 0" in meta.reason, \
@@ -333,7 +333,7 @@ def test_survives_a_full_disk_beside_a_running_cell(tmp_path, monkeypatch, capsy
     assert code == 3, err
     assert f"shadowlab: cannot write {out}/cells/bad.full.A/responses/turn-0.json: No space left on " \
            "device (ENOSPC)" in err, err
-    metas = records.read_cell_metas(out)
+    metas = rundir.read_cell_metas(out)
     for meta in metas.values():
         assert meta.status is CellStatus.ABORTED, (meta.cell_id, meta.status, meta.reason)
         assert meta.reason.startswith("the run stopped: cannot write") and "ENOSPC" in meta.reason, meta.reason
@@ -407,7 +407,7 @@ def test_survives_the_reference_engine_crashing_after_one_request(tmp_path, repo
                           capture_output=True, text=True, timeout=600, cwd=repo_root)
     assert_clear_failure(proc.stderr)
     assert proc.returncode == 3, proc.stderr[-2000:]
-    metas = records.read_cell_metas(out)
+    metas = rundir.read_cell_metas(out)
     assert sorted(metas) == ["reference.default.A-C", "reference.default.cold.C"]
     for meta in metas.values():
         assert meta.stop is not None, meta.cell_id

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab import cli, records
+from shadowlab import cli, records, rundir
 from shadowlab.records import CellStatus
 
 HOSTILE = Path(__file__).resolve().parent / "hostile_engine.py"
@@ -75,7 +75,7 @@ def cell_metas(out: Path) -> dict[str, records.CellMeta]:
     for path in [*(out / "cells").glob("*/meta.json"), out / "verdicts.json"]:
         if path.exists():
             strict_json(path.read_text(encoding="utf-8"))  # always valid, strict JSON
-    return records.read_cell_metas(out)
+    return rundir.read_cell_metas(out)
 
 
 def engine_pids(tmp_path: Path) -> list[int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import records
+from shadowlab import records, rundir
 from shadowlab.errors import RunDirError
 from shadowlab.records import CellMeta, CellStatus, Completion, RunLayout, TurnRecord
 
@@ -149,11 +149,11 @@ def test_a_record_must_live_in_the_directory_named_by_its_cell_id(tmp_path: Path
     layout = RunLayout(tmp_path)
     meta = sample_meta()
     records.write_meta(layout, meta)
-    assert list(records.read_cell_metas(tmp_path)) == ["c1"]
+    assert list(rundir.read_cell_metas(tmp_path)) == ["c1"]
     path = layout.meta("c1")
     path.write_text(path.read_text().replace('"cell_id": "c1"', '"cell_id": "../c2"'))
     with pytest.raises(RunDirError, match="is not the name of its directory"):
-        records.read_cell_metas(tmp_path)
+        rundir.read_cell_metas(tmp_path)
     for bad in ("..", "a/b", "", "x" * 256):
         with pytest.raises(RunDirError, match="not a single directory name"):
             layout.cell_dir(bad)

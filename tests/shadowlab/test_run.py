@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab import records, run
+from shadowlab import records, run, rundir
 from shadowlab.errors import RunDirError
 from shadowlab.records import CellStatus
 
@@ -60,7 +60,7 @@ def options(tmp_path: Path, matrix: Path, repo_root: Path, **kwargs) -> run.RunO
 
 
 def metas(run_dir: Path) -> dict[str, records.CellMeta]:
-    return records.read_cell_metas(run_dir)
+    return rundir.read_cell_metas(run_dir)
 
 
 def assert_no_engine_alive(metas_by_id: dict[str, records.CellMeta]) -> None:

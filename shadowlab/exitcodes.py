@@ -1,0 +1,67 @@
+"""shadowlab's exit codes, their help text, and how an internal error ends: the one home of each.
+
+  0  qualified
+  1  a check failed (the run completed; the gate said no)
+  2  usage or matrix error (nothing was started)
+  3  infrastructure failure (an engine never started; a cell could not run)
+  130 / 143  interrupted by SIGINT / SIGTERM (engines stopped, run resumable)
+
+cli.py maps exceptions to them and gate.py decides 0/1/3 for a run directory; both import them
+from here (the gate never imports the command line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import traceback
+from pathlib import Path
+
+EXIT_QUALIFIED = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INFRASTRUCTURE = 3
+
+# `shadowlab --help` and every subcommand's help.
+EPILOG = """exit codes:
+  0  qualified            1  a check failed
+  2  usage/matrix error   3  infrastructure failure (engine never started)
+  130/143 interrupted (engines stopped; rerun with --resume)"""
+
+# What `shadowlab gate` decides, in full (README's table says the same).
+GATE_HELP = """\
+shadowlab gate RUN_DIR — decide whether a run qualifies; prints a compact summary.
+
+exit codes:
+  0  qualified: every cell ran and every check passed
+  1  a check failed: a matrix expectation (outcome, min_reused, min_saved_fraction,
+     max_forced, checkpoints_created_at, identity, cascade), byte identity of a warm turn
+     that reused cache vs its cold run, a cold-vs-cold control mismatch (identity
+     inconclusive), a cascade that kept stale checkpoints, or a turn answered with an error
+  2  usage or matrix error: not a run directory, matrix.yaml unreadable or invalid
+  3  infrastructure failure: an engine never started, a cell could not run to the end, or
+     an engine reported impossible figures (it cannot be believed); takes precedence over 1
+"""
+
+TRACEBACK_NAME = "shadowlab-error.txt"
+
+
+def write_traceback(run_dir: Path | None) -> Path:
+    """The current exception's traceback in ``run_dir/shadowlab-error.txt`` (else a temp file):
+    an internal error is exit 3 with its traceback kept, never Python's exit 1 ("a check failed")."""
+    text = traceback.format_exc()
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            if run_dir.is_dir():
+                path = run_dir / TRACEBACK_NAME
+                path.write_text(text, encoding="utf-8")
+                return path
+    fd, name = tempfile.mkstemp(prefix="shadowlab-error-", suffix=".txt")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return Path(name)
+
+
+__all__ = ["EPILOG", "EXIT_CHECK_FAILED", "EXIT_INFRASTRUCTURE", "EXIT_QUALIFIED", "EXIT_USAGE", "GATE_HELP",
+           "TRACEBACK_NAME", "write_traceback"]
