@@ -44,14 +44,19 @@ class Turn:
     prompt_id: str
     endpoint: str  # "completion" | "chat"
     cold_cell: str | None = None  # warm turns after the first: the cell holding this prompt's cold run
+    # Warm turns: the conversation the turn belongs to (SequenceSpec.conversation; an ordered
+    # sequence's name). Cold and control turns: None, a prompt alone in a fresh process.
+    conversation: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "prompt_id": self.prompt_id, "endpoint": self.endpoint,
-                "cold_cell": self.cold_cell}
+                "cold_cell": self.cold_cell, "conversation": self.conversation}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Turn:
-        return cls(data["index"], data["prompt_id"], data["endpoint"], data.get("cold_cell"))
+    def from_dict(cls, data: Mapping[str, Any], conversation: str | None = None) -> Turn:
+        """`conversation`: what a plan.json written before turns had one means (see Cell)."""
+        return cls(data["index"], data["prompt_id"], data["endpoint"], data.get("cold_cell"),
+                   data.get("conversation", conversation))
 
 
 @dataclass(frozen=True)
@@ -85,13 +90,15 @@ class Cell:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Cell:
+        # Before sequences had kinds every warm cell was one ordered conversation: its sequence.
+        implied = data.get("sequence") if data["kind"] == CellKind.WARM.value else None
         return cls(
             id=data["id"],
             kind=CellKind(data["kind"]),
             engine=data["engine"],
             configuration=data["configuration"],
             sequence=data.get("sequence"),
-            turns=tuple(Turn.from_dict(t) for t in data["turns"]),
+            turns=tuple(Turn.from_dict(t, implied) for t in data["turns"]),
             flags=tuple(data.get("flags", ())),
             env=dict(data.get("env", {})),
             depends_on=data.get("depends_on"),
@@ -148,7 +155,8 @@ def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]
     for name in sequences:
         warm_id = f"{prefix}.{name}"
         turns = []
-        for index, pid in enumerate(matrix.sequences[name].prompts):
+        sequence = matrix.sequences[name]
+        for index, pid in enumerate(sequence.prompts):
             prompt = matrix.prompts[pid]
             cold_id = None
             if index > 0:
@@ -159,7 +167,7 @@ def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]
                         id=cold_id, kind=CellKind.COLD, sequence=name if dependent else None,
                         turns=(Turn(0, pid, prompt.endpoint),),
                         depends_on=warm_id if dependent else None, **common)
-            turns.append(Turn(index, pid, prompt.endpoint, cold_id))
+            turns.append(Turn(index, pid, prompt.endpoint, cold_id, sequence.conversation(index)))
         warm.append(Cell(id=warm_id, kind=CellKind.WARM, sequence=name, turns=tuple(turns), **common))
     cells = warm + list(cold.values())
     if matrix.identity.control and cold:

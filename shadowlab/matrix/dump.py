@@ -25,7 +25,7 @@ def matrix_to_dict(m: Matrix) -> dict[str, Any]:
             for n, c in m.configurations.items()
         },
         "prompts": {n: _prompt_to_dict(p) for n, p in m.prompts.items()},
-        "sequences": {n: list(s.prompts) for n, s in m.sequences.items()},
+        "sequences": {n: _sequence_to_dict(s) for n, s in m.sequences.items()},
         "cells": {
             "include": [_selection_to_dict(s) for s in m.cells.include],
             "exclude": [_selection_to_dict(s) for s in m.cells.exclude],
@@ -72,6 +72,13 @@ def _prompt_to_dict(p: Any) -> dict[str, Any]:  # a PromptSpec subclass, by its 
             for m in p.messages
         ]
     return out
+
+
+def _sequence_to_dict(s: Any) -> list[str] | dict[str, Any]:
+    # An ordered sequence stays a plain list: a resume compares matrix.yaml as text.
+    if s.kind == "ordered":
+        return list(s.prompts)
+    return {"kind": s.kind, "prompts": list(s.prompts)}
 
 
 def _selection_to_dict(s: Selection) -> dict[str, str]:

@@ -14,6 +14,8 @@ MATRIX_VERSION = 1
 
 LOG_FAMILIES = ("reference", "llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "none")
 PROMPT_KINDS = ("random", "diverge", "unrelated", "append", "chat")
+# How a sequence's turns reach the engine; `ordered` (a plain list in YAML) is the default.
+SEQUENCE_KINDS = ("ordered",)
 ENDPOINTS = ("completion", "chat")
 OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset", "error")
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -84,8 +86,8 @@ SCHEMA: dict[str, Section] = {
         Key("configurations", "map name → configuration", "{default: {}}",
             "Named flag/env deltas applied on top of each engine's."),
         Key("prompts", "map id → prompt", REQUIRED, "Prompts, exact in tokens."),
-        Key("sequences", "map name → list of prompt ids", REQUIRED,
-            "Turns sent, in order, to one fresh engine process."),
+        Key("sequences", "map name → list of prompt ids | sequence", REQUIRED,
+            "Turns sent to one fresh engine process; a plain list is a sequence of kind `ordered`."),
         Key("cells", "cells", "all configurations × sequences", "Which combinations run."),
         Key("generation", "generation", "see below", "Decoding settings for every turn."),
         Key("isolation", "isolation", "see below", "Per-cell resources."),
@@ -160,6 +162,11 @@ SCHEMA: dict[str, Section] = {
             "Text, or `{from_turn: i}` (assistant only): the warm cell's reply to turn i "
             "(0-based, an earlier turn of the same sequence)."),
     )),
+    "sequence": Section("sequences.<name> (mapping form)", (
+        Key("kind", " | ".join(SEQUENCE_KINDS), "ordered",
+            "`ordered`: the prompts in order, one conversation (named like the sequence)."),
+        Key("prompts", "list of prompt ids", REQUIRED, "The turns, in order."),
+    ), "`A-C: [A, C]` is short for `A-C: {kind: ordered, prompts: [A, C]}`."),
     "cells": Section("cells", (
         Key("include", "list of selection", "[{}] (everything)", "Combinations to run."),
         Key("exclude", "list of selection", "[]", "Combinations removed from the included ones."),

@@ -146,8 +146,20 @@ TOKEN_PROMPTS = (RandomPrompt, DivergePrompt, UnrelatedPrompt, AppendPrompt)
 
 @dataclass(frozen=True)
 class SequenceSpec:
+    """The turns of one warm cell and the conversation each belongs to.
+
+    `ordered` (the only kind today): `prompts` in order, all in one conversation named like the
+    sequence. A kind that interleaves conversations on one server (issue 12's `traffic`) gives
+    other answers to `conversation`; cells, turns and records stay keyed by turn index.
+    """
+
     name: str
     prompts: tuple[str, ...]
+    kind: str = "ordered"
+
+    def conversation(self, index: int) -> str:
+        """The conversation turn `index` belongs to."""
+        return self.name
 
 
 @dataclass(frozen=True)

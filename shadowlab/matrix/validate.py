@@ -33,6 +33,7 @@ from shadowlab.matrix.schema import (
     OUTCOMES,
     PROMPT_KINDS,
     SCHEMA,
+    SEQUENCE_KINDS,
 )
 from shadowlab.matrix.specs import (
     AppendPrompt,
@@ -628,6 +629,11 @@ def _messages(value: Any, at: _At) -> tuple[ChatMessage, ...]:
 def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec]) -> dict[str, SequenceSpec]:
     out = {}
     for name, body, s_at in _named_map(value, at, "sequence"):
+        kind = "ordered"
+        if isinstance(body, LineMap):  # the mapping form: {kind, prompts}
+            f = _fields(body, s_at, "sequence")
+            kind = _choice(*f["kind"], SEQUENCE_KINDS) if "kind" in f else "ordered"
+            body, s_at = f["prompts"]
         items = _list(body, s_at)
         if not items:
             s_at.fail("a sequence needs at least one prompt")
@@ -637,7 +643,7 @@ def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec]) -> dict[s
             if pid not in prompts:
                 a.fail(f"unknown prompt {pid!r}", _closest_hint(pid, prompts, "prompts"))
             ids.append(pid)
-        out[name] = SequenceSpec(name, tuple(ids))
+        out[name] = SequenceSpec(name, tuple(ids), kind)
     return out
 
 
@@ -650,10 +656,20 @@ def _check_chat_turns(matrix: Matrix, at: _At, raw: LineMap) -> None:
                 continue
             for turn in prompt.reply_turns():
                 if turn >= index:
-                    item_at = at.key(name, raw.value_lines[name]).item(index, raw[name].item_lines[index])
+                    item_at = _sequence_at(at, raw, name).item(index, _sequence_items(raw, name).item_lines[index])
                     item_at.fail(
                         f"chat prompt {pid!r} is turn {index} but uses the reply of turn {turn}",
                         "from_turn must name an earlier turn (0-based) of every sequence using the prompt")
+
+
+def _sequence_items(raw: LineMap, name: str) -> LineList:
+    body = raw[name]
+    return body["prompts"] if isinstance(body, LineMap) else body
+
+
+def _sequence_at(at: _At, raw: LineMap, name: str) -> _At:
+    body, seq_at = raw[name], at.key(name, raw.value_lines[name])
+    return seq_at.key("prompts", body.value_lines["prompts"]) if isinstance(body, LineMap) else seq_at
 
 
 def context_size(engine: EngineSpec, configuration: ConfigurationSpec) -> tuple[int | None, str]:

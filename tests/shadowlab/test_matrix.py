@@ -626,3 +626,21 @@ def test_cli_prints_the_error_and_exits_2_without_traceback(path, capsys):
     assert out == ""
     assert f"{path}:" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) <= 2  # the error and its hint
+
+
+def test_a_sequence_in_mapping_form_is_the_same_ordered_sequence_and_dumps_as_a_list():
+    listed = loads(BASE, file="m.yaml")
+    mapped = loads(BASE.replace("  A-C: [A, C]", "  A-C: {kind: ordered, prompts: [A, C]}"), file="m.yaml")
+    assert mapped.sequences == listed.sequences and mapped.sequences["A-C"].kind == "ordered"
+    assert mapped.to_dict()["sequences"]["A-C"] == ["A", "C"]  # matrix.yaml unchanged for a resume
+    assert {mapped.sequences["A-C"].conversation(i) for i in range(2)} == {"A-C"}
+
+
+@pytest.mark.parametrize("body, path, message", [
+    ("{kind: traffic, prompts: [A]}", "sequences.A-C.kind", "expected one of ordered, got 'traffic'"),
+    ("{kind: ordered}", "sequences.A-C", "missing required key 'prompts'"),
+    ("{prompts: [A, Q]}", "sequences.A-C.prompts[1]", "unknown prompt 'Q'"),
+])
+def test_a_bad_sequence_in_mapping_form_is_named(body, path, message):
+    err = fail(BASE.replace("  A-C: [A, C]", f"  A-C: {body}"))
+    assert err.key_path == path and message in err.message

@@ -177,3 +177,19 @@ def test_describe_lists_every_cell_with_its_delta():
             assert row.endswith("--ctx-checkpoints 3 K=1")
         else:
             assert row.endswith("-")
+
+
+def test_every_warm_turn_carries_its_conversation_and_cold_turns_none():
+    plan = plan_of(BASE)
+    warm = plan.cell("ref.plain.A-B-C")
+    assert [t.conversation for t in warm.turns] == ["A-B-C"] * 3  # ordered: one conversation
+    assert all(t.conversation is None for c in plan.of_kind(CellKind.COLD) for t in c.turns)
+
+
+def test_a_plan_json_written_before_turns_had_a_conversation_still_loads():
+    plan = plan_of(BASE)
+    data = json.loads(json.dumps(plan.to_dict()))
+    for cell in data["cells"]:
+        for turn in cell["turns"]:
+            del turn["conversation"]
+    assert Plan.from_dict(data) == plan  # a warm cell's turns: its (ordered) sequence
