@@ -8,6 +8,10 @@
 
     replay.run(events, emit, side)           # the same, streamed: emit(record) per request
 
+The pieces are public and shared with ``verdicts.py`` (one replay; docs/DESIGN.md §7):
+``Ring``, ``re_entry_point``, ``cascade_missed``, ``attribute_by_span`` (a run directory's turns
+own byte spans of the log), ``turn_slot`` and ``HELD_KINDS``.
+
 No run directory and no prompt tokens are needed: everything comes from the lines llama-server
 (b11434 and older upstream), ik_llama.cpp and the reference engine print. The words are
 llama.cpp's: slot, task, n_past (where prefill re-enters), pos_min / pos_max, n_tokens (tokens a
@@ -73,7 +77,9 @@ BASELINE_TOKENS = 512
 OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
 ERASE_KINDS = ("erased_invalidated", "erased_old", "erased_too_close", "erased_superseded")
 CACHE_KINDS = ("cache_saved", "cache_loaded")
-_HELD = frozenset(CACHE_KINDS + ("slot_selected",))
+# Printed before the task owns its slot, and applied before its restore decision.
+HELD_KINDS = frozenset(CACHE_KINDS + ("slot_selected",))
+_HELD = HELD_KINDS
 _PENDING_CHECKS = 4096  # `checking checkpoint` notes of tasks not closed yet (a hostile log: dropped)
 _NONE: Any = object()  # "no request being read"
 
@@ -160,12 +166,15 @@ class Ring:
     maps n_tokens to the ``created`` event, oldest first: a slot holds one checkpoint per length
     (a new one at the same n_tokens replaces it), so every erase finds its checkpoint by key."""
 
-    __slots__ = ("alive", "saved", "notes")
+    __slots__ = ("alive", "saved", "notes", "max_notes")
 
-    def __init__(self) -> None:
+    def __init__(self, max_notes: int | None = 20) -> None:
         self.alive: dict[int, Any] = {}
         self.saved: dict[int | None, dict[int, Any]] = {}
         self.notes: list[str] = []
+        # A production log that starts mid-stream repeats its notes for every slot: capped.
+        # verdicts (a run's own log, read whole) keeps every one: None.
+        self.max_notes = max_notes
 
     def apply(self, ev: Any) -> Any | None:
         """Apply one event; return the checkpoint it erased (the erase event itself when the
@@ -195,7 +204,7 @@ class Ring:
         return None
 
     def _note(self, text: str) -> None:
-        if len(self.notes) < 20:  # a log that starts mid-stream repeats this for every slot
+        if self.max_notes is None or len(self.notes) < self.max_notes:
             self.notes.append(text)
 
 
@@ -384,12 +393,7 @@ class Replay:
 
     def _close(self, o: Served) -> Served:
         restored = o.restored
-        if restored is not None:
-            re_entry = restored.n_past if restored.n_past is not None else restored.n_tokens
-        elif o.trim is not None:
-            re_entry = o.trim
-        else:
-            re_entry = 0 if o.forced else None
+        re_entry = re_entry_point(restored, o.trim, o.forced)
         prompt, derived = o.n_prompt, False
         if prompt is None and re_entry is not None and o.processed is not None:
             prompt, derived = re_entry + o.processed, True
@@ -450,6 +454,77 @@ class Replay:
         if against is not None:
             return against, "n_past"
         return re_entry, ("re_entry" if re_entry is not None else None)
+
+
+def re_entry_point(restored: Any | None, trim: int | None, forced: bool) -> int | None:
+    """Where prefill re-entered: the restore's n_past (its n_tokens for builds that do not print
+    it), else the request's first cache trim (``cached n_tokens`` / ``kv cache rm [p0``), else 0
+    for a forced request; None when the log does not say."""
+    if restored is not None:
+        return restored.n_past if restored.n_past is not None else restored.n_tokens
+    if trim is not None:
+        return trim
+    return 0 if forced else None
+
+
+def cascade_missed(alive: Iterable[Any], erased: Iterable[Any], re_entry: int) -> tuple[Any, ...]:
+    """Checkpoints alive at the restore decision that cover tokens past the re-entry point and
+    that no erase line removed. llama.cpp erases every ``pos_max > pos_next``: one ending exactly
+    at the re-entry point stays (the boundary is ``>``, not ``>=``)."""
+    gone = {(c.pos_min, c.pos_max, c.n_tokens) for c in erased}
+    return tuple(c for c in alive if c.pos_max > re_entry and (c.pos_min, c.pos_max, c.n_tokens) not in gone)
+
+
+class TurnSpan(NamedTuple):
+    """A request whose log lines are known by byte span (a run directory's turn): ``[start,
+    end)`` into the log, and the task ids recorded for it."""
+
+    index: int
+    start: int | None
+    end: int | None
+    task_ids: tuple[int, ...] = ()
+
+
+def attribute_by_span(events: Iterable[Any], spans: Iterable[TurnSpan],
+                      notes: list[str] | None = None) -> list[tuple[Any, int | None]]:
+    """Every event with the turn it belongs to: by byte span, cross-checked with task ids (a
+    task id recorded for another turn wins, and the conflict is noted: a late line after its
+    span closed, or a misplaced span). None: the event lies outside every span (start-up)."""
+    spans = [s for s in spans]
+    owners: dict[int, int] = {}
+    for s in spans:
+        for task in s.task_ids:
+            owners.setdefault(task, s.index)
+    bounded = [s for s in spans if s.start is not None and s.end is not None]
+    out = []
+    conflicts = 0
+    for ev in events:
+        turn = next((s.index for s in bounded if s.start <= ev.offset < s.end), None)
+        if ev.task is not None and ev.task in owners and owners[ev.task] != turn:
+            conflicts += 1
+            if notes is not None and conflicts <= 3:
+                where = f"turn {turn}'s log span" if turn is not None else "no turn's log span"
+                notes.append(f"line {ev.line} ({ev.kind}, task {ev.task}) lies in {where}; "
+                             f"its task id belongs to turn {owners[ev.task]}")
+            turn = owners[ev.task]
+        out.append((ev, turn))
+    if notes is not None and conflicts > 3:
+        notes.append(f"{conflicts} events in all were attributed by task id against their log span")
+    return out
+
+
+# The lines that name the slot a request ran on (llama-server may pick any of its slots).
+SLOT_EVIDENCE = frozenset(
+    {"new_prompt", "cache_trim", "restored", "forced", "created", "erased_invalidated", "prompt_eval", "slot_selected"}
+)
+
+
+def turn_slot(events: Iterable[Any], fallback: int | None) -> int | None:
+    """The slot a request ran on, from its own lines; ``fallback`` when none says."""
+    for ev in events:
+        if ev.slot is not None and ev.kind in SLOT_EVIDENCE:
+            return ev.slot
+    return fallback
 
 
 def _among(c: Any, items: list[Any]) -> bool:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shadowlab import identity, plausibility
+from shadowlab import identity, lifecycle, plausibility
 from shadowlab.identity import IdentityCheck, IdentityStatus  # part of the verdict schema
 
 if typing.TYPE_CHECKING:
@@ -375,41 +375,31 @@ def _cell_verdict(run: "RunDir", meta: Any, patterns: dict) -> CellVerdict:
 
 
 class _Ring:
-    """Checkpoints alive in the slot, replayed from the log's created/erased events."""
+    """lifecycle.Ring (the one replay of created / erased / prompt-cache events) seen as
+    CheckpointRefs: remembers the turn that created each checkpoint, and keeps every note."""
 
     def __init__(self) -> None:
-        self.alive: list[CheckpointRef] = []
-        self.saved: dict[int | None, list[CheckpointRef]] = {}  # prompt cache entries by n_tokens
-        self.notes: list[str] = []
+        self.ring = lifecycle.Ring(max_notes=None)
+        self.made_in: dict[int, int | None] = {}  # created event's byte offset -> turn
+
+    @property
+    def notes(self) -> list[str]:
+        return self.ring.notes
+
+    @property
+    def alive(self) -> tuple[CheckpointRef, ...]:
+        return tuple(_ref(ev, self.made_in.get(ev.offset)) for ev in self.ring.alive.values())
 
     def apply(self, ev: Any, turn: int | None) -> CheckpointRef | None:
         """Apply one event; return the checkpoint it erased (if any)."""
-        kind = ev.kind
-        if kind == "created":
-            ref = _ref(ev, turn)
-            self.alive = [c for c in self.alive if c.n_tokens != ref.n_tokens]  # superseded
-            self.alive.append(ref)
+        if ev.kind == "created":
+            self.made_in[ev.offset] = turn
+        gone = self.ring.apply(ev)
+        if gone is None:
             return None
-        if kind in ("erased_invalidated", "erased_old", "erased_too_close"):
-            return self._remove(lambda c: (c.pos_min, c.pos_max, c.n_tokens) == (ev.pos_min, ev.pos_max, ev.n_tokens), ev)
-        if kind == "erased_superseded":
-            return self._remove(lambda c: c.n_tokens == ev.n_tokens, ev)
-        if kind == "cache_saved":  # a copy: the slot keeps its checkpoints until the cascade
-            self.saved[ev.n_tokens] = list(self.alive)
-        elif kind == "cache_loaded":  # the slot takes the entry's checkpoints instead of its own
-            if ev.n_tokens in self.saved:
-                self.alive = self.saved.pop(ev.n_tokens)
-            else:
-                self.alive = []
-                self.notes.append(f"line {ev.line}: prompt cache load of an entry saved before the log began")
-        return None
-
-    def _remove(self, match: Any, ev: Any) -> CheckpointRef | None:
-        for i, c in enumerate(self.alive):
-            if match(c):
-                return self.alive.pop(i)
-        self.notes.append(f"line {ev.line}: {ev.kind} of a checkpoint never seen created")
-        return _ref(ev, None) if hasattr(ev, "pos_max") else None
+        if gone is ev:  # an erase of a checkpoint never seen created: the erase line's own figures
+            return _ref(ev, None) if hasattr(ev, "pos_max") else None
+        return _ref(gone, self.made_in.get(gone.offset))
 
 
 def _ref(ev: Any, turn: int | None) -> CheckpointRef:
@@ -423,9 +413,6 @@ def _ref(ev: Any, turn: int | None) -> CheckpointRef:
         task=ev.task,
         line=ev.line,
     )
-
-
-_BEFORE_DECISION = frozenset({"slot_selected", "cache_saved", "cache_loaded"})
 
 
 def _slot_cache_for_turn(
@@ -460,43 +447,11 @@ def _turn_ok(t: Any) -> bool:
 
 
 def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None) -> list[tuple[Any, int | None]]:
-    """Every event with the turn it belongs to: by byte span, cross-checked with task ids (a
-    task id recorded for another turn wins, and the conflict is noted)."""
-    owners: dict[int, int] = {}
-    for t in meta.turns:
-        for task in t.task_ids or ():
-            owners.setdefault(task, t.index)
-    out = []
-    conflicts = 0
-    for ev in parsed.events:
-        turn = None
-        for t in meta.turns:
-            if t.log_offsets and len(t.log_offsets) == 2 and t.log_offsets[0] <= ev.offset < t.log_offsets[1]:
-                turn = t.index
-                break
-        if ev.task is not None and ev.task in owners and owners[ev.task] != turn:
-            conflicts += 1
-            if notes is not None and conflicts <= 3:
-                where = f"turn {turn}'s log span" if turn is not None else "no turn's log span"
-                notes.append(f"line {ev.line} ({ev.kind}, task {ev.task}) lies in {where}; its task id belongs to turn {owners[ev.task]}")
-            turn = owners[ev.task]  # a late line (span closed early) or a misplaced span
-        out.append((ev, turn))
-    if notes is not None and conflicts > 3:
-        notes.append(f"{conflicts} events in all were attributed by task id against their log span")
-    return out
-
-
-_SLOT_EVIDENCE = frozenset(
-    {"new_prompt", "cache_trim", "restored", "forced", "created", "erased_invalidated", "prompt_eval", "slot_selected"}
-)
-
-
-def _turn_slot(events: list[Any], fallback: int | None) -> int | None:
-    """The slot a turn ran on, from its own lines (llama-server may pick any of its slots)."""
-    for ev in events:
-        if ev.slot is not None and ev.kind in _SLOT_EVIDENCE:
-            return ev.slot
-    return fallback
+    """Every event with the turn it belongs to (lifecycle.attribute_by_span on the turns' spans)."""
+    spans = [lifecycle.TurnSpan(t.index, *(t.log_offsets if t.log_offsets and len(t.log_offsets) == 2
+                                           else (None, None)), tuple(t.task_ids or ()))
+             for t in meta.turns]
+    return lifecycle.attribute_by_span(parsed.events, spans, notes)
 
 
 def _turn_verdicts(
@@ -524,7 +479,7 @@ def _turn_verdicts(
 
     for t in meta.turns:
         mine = [ev for ev, turn in assigned if turn == t.index]
-        slot = _turn_slot(mine, last_slot)
+        slot = lifecycle.turn_slot(mine, last_slot)
         turn_slots[t.index] = slot
         start = t.log_offsets[0] if t.log_offsets else min((ev.offset for ev in mine), default=None)
         # Alive at turn start: replay earlier turns' events and unattributed lines before it.
@@ -539,10 +494,10 @@ def _turn_verdicts(
         # checkpoints the decision can use are those alive after them.
         own = [(i, ev) for i, (ev, turn) in enumerate(assigned) if turn == t.index]
         lead = 0
-        while lead < len(own) and own[lead][1].kind in _BEFORE_DECISION:
+        while lead < len(own) and own[lead][1].kind in lifecycle.HELD_KINDS:
             apply(own[lead][0], own[lead][1], t.index)
             lead += 1
-        alive = tuple(ring.alive)
+        alive = ring.alive
         erased_by_turn: list[tuple[str, CheckpointRef]] = []
         for i, ev in own[lead:]:
             _, removed = apply(i, ev, t.index)
@@ -627,7 +582,7 @@ def _judge_turn(
     missed: tuple[CheckpointRef, ...] = ()
     cascade_checked = has_log and re_entry is not None and not fresh and outcome is not Outcome.ERROR
     if cascade_checked and re_entry is not None:
-        missed = _cascade_missed(alive, erased_by_turn, re_entry)
+        missed = lifecycle.cascade_missed(alive, (c for _, c in erased_by_turn), re_entry)
     restored_ref = _ref(restored_ev, None) if restored_ev is not None else None
     verdict = TurnVerdict(
         index=t.index,
@@ -674,8 +629,8 @@ def _log_reuse(restored_ev: Any, trim: Any, forced: bool) -> tuple[int | None, s
     """(re-entry point, its source, tokens reused per the log, conflicts) from the turn's lines.
     The first `cached n_tokens` line of a task is the re-entry (later ones follow the batches)."""
     disagreements: list[str] = []
+    re_entry = lifecycle.re_entry_point(restored_ev, trim.n_past if trim is not None else None, forced)
     if restored_ev is not None:
-        re_entry = restored_ev.n_past if restored_ev.n_past is not None else restored_ev.n_tokens
         if restored_ev.n_past is not None and restored_ev.n_past > restored_ev.n_tokens:
             disagreements.append(
                 f"restore re-entered at n_past = {restored_ev.n_past} but the checkpoint covers only "
@@ -685,9 +640,9 @@ def _log_reuse(restored_ev: Any, trim: Any, forced: bool) -> tuple[int | None, s
             disagreements.append(f"restore says re-entry {re_entry}, cache trim says {trim.n_past}")
         return re_entry, "restore", trim.n_past if trim is not None else re_entry, disagreements
     if trim is not None:
-        return trim.n_past, "cache_trim", trim.n_past, disagreements
+        return re_entry, "cache_trim", trim.n_past, disagreements
     if forced:
-        return 0, "forced", 0, disagreements
+        return re_entry, "forced", 0, disagreements
     return None, None, None, disagreements
 
 
@@ -728,15 +683,6 @@ def _outcome(
     return Outcome.SILENT_RESET, [
         f"prompt shares {divergence} tokens with the cache but nothing was reused and no forcing line was logged"
     ]
-
-
-def _cascade_missed(
-    alive: tuple[CheckpointRef, ...], erased_by_turn: list[tuple[str, CheckpointRef]], re_entry: int
-) -> tuple[CheckpointRef, ...]:
-    """Checkpoints alive at turn start that cover tokens past the re-entry point (llama.cpp
-    erases every `pos_max > pos_next`) and that no erase line removed."""
-    erased = {(c.pos_min, c.pos_max, c.n_tokens) for _, c in erased_by_turn}
-    return tuple(c for c in alive if c.pos_max > re_entry and (c.pos_min, c.pos_max, c.n_tokens) not in erased)
 
 
 def _sum_known(values: Any) -> float | None:
