@@ -48,6 +48,8 @@ def engine_kinds_markdown() -> str:
 
 
 def _doc_default(key: Key) -> str:
+    if key.shown is not None:
+        return f"`{key.shown}`"
     if key.required:
         return "**required**"
     if key.default is None:

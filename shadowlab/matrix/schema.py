@@ -47,10 +47,15 @@ REQUIRED: Any = _Required()
 
 @dataclass(frozen=True)
 class Key:
+    """One key. `default` is the value a matrix that omits the key gets — written here only:
+    the loader and the spec dataclasses read it (`default()`) — or, where the default depends
+    on other keys, the text docs/matrix.md shows for it. `shown` overrides that text."""
+
     name: str
     type: str
     default: Any
     doc: str
+    shown: str | None = None
 
     @property
     def required(self) -> bool:
@@ -184,7 +189,7 @@ SCHEMA: dict[str, Section] = {
     )),
     "isolation": Section("isolation", (
         Key("cores_per_cell", "int", 1, "Dedicated CPU cores per running cell (at most the machine's)."),
-        Key("gpu", "none | int", "none", "`none` hides every GPU; an index gives that device."),
+        Key("gpu", "none | int", None, "`none` hides every GPU; an index gives that device.", shown="none"),
         Key("keep_scratch", "bool", False, "Keep each cell's scratch directory after it ends."),
         Key("jobs", "int", 1, "Cells run at once (bounded by the free cores)."),
         Key("max_log_mib", "int", 1024, "Cap on each engine's engine.log (MiB): an engine whose log "
@@ -219,3 +224,11 @@ SCHEMA: dict[str, Section] = {
 # The keys of an expectation that are checks (the rest select cells and describe).
 CHECK_KEYS = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at",
               "identity", "cascade")
+
+
+def default(section: str, name: str) -> Any:
+    """The default value of `section`'s key `name`, as the schema writes it."""
+    for key in SCHEMA[section].keys:
+        if key.name == name:
+            return key.default
+    raise KeyError(f"{section}.{name}")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from shadowlab.matrix.dump import matrix_to_dict
+from shadowlab.matrix.schema import default
 
 
 @dataclass(frozen=True)
@@ -186,25 +187,25 @@ class CellsSpec:
 
 @dataclass(frozen=True)
 class Generation:
-    n_predict: int = 16
-    temperature: float = 0.0
-    allow_sampling: bool = False
-    ignore_eos: bool = False
+    n_predict: int = default("generation", "n_predict")
+    temperature: float = default("generation", "temperature")
+    allow_sampling: bool = default("generation", "allow_sampling")
+    ignore_eos: bool = default("generation", "ignore_eos")
 
 
 @dataclass(frozen=True)
 class Isolation:
-    cores_per_cell: int = 1
-    gpu: int | None = None  # None: every GPU hidden
-    keep_scratch: bool = False
-    jobs: int = 1
-    max_log_mib: int = 1024  # an engine's log beyond this fails its cell (a flood, not a record)
+    cores_per_cell: int = default("isolation", "cores_per_cell")
+    gpu: int | None = default("isolation", "gpu")  # None: every GPU hidden
+    keep_scratch: bool = default("isolation", "keep_scratch")
+    jobs: int = default("isolation", "jobs")
+    max_log_mib: int = default("isolation", "max_log_mib")  # a log beyond it fails its cell (a flood)
 
 
 @dataclass(frozen=True)
 class Identity:
-    required: bool = True
-    control: bool = True
+    required: bool = default("identity", "required")
+    control: bool = default("identity", "control")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import re
 import shutil
 import string
@@ -757,12 +758,9 @@ def _cells(value: Any, at: _At, engines: Mapping, configurations: Mapping, seque
 
 def _generation(value: Any, at: _At) -> Generation:
     f = _fields(value, at, "generation")
-    g = Generation(
-        n_predict=_tokens(*f["n_predict"]) if "n_predict" in f else 16,
-        temperature=_number(*f["temperature"]) if "temperature" in f else 0.0,
-        allow_sampling=_bool(*f["allow_sampling"]) if "allow_sampling" in f else False,
-        ignore_eos=_bool(*f["ignore_eos"]) if "ignore_eos" in f else False,
-    )
+    # Only the keys written: the dataclass fills the others with the schema's defaults.
+    read = {"n_predict": _tokens, "temperature": _number, "allow_sampling": _bool, "ignore_eos": _bool}
+    g = Generation(**{key: read[key](*f[key]) for key in f})
     if g.temperature > 0 and not g.allow_sampling:
         f["temperature"][1].fail(
             f"temperature {g.temperature:g} is not greedy; warm-vs-cold identity needs greedy decoding",
@@ -772,28 +770,23 @@ def _generation(value: Any, at: _At) -> Generation:
 
 def _isolation(value: Any, at: _At) -> Isolation:
     f = _fields(value, at, "isolation")
-    gpu = None
-    if "gpu" in f:
-        raw, g_at = f["gpu"]
-        if raw != "none":
-            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-                g_at.fail(f"expected none or a device index (0, 1, ...), got {_describe(raw)}")
-            gpu = raw
-    return Isolation(
-        cores_per_cell=_int(*f["cores_per_cell"], minimum=1) if "cores_per_cell" in f else 1,
-        gpu=gpu,
-        keep_scratch=_bool(*f["keep_scratch"]) if "keep_scratch" in f else False,
-        jobs=_int(*f["jobs"], minimum=1) if "jobs" in f else 1,
-        max_log_mib=_int(*f["max_log_mib"], minimum=1) if "max_log_mib" in f else 1024,
-    )
+    positive = functools.partial(_int, minimum=1)
+    read = {"cores_per_cell": positive, "gpu": _gpu, "keep_scratch": _bool, "jobs": positive,
+            "max_log_mib": positive}
+    return Isolation(**{key: read[key](*f[key]) for key in f})
+
+
+def _gpu(raw: Any, at: _At) -> int | None:
+    if raw == "none":
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        at.fail(f"expected none or a device index (0, 1, ...), got {_describe(raw)}")
+    return raw
 
 
 def _identity(value: Any, at: _At) -> Identity:
     f = _fields(value, at, "identity")
-    return Identity(
-        required=_bool(*f["required"]) if "required" in f else True,
-        control=_bool(*f["control"]) if "control" in f else True,
-    )
+    return Identity(**{key: _bool(*f[key]) for key in f})
 
 
 def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, str, str]]) -> Expectation:

@@ -644,3 +644,12 @@ def test_a_sequence_in_mapping_form_is_the_same_ordered_sequence_and_dumps_as_a_
 def test_a_bad_sequence_in_mapping_form_is_named(body, path, message):
     err = fail(BASE.replace("  A-C: [A, C]", f"  A-C: {body}"))
     assert err.key_path == path and message in err.message
+
+
+def test_each_settings_default_is_the_schemas():
+    """A default is written once, in the schema: sections left empty or out load as it says."""
+    for text in (BASE, BASE + "generation: {}\nisolation: {}\nidentity: {}\n"):
+        m = loads(text, file="m.yaml")
+        for section, spec in (("generation", m.generation), ("isolation", m.isolation), ("identity", m.identity)):
+            for key in mx.SCHEMA[section].keys:
+                assert getattr(spec, key.name) == key.default, f"{section}.{key.name}"
