@@ -191,7 +191,7 @@ class _Stream(io.RawIOBase):
             rep.error = f"cannot read: {exc.strerror or exc}"
             raw.close()
             return True
-        rep.compressed = head == b"\x1f\x8b"
+        rep.compressed = head == logparse.GZIP_MAGIC
         self.raw, self.rep = raw, rep
         self.src = gzip.GzipFile(fileobj=raw, mode="rb") if rep.compressed else raw
         return True
@@ -301,7 +301,7 @@ def sniff_family(path: str) -> str:
     try:
         with open(path, "rb") as fh:
             head = fh.read(SNIFF)
-        if head[:2] == b"\x1f\x8b":
+        if head[:2] == logparse.GZIP_MAGIC:
             try:
                 head = zlib.decompressobj(47).decompress(head, SNIFF)
             except zlib.error:

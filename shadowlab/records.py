@@ -207,7 +207,7 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-class _FieldError(Exception):
+class _FieldError(ValueError):
     """A record value of the wrong type; `where` is its field path (`turns[2].prompt_tokens`)."""
 
     def __init__(self, where: str, message: str) -> None:
@@ -226,7 +226,15 @@ def _json_type_name(value: Any) -> str:
     return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
 
 
-def _from_jsonable(tp: Any, value: Any, where: str = "") -> Any:
+def from_jsonable(tp: Any, value: Any) -> Any:
+    """The JSON dataclass codec's reader for shadowlab's own derived files (verdicts.json):
+    unknown keys are ignored and a missing key takes the field's default (files of older
+    schemas), scalars are kept as stored; a value of the wrong shape is a ValueError naming its
+    field path. (Cell records go through ``meta_from_dict``: every field checked.)"""
+    return _from_jsonable(tp, value, lenient=True)
+
+
+def _from_jsonable(tp: Any, value: Any, where: str = "", *, lenient: bool = False) -> Any:
     """`value` (parsed JSON) as type `tp`, checked all the way down: a record is engine-made
     and disk-made data, so a wrong type is reported with its field path, never met later."""
     if tp is Any:
@@ -238,16 +246,21 @@ def _from_jsonable(tp: Any, value: Any, where: str = "") -> Any:
             return None
         if len(inner) != 1:
             raise TypeError(f"unsupported record type {tp}")  # a schema bug, not a bad record
-        return _from_jsonable(inner[0], value, where)
+        return _from_jsonable(inner[0], value, where, lenient=lenient)
     if value is None:
+        if lenient:
+            return None
         raise _FieldError(where, f"missing or null; expected {_type_name(tp)}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise _FieldError(where, f"expected an object, got {_json_type_name(value)}")
         hints = typing.get_type_hints(tp)
         prefix = f"{where}." if where else ""
-        return tp(**{f.name: _from_jsonable(hints[f.name], value.get(f.name), prefix + f.name)
-                     for f in dataclasses.fields(tp)})
+        fields = dataclasses.fields(tp)
+        if lenient:  # missing: the field's default
+            fields = [f for f in fields if f.name in value or not _has_default(f)]
+        return tp(**{f.name: _from_jsonable(hints[f.name], value.get(f.name), prefix + f.name, lenient=lenient)
+                     for f in fields})
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         known = [m.value for m in tp]
         if value not in known:
@@ -258,13 +271,22 @@ def _from_jsonable(tp: Any, value: Any, where: str = "") -> Any:
         (item,) = typing.get_args(tp) or (Any,)
         if not isinstance(value, list):
             raise _FieldError(where, f"expected a list, got {_json_type_name(value)}")
-        return [_from_jsonable(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_from_jsonable(item, v, f"{where}[{i}]", lenient=lenient) for i, v in enumerate(value)]
+    if origin is tuple:  # tuple[X, ...]
+        item = (typing.get_args(tp) or (Any,))[0]
+        if not isinstance(value, list):
+            raise _FieldError(where, f"expected a list, got {_json_type_name(value)}")
+        return tuple(_from_jsonable(item, v, f"{where}[{i}]", lenient=lenient) for i, v in enumerate(value))
     if origin is dict:
         _, item = typing.get_args(tp) or (str, Any)
         if not isinstance(value, dict):
             raise _FieldError(where, f"expected an object, got {_json_type_name(value)}")
-        return {k: _from_jsonable(item, v, f"{where}.{k}") for k, v in value.items()}
-    return _scalar(tp, value, where)
+        return {k: _from_jsonable(item, v, f"{where}.{k}", lenient=lenient) for k, v in value.items()}
+    return value if lenient else _scalar(tp, value, where)
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
 
 
 def _scalar(tp: Any, value: Any, where: str) -> Any:

@@ -1,6 +1,10 @@
 """Per-turn verdicts: a pure function of a run directory.
 
-    compute(run_dir) -> RunVerdict        reads cells/*/meta.json + engine.log, writes verdicts.json
+    compute(run) -> RunVerdict     run: a rundir.RunDir (a path is loaded first); writes verdicts.json
+
+The run directory is read by rundir.py only; the checkpoint replay (ring, re-entry, cascade,
+attribution of events to turns) is lifecycle.py's, shared with `shadowlab logs`; the JSON form is
+records.py's codec.
 
 Everything the report and the gate show comes from the dataclasses below, serialised whole into
 ``verdicts.json`` (``RunVerdict.to_dict()`` / ``RunVerdict.from_dict()``), so no later stage
@@ -44,7 +48,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +55,9 @@ from typing import Any
 
 from shadowlab import identity, lifecycle, plausibility
 from shadowlab.identity import IdentityCheck, IdentityStatus  # part of the verdict schema
+from shadowlab.prompts import common_prefix
+from shadowlab.records import from_jsonable as _from_json  # the one JSON dataclass codec
+from shadowlab.records import to_jsonable as _to_json
 
 if typing.TYPE_CHECKING:
     from shadowlab.rundir import RunDir
@@ -247,45 +253,6 @@ for _cls in (CheckpointRef, IdentityCheck, TurnVerdict, CellVerdict):
     _add_json_methods(_cls)
 
 
-# ---------------------------------------------------------------- JSON form
-
-
-def _to_json(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): _to_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_to_json(v) for v in obj]
-    return obj
-
-
-def _from_json(tp: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _from_json(inner[0], value) if len(inner) == 1 else value
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        known = {f.name for f in dataclasses.fields(tp)}
-        return tp(**{k: _from_json(hints[k], v) for k, v in value.items() if k in known})
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp(value)
-    if origin is tuple:
-        args = typing.get_args(tp)
-        return tuple(_from_json(args[0] if args else Any, v) for v in value)
-    if origin is list:
-        args = typing.get_args(tp)
-        return [_from_json(args[0] if args else Any, v) for v in value]
-    if origin is dict:
-        return dict(value)
-    return value
-
-
 # ---------------------------------------------------------------- compute
 
 
@@ -434,14 +401,6 @@ def _slot_cache_for_turn(
     return cache, notes
 
 
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def _turn_ok(t: Any) -> bool:
     return t.error is None and t.completion is not None and (t.http_status is None or 200 <= t.http_status < 300)
 
@@ -537,7 +496,7 @@ def _judge_turn(
     if fresh:
         divergence: int | None = 0
     else:
-        divergence = _lcp(cache, prompt_ids) if cache is not None and prompt_ids is not None else None
+        divergence = common_prefix(cache, prompt_ids) if cache is not None and prompt_ids is not None else None
 
     by_kind: dict[str, list[Any]] = {}
     for ev in events:

@@ -140,6 +140,21 @@ def test_run_computes_the_verdicts_once(ckpt_run):
     assert len(calls) == 1
 
 
+def test_verdicts_json_reads_back_whole_through_the_records_codec(ckpt_run):
+    # verdicts.json is written and read by records' one JSON dataclass codec.
+    from shadowlab import verdicts
+
+    out, _, _ = ckpt_run
+    data = json.loads((out / "verdicts.json").read_text(encoding="utf-8"))
+    back = verdicts.read(out)
+    assert back.to_dict() == data
+    assert back.cells[0].turns[1].alive_at_start[0].n_tokens == data["cells"][0]["turns"][1]["alive_at_start"][0]["n_tokens"]
+    broken = copy.deepcopy(data)
+    broken["cells"][0]["turns"][1]["outcome"] = "teleported"
+    with pytest.raises(ValueError):
+        verdicts.RunVerdict.from_dict(broken)
+
+
 @pytest.mark.parametrize("command", ["report", "gate"])
 def test_report_and_gate_read_the_run_directory_once(ckpt_run, command, monkeypatch):
     """Every file a command reads is read once: one load of the directory, one verdicts.compute,
