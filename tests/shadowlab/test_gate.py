@@ -240,3 +240,17 @@ def test_an_engine_that_dies_mid_cell_is_an_infrastructure_failure(tmp_path):
     assert code == result.exit_code == EXIT_INFRASTRUCTURE, result.summary()
     assert ("ran", "reference.default.A-C") in {(c.check, c.cell_id) for c in result.failures
                                                  if c.status is CheckStatus.ERROR}
+
+
+def test_the_exit_codes_have_one_home_and_the_gate_never_imports_the_command_line():
+    import ast
+
+    from shadowlab import cli, exitcodes
+
+    tree = ast.parse(Path(gate.__file__).read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "shadowlab.cli" not in imported and "shadowlab.exitcodes" in imported
+    for name in ("EXIT_QUALIFIED", "EXIT_CHECK_FAILED", "EXIT_USAGE", "EXIT_INFRASTRUCTURE"):
+        assert getattr(gate, name) is getattr(exitcodes, name) is getattr(cli, name)
+    assert gate.GATE_HELP is exitcodes.GATE_HELP and cli.EPILOG is exitcodes.EPILOG
