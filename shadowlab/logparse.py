@@ -93,7 +93,10 @@ def _usable(module: Any) -> Any:
 
 _logscan = _usable(_logscan)
 
-FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "reference", "none")
+# The log families this parser reads: the one list (the matrix schema and the llama-server adapter
+# import it). LLAMA_CPP_FAMILIES: those a llama.cpp-built server prints.
+LLAMA_CPP_FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp")
+FAMILIES = (*LLAMA_CPP_FAMILIES, "reference", "none")
 
 BLOCK_SIZE = 8 << 20
 GZIP_MAGIC = b"\x1f\x8b"

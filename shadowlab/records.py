@@ -184,7 +184,7 @@ class CellMeta:
     engine: EngineRecord | None = doc("What ran: binary, version, model, props.")
     started_at: str | None = doc("UTC time the engine was spawned (ISO 8601).")
     health_ms: float | None = doc("Spawn → first `/health` 200.")
-    startup_ms: float | None = doc("Spawn → ready (`/health` 200 and one `/tokenize` answered).")
+    startup_ms: float | None = doc("Spawn → ready (`/health` 200 and the engine kind's ready probe answered).")
     elapsed_ms: float | None = doc("Whole cell: lease → stopped.")
     stop: StopRecord | None = doc("How the engine was stopped and verified gone.")
     turns: list[TurnRecord] = doc("One entry per turn answered or attempted, in order.")

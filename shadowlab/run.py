@@ -108,7 +108,7 @@ class RunOptions:
     resume: bool = False
     dry_run: bool = False
     jobs: int | None = None  # None: the matrix's isolation.jobs
-    faults: tuple[str, ...] = ()  # --fault for every reference-engine cell
+    faults: tuple[str, ...] = ()  # --fault: each cell gets its adapter's fault_flags for them
     request_timeout_s: float | None = None  # overrides the engine's request_timeout_s
     reports_dir: Path = Path("reports")
     model_cache: Path = Path("models")
@@ -650,7 +650,8 @@ class _DeadlineStream(httpx.SyncByteStream):
 
 
 def wait_ready(live: LiveEngine, timeout_s: float) -> None:
-    """Ready = /health 200, the engine itself listening on its port, one /tokenize answered."""
+    """Ready = /health 200, the engine itself listening on its port, and the kind's own ready
+    probe answered (`adapter.ready_probe`: one /tokenize by default, GET /v1/models for openai)."""
     proc, name = live.proc, live.engine.spec.name
     deadline = proc.started_at + timeout_s
     # Each /health poll costs the engine CPU on its pinned core while it loads: start

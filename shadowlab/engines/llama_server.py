@@ -45,8 +45,8 @@ from shadowlab.engines import (
     register,
     sha256_file,
 )
+from shadowlab.logparse import LLAMA_CPP_FAMILIES
 
-FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp")
 
 # Since b9838 every checkpoint line but `erasing old context checkpoint` is TRACE level.
 TRACE_CHECKPOINT_BUILD = 9838
@@ -183,9 +183,9 @@ class LlamaServerAdapter(EngineAdapterBase):
 
     def prepare(self, spec: Any, cache_dir: Path) -> EngineIdentity:
         family = getattr(spec, "log_family", None) or "llama.cpp"
-        if family not in FAMILIES:
+        if family not in LLAMA_CPP_FAMILIES:
             raise ValueError(f"engine {spec.name!r}: log_family {family!r} is not a llama.cpp family "
-                             f"({', '.join(FAMILIES)})")
+                             f"({', '.join(LLAMA_CPP_FAMILIES)})")
         self.log_family = family
         self._binary, found_by = locate_binary(getattr(spec, "binary", "auto") or "auto")
         model_path = self._locate_model(spec, cache_dir)

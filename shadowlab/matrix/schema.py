@@ -10,9 +10,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from shadowlab.logparse import FAMILIES
+
 MATRIX_VERSION = 1
 
-LOG_FAMILIES = ("reference", "llama.cpp", "llama.cpp-legacy", "ik_llama.cpp", "none")
+LOG_FAMILIES = FAMILIES  # what engines.<name>.log_family may be: the parser's families
 PROMPT_KINDS = ("random", "diverge", "unrelated", "append", "chat")
 # How a sequence's turns reach the engine; `ordered` (a plain list in YAML) is the default.
 SEQUENCE_KINDS = ("ordered",)
