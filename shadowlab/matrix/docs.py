@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from shadowlab.engines import DEFAULT_LEVEL_FAMILIES, get_adapter, known_kinds
-from shadowlab.matrix.schema import SCHEMA, Key
+from shadowlab.matrix.schema import SCHEMA, Derived, Key
 
 DOC_BEGIN = "<!-- BEGIN GENERATED: matrix schema (python -m shadowlab.matrix docs/matrix.md) -->"
 DOC_END = "<!-- END GENERATED -->"
@@ -52,13 +55,27 @@ def _doc_default(key: Key) -> str:
         return f"`{key.shown}`"
     if key.required:
         return "**required**"
+    if isinstance(key.default, Derived):
+        return f"`{key.default.text}`"
     if key.default is None:
         return "—"
-    if isinstance(key.default, bool):
-        return "`true`" if key.default else "`false`"
-    if key.default == "":
-        return '`""`'
-    return f"`{key.default}`"
+    return f"`{yaml_text(key.default)}`"
+
+
+def yaml_text(value: Any) -> str:
+    """`value` as a matrix writes it: YAML flow style (a tuple is a list; `'*'` quoted)."""
+    text = yaml.safe_dump(_plain(value), default_flow_style=True, allow_unicode=True, width=1 << 16)
+    text = text.removesuffix("\n").removesuffix("\n...")
+    # A quoted scalar in the double quotes the rest of the docs use (`""`, `"*"`).
+    return f'"{text[1:-1]}"' if text[:1] == "'" and "'" not in text[1:-1] and '"' not in text else text
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def write_reference(doc_path: str | Path) -> None:

@@ -48,10 +48,23 @@ REQUIRED: Any = _Required()
 
 
 @dataclass(frozen=True)
+class Derived:
+    """A default that is no single value: it depends on other keys or on the engine kind (the
+    loader computes it); `text` is what docs/matrix.md shows for it."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
 class Key:
-    """One key. `default` is the value a matrix that omits the key gets — written here only:
-    the loader and the spec dataclasses read it (`default()`) — or, where the default depends
-    on other keys, the text docs/matrix.md shows for it. `shown` overrides that text."""
+    """One key. `default` is the value a matrix that omits the key gets, as the loaded spec holds
+    it (a YAML list is a tuple) — written here only: the loader and the spec dataclasses read it
+    (`default()`), docs/matrix.md shows it in YAML. None: unset (no value, docs show —); a
+    `Derived`: computed from other keys. `shown`: how a matrix spells a default whose value would
+    read wrong in YAML (gpu: `none`, not null)."""
 
     name: str
     type: str
@@ -76,7 +89,7 @@ class Section:
 
 _PROMPT_COMMON = (
     Key("kind", "random | diverge | unrelated | append | chat", REQUIRED, "How the prompt is built."),
-    Key("endpoint", "completion | chat", "completion (chat for kind chat)",
+    Key("endpoint", "completion | chat", Derived("completion (chat for kind chat)"),
         "`completion`: token ids to `/completion`; `chat`: messages to `/v1/chat/completions`."),
     Key("message_delimiters", "bool", False,
         "Send llama.cpp's `message_delimiters` with a `/completion` request (completion only)."),
@@ -90,36 +103,36 @@ SCHEMA: dict[str, Section] = {
             "`reports/<name>-<UTC time>`, so letters, digits, `_`, `-`, at most 48 characters."),
         Key("description", "str", "", "Free text shown in the report (at most 4096 characters)."),
         Key("engines", "map name → engine", REQUIRED, "The engines under test (at least one)."),
-        Key("configurations", "map name → configuration", "{default: {}}",
+        Key("configurations", "map name → configuration", {"default": {}},
             "Named flag/env deltas applied on top of each engine's."),
         Key("prompts", "map id → prompt", REQUIRED, "Prompts, exact in tokens."),
         Key("sequences", "map name → list of prompt ids | sequence", REQUIRED,
             "Turns sent to one fresh engine process; a plain list is a sequence of kind `ordered`."),
-        Key("cells", "cells", "all configurations × sequences", "Which combinations run."),
-        Key("generation", "generation", "see below", "Decoding settings for every turn."),
-        Key("isolation", "isolation", "see below", "Per-cell resources."),
-        Key("identity", "identity", "see below", "Byte-identity checks against cold runs."),
-        Key("expectations", "list of expectation", "[]", "Checks the gate enforces."),
+        Key("cells", "cells", Derived("all configurations × sequences"), "Which combinations run."),
+        Key("generation", "generation", Derived("see below"), "Decoding settings for every turn."),
+        Key("isolation", "isolation", Derived("see below"), "Per-cell resources."),
+        Key("identity", "identity", Derived("see below"), "Byte-identity checks against cold runs."),
+        Key("expectations", "list of expectation", (), "Checks the gate enforces."),
     )),
     "engine": Section("engines.<name>", (
         Key("kind", "engine kind", REQUIRED,
             "Which adapter drives the engine: a registered kind (see *Engine kinds* below)."),
-        Key("model", "model", "by kind", "The model the engine loads; the "
+        Key("model", "model", Derived("by kind"), "The model the engine loads; the "
             "kind decides which sources it loads (*Engine kinds*)."),
         Key("binary", "path | auto", "auto",
             "The engine executable: `auto` lets the adapter find it; a path (relative to the matrix "
             "file) or a bare name on PATH must exist."),
-        Key("command", "list of str", "the adapter's",
+        Key("command", "list of str", Derived("the adapter's"),
             "Command template; placeholders " + ", ".join("`{%s}`" % p for p in COMMAND_PLACEHOLDERS)
             + ". Must use `{port}`."),
-        Key("flags", "list of str", "[]", "Flags every cell of this engine gets."),
-        Key("env", "map str → str", "{}", "Environment every cell of this engine gets."),
-        Key("threads", "int", "isolation.cores_per_cell", "Engine threads (at most the cell's cores)."),
+        Key("flags", "list of str", (), "Flags every cell of this engine gets."),
+        Key("env", "map str → str", {}, "Environment every cell of this engine gets."),
+        Key("threads", "int", Derived("isolation.cores_per_cell"), "Engine threads (at most the cell's cores)."),
         Key("ready_timeout_s", "number", 60, "Seconds to wait for `/health` 200 and a first answer."),
-        Key("log_family", "|".join(LOG_FAMILIES), "the kind's",
+        Key("log_family", "|".join(LOG_FAMILIES), Derived("the kind's"),
             "Log format the checkpoint parser expects."),
-        Key("log_patterns", "list of regex", "[]", "Extra parser patterns for another fork (must compile)."),
-        Key("verbosity_flags", "list of str", "the kind's",
+        Key("log_patterns", "list of regex", (), "Extra parser patterns for another fork (must compile)."),
+        Key("verbosity_flags", "list of str", Derived("the kind's"),
             "Flags that make the engine print checkpoint lines. Default `[]` for log_family "
             "ik_llama.cpp (no `-lv` flag) and llama.cpp-legacy (lines at WRN/INF)."),
     )),
@@ -134,8 +147,8 @@ SCHEMA: dict[str, Section] = {
         Key("seed", "int", 0, "Seed of the generated weights."),
     )),
     "configuration": Section("configurations.<name>", (
-        Key("flags", "list of str", "[]", "Flags appended to the engine's."),
-        Key("env", "map str → str", "{}", "Environment merged over the engine's."),
+        Key("flags", "list of str", (), "Flags appended to the engine's."),
+        Key("env", "map str → str", {}, "Environment merged over the engine's."),
         Key("description", "str", "", "Free text shown in the plan and report."),
     )),
     "prompt.random": Section("prompts.<id> (kind: random)", _PROMPT_COMMON + (
@@ -152,7 +165,7 @@ SCHEMA: dict[str, Section] = {
     "prompt.unrelated": Section("prompts.<id> (kind: unrelated)", _PROMPT_COMMON + (
         Key("tokens", "int", REQUIRED, "Exact length in tokens."),
         Key("seed", "int", REQUIRED, "Seed of the generated text."),
-        Key("unrelated_to", "list of prompt ids", "earlier random and unrelated prompts",
+        Key("unrelated_to", "list of prompt ids", Derived("earlier random and unrelated prompts"),
             "Prompts it must share no prefix with (its first token differs from each one's)."),
     )),
     "prompt.append": Section("prompts.<id> (kind: append)", _PROMPT_COMMON + (
@@ -175,8 +188,8 @@ SCHEMA: dict[str, Section] = {
         Key("prompts", "list of prompt ids", REQUIRED, "The turns, in order."),
     ), "`A-C: [A, C]` is short for `A-C: {kind: ordered, prompts: [A, C]}`."),
     "cells": Section("cells", (
-        Key("include", "list of selection", "[{}] (everything)", "Combinations to run."),
-        Key("exclude", "list of selection", "[]", "Combinations removed from the included ones."),
+        Key("include", "list of selection", ({},), "Combinations to run (`[{}]`: everything)."),
+        Key("exclude", "list of selection", (), "Combinations removed from the included ones."),
     ), "Warm cells are engine × configuration × sequence combinations."),
     "selection": Section("cells.include[i], cells.exclude[i]", (
         Key("engine", "glob", "*", "Engine name or `*` pattern."),
@@ -205,7 +218,7 @@ SCHEMA: dict[str, Section] = {
         Key("engine", "glob", "*", "Which cells: engine name or pattern."),
         Key("configuration", "glob", "*", "Which cells: configuration name or pattern."),
         Key("sequence", "glob", "*", "Which cells: sequence name or pattern."),
-        Key("turn", "int | prompt id", "every turn",
+        Key("turn", "int | prompt id", Derived("every turn"),
             "The turn checked: 0-based index or the prompt id; omitted: every turn of the cell "
             "(the first one is `cold`), and `max_forced` counts over them."),
         Key("description", "str", "", "Why this is expected (shown in the report)."),
@@ -228,9 +241,18 @@ CHECK_KEYS = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "chec
               "identity", "cascade")
 
 
+def default_endpoint(kind: str) -> str:
+    """A prompt's endpoint when the matrix writes none (the `endpoint` key's Derived default)."""
+    return "chat" if kind == "chat" else "completion"
+
+
 def default(section: str, name: str) -> Any:
-    """The default value of `section`'s key `name`, as the schema writes it."""
-    for key in SCHEMA[section].keys:
+    """The default value of `section`'s key `name`, as the schema writes it (section `prompt`:
+    the keys every prompt kind has)."""
+    keys = _PROMPT_COMMON if section == "prompt" else SCHEMA[section].keys
+    for key in keys:
         if key.name == name:
+            if isinstance(key.default, (Derived, _Required)):
+                raise KeyError(f"{section}.{name} has no single default ({key.default!r})")
             return key.default
     raise KeyError(f"{section}.{name}")

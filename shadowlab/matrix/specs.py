@@ -41,9 +41,9 @@ class EngineSpec:
 @dataclass(frozen=True)
 class ConfigurationSpec:
     name: str
-    flags: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    description: str = ""
+    flags: tuple[str, ...] = default("configuration", "flags")
+    env: Mapping[str, str] = field(default_factory=lambda: dict(default("configuration", "env")))
+    description: str = default("configuration", "description")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,9 +52,9 @@ class PromptSpec:
 
     id: str
     kind: str
-    endpoint: str = "completion"
-    message_delimiters: bool = False
-    description: str = ""
+    endpoint: str  # omitted in the matrix: schema.default_endpoint(kind)
+    message_delimiters: bool = default("prompt", "message_delimiters")
+    description: str = default("prompt", "description")
 
     @property
     def length(self) -> int | None:
@@ -156,7 +156,7 @@ class SequenceSpec:
 
     name: str
     prompts: tuple[str, ...]
-    kind: str = "ordered"
+    kind: str = default("sequence", "kind")
 
     def conversation(self, index: int) -> str:
         """The conversation turn `index` belongs to."""
@@ -167,9 +167,9 @@ class SequenceSpec:
 class Selection:
     """Engine × configuration × sequence names or `*` globs."""
 
-    engine: str = "*"
-    configuration: str = "*"
-    sequence: str = "*"
+    engine: str = default("selection", "engine")
+    configuration: str = default("selection", "configuration")
+    sequence: str = default("selection", "sequence")
 
     def matches(self, engine: str, configuration: str, sequence: str) -> bool:
         return (
@@ -181,8 +181,8 @@ class Selection:
 
 @dataclass(frozen=True)
 class CellsSpec:
-    include: tuple[Selection, ...] = (Selection(),)
-    exclude: tuple[Selection, ...] = ()
+    include: tuple[Selection, ...] = tuple(Selection(**s) for s in default("cells", "include"))
+    exclude: tuple[Selection, ...] = tuple(Selection(**s) for s in default("cells", "exclude"))
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ class Expectation:
     checkpoints_created_at: tuple[int, ...] | None = None
     identity: bool | None = None
     cascade: bool | None = None
-    description: str = ""
+    description: str = default("expectation", "description")
     line: int | None = field(default=None, compare=False)  # where it is written, for reports
 
 

@@ -35,6 +35,8 @@ from shadowlab.matrix.schema import (
     PROMPT_KINDS,
     SCHEMA,
     SEQUENCE_KINDS,
+    default,
+    default_endpoint,
 )
 from shadowlab.matrix.specs import (
     AppendPrompt,
@@ -127,6 +129,11 @@ def _fields(value: Any, at: _At, section: str) -> dict[str, tuple[Any, _At]]:
             at.fail(f"missing required key {k.name!r}", f"{sec.title} needs: "
                     + ", ".join(x.name for x in sec.keys if x.required), line=value.line)
     return {key: (v, at.key(key, value.value_lines[key])) for key, v in value.items()}
+
+
+def _given(f: dict[str, tuple[Any, _At]], section: str, key: str, read: Callable[..., Any], *args: Any) -> Any:
+    """`key` as written, through `read`; omitted: the schema's default (written only there)."""
+    return read(*f[key], *args) if key in f else default(section, key)
 
 
 def _int(value: Any, at: _At, minimum: int | None = None, maximum: int = _MAX_INT,
@@ -301,8 +308,8 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
     engines = {n: _engine(n, b, a, ctx) for n, b, a in _named_map(*f["engines"], "engine")}
     if "configurations" in f:
         configurations = {n: _configuration(n, b, a) for n, b, a in _named_map(*f["configurations"], "configuration")}
-    else:
-        configurations = {"default": ConfigurationSpec("default")}
+    else:  # the schema's default: each named configuration with no delta
+        configurations = {n: ConfigurationSpec(n) for n in default("matrix", "configurations")}
     prompts = _prompts(*f["prompts"])
     sequences = _sequences(*f["sequences"], prompts)
     cells = _cells(*f["cells"], engines, configurations, sequences) if "cells" in f else CellsSpec()
@@ -310,7 +317,7 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
         path=path,
         version=version,
         name=_name(*f["name"], "matrix"),
-        description=_text(*f["description"]) if "description" in f else "",
+        description=_given(f, "matrix", "description", _text),
         engines=engines,
         configurations=configurations,
         prompts=prompts,
@@ -319,7 +326,7 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
         generation=_generation(*f["generation"]) if "generation" in f else Generation(),
         isolation=isolation,
         identity=_identity(*f["identity"]) if "identity" in f else Identity(),
-        expectations=(),
+        expectations=default("matrix", "expectations"),
         lines={"isolation.cores_per_cell": _line_of(data, "isolation", "cores_per_cell")},
     )
     if not matrix.selected():
@@ -352,14 +359,14 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
         model = None
     else:
         at.fail("missing required key 'model'", "e.g. model: {preset: tiny, seed: 0}", line=body.line)
-    binary = _binary(*f["binary"], ctx) if "binary" in f else "auto"
+    binary = _given(f, "engine", "binary", _binary, ctx)
     command = _command(*f["command"]) if "command" in f else None
     threads = _int(*f["threads"], minimum=1) if "threads" in f else ctx.cores_per_cell
     if threads > ctx.cores_per_cell:
         (f["threads"][1]).fail(
             f"threads {threads} exceeds isolation.cores_per_cell {ctx.cores_per_cell}",
             "a cell's threads run on its own cores; raise isolation.cores_per_cell or lower threads")
-    timeout = _number(*f["ready_timeout_s"]) if "ready_timeout_s" in f else 60.0
+    timeout = float(_given(f, "engine", "ready_timeout_s", _number))
     if timeout <= 0:
         f["ready_timeout_s"][1].fail(f"expected a positive number of seconds, got {timeout:g}")
     family = _choice(*f["log_family"], LOG_FAMILIES) if "log_family" in f else adapter.log_family
@@ -369,12 +376,12 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
         model=model,
         binary=binary,
         command=command,
-        flags=_str_list(*f["flags"]) if "flags" in f else (),
-        env=_env(*f["env"]) if "env" in f else {},
+        flags=_given(f, "engine", "flags", _str_list),
+        env=dict(_given(f, "engine", "env", _env)),
         threads=threads,
         ready_timeout_s=timeout,
         log_family=family,
-        log_patterns=_log_patterns(*f["log_patterns"]) if "log_patterns" in f else (),
+        log_patterns=_given(f, "engine", "log_patterns", _log_patterns),
         verbosity_flags=_str_list(*f["verbosity_flags"]) if "verbosity_flags" in f
         else adapter.default_verbosity(family),
     )
@@ -399,9 +406,9 @@ def _model(value: Any, at: _At, ctx: _Context, adapter: EngineAdapter) -> ModelS
         if "seed" in f:
             f["seed"][1].fail("put the seed inside gguf: {preset: ..., seed: ...}")
         g = _fields(*f["gguf"], "gguf")
-        seed = _int(*g["seed"], minimum=0) if "seed" in g else 0
+        seed = _given(g, "gguf", "seed", _int, 0)
         return ModelSpec("gguf", preset=_str(*g["preset"]), seed=seed)
-    seed = _int(*f["seed"], minimum=0) if "seed" in f else 0
+    seed = _given(f, "model", "seed", _int, 0)
     preset = _str(*f["preset"])
     known = adapter.presets()
     if known and preset not in known:
@@ -477,12 +484,9 @@ def _configuration(name: str, body: Any, at: _At) -> ConfigurationSpec:
     if body is None:  # `plain:` with nothing under it: no delta
         return ConfigurationSpec(name)
     f = _fields(body, at, "configuration")
-    return ConfigurationSpec(
-        name=name,
-        flags=_str_list(*f["flags"]) if "flags" in f else (),
-        env=_env(*f["env"]) if "env" in f else {},
-        description=_text(*f["description"]) if "description" in f else "",
-    )
+    # Only the keys written: the dataclass fills the others with the schema's defaults.
+    read = {"flags": _str_list, "env": _env, "description": _text}
+    return ConfigurationSpec(name, **{key: read[key](*f[key]) for key in f})
 
 
 # -- prompts -----------------------------------------------------------------------------------
@@ -521,16 +525,15 @@ def _prompt(pid: str, body: Any, at: _At, names: list[str], kinds: Mapping[str, 
         at.fail("missing required key 'kind'", "one of: " + ", ".join(PROMPT_KINDS), line=body.line)
     kind = _choice(body["kind"], at.key("kind", body.value_lines["kind"]), PROMPT_KINDS)
     f = _fields(body, at, f"prompt.{kind}")
-    default_endpoint = "chat" if kind == "chat" else "completion"
-    endpoint = _choice(*f["endpoint"], ENDPOINTS) if "endpoint" in f else default_endpoint
+    endpoint = _choice(*f["endpoint"], ENDPOINTS) if "endpoint" in f else default_endpoint(kind)
     if kind != "chat" and endpoint == "chat":
         f["endpoint"][1].fail("a token prompt cannot go to the chat endpoint",
                               "token prompts are sent as token ids to /completion; use kind: chat for messages")
-    delimiters = _bool(*f["message_delimiters"]) if "message_delimiters" in f else False
+    delimiters = _given(f, "prompt", "message_delimiters", _bool)
     if delimiters and endpoint != "completion":
         f["message_delimiters"][1].fail("message_delimiters only applies to the completion endpoint")
     common = dict(id=pid, kind=kind, endpoint=endpoint, message_delimiters=delimiters,
-                  description=_text(*f["description"]) if "description" in f else "")
+                  description=_given(f, "prompt", "description", _text))
 
     def source() -> PromptSpec:
         src_at = f["from"][1]
@@ -630,10 +633,10 @@ def _messages(value: Any, at: _At) -> tuple[ChatMessage, ...]:
 def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec]) -> dict[str, SequenceSpec]:
     out = {}
     for name, body, s_at in _named_map(value, at, "sequence"):
-        kind = "ordered"
+        kind = default("sequence", "kind")  # a plain list
         if isinstance(body, LineMap):  # the mapping form: {kind, prompts}
             f = _fields(body, s_at, "sequence")
-            kind = _choice(*f["kind"], SEQUENCE_KINDS) if "kind" in f else "ordered"
+            kind = _given(f, "sequence", "kind", _choice, SEQUENCE_KINDS)
             body, s_at = f["prompts"]
         items = _list(body, s_at)
         if not items:
@@ -751,9 +754,8 @@ def _cells(value: Any, at: _At, engines: Mapping, configurations: Mapping, seque
     def selections(key: str) -> tuple[Selection, ...]:
         return tuple(_selection(_fields(v, a, "selection"), names) for v, a in _list(*f[key]))
 
-    include = selections("include") if "include" in f else (Selection(),)
-    exclude = selections("exclude") if "exclude" in f else ()
-    return CellsSpec(include, exclude)
+    # Only the keys written: the dataclass fills the others with the schema's defaults.
+    return CellsSpec(**{key: selections(key) for key in f})
 
 
 def _generation(value: Any, at: _At) -> Generation:
@@ -835,7 +837,7 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
         checkpoints_created_at=created,
         identity=_bool(*f["identity"]) if "identity" in f else None,
         cascade=cascade,
-        description=_text(*f["description"]) if "description" in f else "",
+        description=_given(f, "expectation", "description", _text),
         line=value.line,
     )
 

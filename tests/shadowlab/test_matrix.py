@@ -4,6 +4,7 @@ naming file, line and key path (and a hint where one helps), never a traceback."
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import yaml
 
 from shadowlab import matrix as mx
 from shadowlab.errors import MatrixError
+from shadowlab.matrix.schema import Derived
 from shadowlab.matrix import (
     AppendPrompt,
     ChatPrompt,
@@ -653,3 +655,84 @@ def test_each_settings_default_is_the_schemas():
         for section, spec in (("generation", m.generation), ("isolation", m.isolation), ("identity", m.identity)):
             for key in mx.SCHEMA[section].keys:
                 assert getattr(spec, key.name) == key.default, f"{section}.{key.name}"
+
+
+# -- each default is defined once: in the schema ------------------------------------------------
+
+# A matrix in which every section of the schema occurs once with only the keys it needs, and where
+# each section's mapping is (the path of keys and list indices into it). A schema section missing
+# here fails the test: a new section must say where it lives; a new key is covered by itself.
+_EVERY_SECTION = {
+    "version": 1, "name": "defaults",
+    "engines": {"e": {"kind": "reference", "model": {"preset": "tiny"}},
+                "g": {"kind": "llama-server", "model": {"gguf": {"preset": "tiny"}}}},
+    "configurations": {"c": {}},
+    "prompts": {"R": {"kind": "random", "tokens": 8, "seed": 1},
+                "D": {"kind": "diverge", "from": "R", "shared": 4, "tokens": 8, "seed": 2},
+                "U": {"kind": "unrelated", "tokens": 8, "seed": 3},
+                "P": {"kind": "append", "from": "R", "extra": 2, "seed": 4},
+                "H": {"kind": "chat", "messages": [{"role": "user", "content": "hi"}]}},
+    "sequences": {"s": {"prompts": ["R", "D"]}},
+    "cells": {"include": [{}]},
+    "generation": {}, "isolation": {}, "identity": {},
+    "expectations": [{"turn": 0, "outcome": "cold"}],
+}
+_SECTION_AT = {
+    "matrix": (), "engine": ("engines", "e"), "model": ("engines", "e", "model"),
+    "gguf": ("engines", "g", "model", "gguf"), "configuration": ("configurations", "c"),
+    "prompt.random": ("prompts", "R"), "prompt.diverge": ("prompts", "D"),
+    "prompt.unrelated": ("prompts", "U"), "prompt.append": ("prompts", "P"),
+    "prompt.chat": ("prompts", "H"), "message": ("prompts", "H", "messages", 0),
+    "sequence": ("sequences", "s"), "cells": ("cells",), "selection": ("cells", "include", 0),
+    "generation": ("generation",), "isolation": ("isolation",), "identity": ("identity",),
+    "expectation": ("expectations", 0),
+}
+
+
+def _documented_defaults() -> dict[tuple[str, str], str]:
+    """(section title, key) → the default cell of docs/matrix.md's table, backticks removed."""
+    doc = (REPO / "docs" / "matrix.md").read_text()
+    out, title = {}, None
+    for line in doc.splitlines():
+        if m := re.match(r"### `(.+)`$", line):
+            title = m.group(1)
+        elif m := re.match(r"\| `([^`]+)` \| (?:[^|\\]|\\.)* \| `?(.*?)`? \| ", line):
+            out[title, m.group(1)] = m.group(2)
+    return out
+
+
+def _omitted_keys():
+    for section_name, section in mx.SCHEMA.items():
+        for key in section.keys:
+            yield pytest.param(section_name, key, id=f"{section_name}.{key.name}")
+
+
+@pytest.mark.parametrize("section_name,key", list(_omitted_keys()))
+def test_an_omitted_key_loads_as_the_schema_default_the_docs_show(section_name, key):
+    """Omitting a key loads the same matrix as writing the default docs/matrix.md shows for it,
+    and what the docs show is the schema's default: so a default written anywhere else (loader,
+    spec dataclass) that disagrees fails here."""
+    assert set(_SECTION_AT) == set(mx.SCHEMA), "say where each schema section lives in _EVERY_SECTION"
+    section = mx.SCHEMA[section_name]
+    shown = _documented_defaults()[section.title, key.name]
+    if key.required:
+        assert shown == "**required**"
+        return
+    if isinstance(key.default, Derived):  # computed from other keys: the docs say how
+        assert shown == key.default.text
+        return
+    if key.default is None and key.shown is None:  # unset: no value to load
+        assert shown == "—"
+        return
+    written = yaml.safe_load(shown)
+    if key.shown is None:  # the docs show the schema's value (a tuple as a YAML list)
+        assert written == json.loads(json.dumps(key.default))
+    base = copy.deepcopy(_EVERY_SECTION)
+    body = base
+    for step in _SECTION_AT[section_name]:
+        body = body[step]
+    body.pop(key.name, None)  # a key the base writes (so its section occurs) is omitted here
+    omitted = loads(yaml.safe_dump(base), file="m.yaml", check_files=False)
+    body[key.name] = written
+    explicit = loads(yaml.safe_dump(base), file="m.yaml", check_files=False)
+    assert explicit == omitted
