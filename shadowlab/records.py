@@ -51,7 +51,7 @@ from typing import Any
 from shadowlab.errors import RunDirError
 from shadowlab.escape import visible
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: TurnRecord.conversation
 
 
 def doc(text: str, **kwargs: Any) -> Any:
@@ -115,6 +115,10 @@ class TurnRecord:
     log_complete: bool = doc("True when the turn's `prompt eval time` line was seen before the span closed.")
     task_ids: list[int] = doc("llama.cpp task ids seen in the span (`| task N |`).")
     response_file: str | None = doc("Raw response body, relative to the cell directory.")
+    conversation: str | None = doc(
+        "The conversation the turn belongs to (the plan's turn: an ordered sequence's name); None "
+        "for cold and control turns, a prompt alone in a fresh process. Schema 1 records get it "
+        "from their planned cell.", default=None)
 
 
 @dataclass
@@ -330,8 +334,25 @@ def meta_from_dict(data: dict[str, Any], *, source: str = "<meta>") -> CellMeta:
                                "rerun the cell with `shadowlab run --resume`") from None
 
 
-# schema_version n -> n + 1. Empty while there is only version 1.
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """meta.json 1 -> 2: turns gain `conversation`, taken from the planned cell the record holds
+    (`cell.turns[i].conversation`, else a warm cell's sequence: before sequences had kinds every
+    warm cell was one ordered conversation; else None). Shapes are checked after upgrading."""
+    cell = data.get("cell") if isinstance(data.get("cell"), dict) else {}
+    planned = cell.get("turns") if isinstance(cell.get("turns"), list) else []
+    implied = cell.get("sequence") if cell.get("kind") == "warm" else None
+    by_index = {t["index"]: t.get("conversation", implied) for t in planned
+                if isinstance(t, dict) and isinstance(t.get("index"), int)}
+    turns = data.get("turns")
+    if isinstance(turns, list):  # an index of the wrong type is reported by the checked read
+        turns = [{**t, "conversation": by_index.get(t["index"], implied)
+                  if isinstance(t.get("index"), int) else implied} if isinstance(t, dict) else t
+                 for t in turns]
+    return {**data, "turns": turns, "schema_version": 2}
+
+
+# schema_version n -> n + 1.
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _upgrade_v1}
 
 
 # ---------------------------------------------------------------- atomic files

@@ -1082,7 +1082,7 @@ class TurnExchange:
             prompt_tokens=count, prompt_token_ids=ids, messages=messages, endpoint=path,
             http_status=None, error=None, timings={}, reused_tokens=None, processed_tokens=None,
             prefill_ms=None, ttft_ms=None, response_ms=None, completion=None, log_offsets=[0, 0],
-            log_complete=False, task_ids=[], response_file=None,
+            log_complete=False, task_ids=[], response_file=None, conversation=self.turn.conversation,
         )
 
     def _timeout(self) -> float:

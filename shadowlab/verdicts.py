@@ -98,6 +98,7 @@ class TurnVerdict:
     index: int
     prompt_id: str
     outcome: Outcome
+    conversation: str | None = None  # the turn record's: warm turns' conversation, else None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # slot cache length at turn start (records: prompt + completion)
     divergence_point: int | None = None  # LCP with the slot cache (records); None: unknown
@@ -197,7 +198,7 @@ class RunVerdict:
             data = _upgrade_v1(data)
         if version <= 2:
             data = _upgrade_v2(data)
-        run = _from_json(cls, data)
+        run = _from_json(cls, _implied_conversations(data))
         return _judge_plausibility(run) if version <= 2 else run
 
 
@@ -234,6 +235,24 @@ def _upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
         ]
         cells.append({**cell, "turns": turns})
     return {**data, "cells": cells, "schema_version": 3}
+
+
+def _implied_conversations(data: dict[str, Any]) -> dict[str, Any]:
+    """A verdicts.json written before turns carried `conversation` (optional in schema 3, so no
+    new version): a warm cell's turns belong to its sequence (before sequences had kinds every warm
+    cell was one ordered conversation), a cold or control turn to none. Other shapes are left for
+    the checked read to report."""
+    cells = data.get("cells")
+    if not isinstance(cells, list):
+        return data
+    out = []
+    for cell in cells:
+        if isinstance(cell, dict) and isinstance(cell.get("turns"), list):
+            implied = cell.get("sequence") if cell.get("kind") == "warm" else None
+            cell = {**cell, "turns": [{"conversation": implied, **t} if isinstance(t, dict) else t
+                                      for t in cell["turns"]]}
+        out.append(cell)
+    return {**data, "cells": out}
 
 
 def _judge_plausibility(run: "RunVerdict") -> "RunVerdict":
@@ -547,6 +566,7 @@ def _judge_turn(
         index=t.index,
         prompt_id=t.prompt_id,
         outcome=outcome,
+        conversation=t.conversation,
         prompt_tokens=prompt_len,
         cached_tokens=len(cache) if cache is not None else None,
         divergence_point=divergence,

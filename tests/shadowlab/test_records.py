@@ -39,11 +39,27 @@ def test_meta_round_trips_through_disk(tmp_path: Path):
     path = records.write_meta(layout, meta)
     assert path == tmp_path / "run" / "cells" / "c1" / "meta.json"
     raw = json.loads(path.read_text())
-    assert raw["status"] == "ok" and raw["schema_version"] == 1
+    assert raw["status"] == "ok" and raw["schema_version"] == 2
     assert raw["turns"][0]["completion"]["text"] == "h\ufffdi"
     back = records.read_meta(path)
     assert back == meta
     assert back.status is CellStatus.OK
+
+
+@pytest.mark.parametrize("cell,expected", [
+    ({"kind": "warm", "sequence": "A-C", "turns": [{"index": 0, "conversation": "chat-1"}]}, "chat-1"),
+    ({"kind": "warm", "sequence": "A-C", "turns": [{"index": 0}]}, "A-C"),  # plan.json before kinds
+    ({"kind": "cold", "sequence": None, "turns": [{"index": 0, "conversation": None}]}, None),
+    ({"kind": "warm", "engine": "reference"}, None),  # no planned sequence to derive it from
+])
+def test_a_schema_1_record_gets_each_turns_conversation_from_its_planned_cell(tmp_path: Path, cell, expected):
+    path = records.write_meta(RunLayout(tmp_path), sample_meta())
+    data = json.loads(path.read_text())
+    assert data["turns"][0].pop("conversation", "absent") is None  # sample_meta sets none
+    path.write_text(json.dumps({**data, "schema_version": 1, "cell": cell}))
+    back = records.read_meta(path)
+    assert back.schema_version == records.SCHEMA_VERSION == 2
+    assert back.turns[0].conversation == expected
 
 
 def test_newer_schema_is_refused(tmp_path: Path):

@@ -94,6 +94,9 @@ def test_run_records_every_cell(tmp_path, repo_root):
     # Turns: exact prompts, API reuse counts, the log span of each turn.
     log = layout.engine_log(warm.cell_id).read_bytes()
     assert [t.prompt_id for t in warm.turns] == ["A", "C"]
+    # Each turn carries the plan's conversation: the ordered sequence's; a cold turn none.
+    assert [t.conversation for t in warm.turns] == ["A-C", "A-C"]
+    assert [t.conversation for t in by_id["reference.defaults.cold.C"].turns] == [None]
     for turn in warm.turns:
         assert turn.prompt_token_ids == prompts[turn.prompt_id]["tokens"]
         assert turn.prompt_sha256 == prompts[turn.prompt_id]["sha256"]

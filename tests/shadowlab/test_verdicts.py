@@ -551,3 +551,13 @@ def test_several_slots_keep_their_own_checkpoints_and_cache(tmp_path, monkeypatc
     assert c_t.outcome is Outcome.RESTORED and c_t.divergence_point == 2531 and c_t.cached_tokens == 4562
     assert ns(c_t.alive_at_start) == [2000, 4044, 4556] and ns(c_t.alive_below_divergence) == [2000]
     assert ns(c_t.erased_cascade) == [4044, 4556] and c_t.cascade_missed == () and c_t.disagreements == ()
+
+
+@pytest.mark.parametrize("kind,expected", [("warm", "s"), ("cold", None)])
+def test_a_verdicts_json_without_conversations_reads_them_from_its_cells(kind, expected):
+    """Written before turns carried `conversation`: a warm cell's turns belong to its (ordered)
+    sequence, a cold turn to none."""
+    data = {"schema_version": 3, "run_id": "r", "cells": [
+        {"cell_id": "x", "kind": kind, "engine": "e", "configuration": "c", "sequence": "s", "status": "ok",
+         "turns": [{"index": 0, "prompt_id": "A", "outcome": "cold"}]}]}
+    assert RunVerdict.from_dict(data).cells[0].turns[0].conversation == expected
