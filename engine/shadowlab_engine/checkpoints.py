@@ -1,5 +1,6 @@
-"""Cache mechanics of a slot: checkpoint ring, placement, restore rule, erase cascade, and the
-RAM prompt cache (`-cram`).
+"""Cache mechanics of a slot: checkpoint ring, placement, restore rule, erase cascade, the
+RAM prompt cache (`-cram`), and issue 12's two candidate fixes, off by default: conversation
+affinity in slot selection and the per-slot checkpoint retention store.
 
 A slot holds one sequence. Its attention KV cache can be trimmed to any position; its recurrent
 (conv + gated-delta) state sits at the last processed position and can be moved back only by
@@ -13,6 +14,7 @@ This module is pure logic over the abstract `Model` below; it never touches HTTP
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ class Model(Protocol):
     def snapshot(self, state: Any) -> Any: ...
     def restore(self, state: Any, snap: Any) -> None: ...
     def trim_kv(self, state: Any, n_tokens: int) -> None: ...
+    def save_kv(self, state: Any, n_tokens: int) -> Any: ...  # retention only; has .nbytes
+    def load_kv(self, state: Any, prefix: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class CacheConfig:
     checkpoint_min_step: int = 8192
     prompt_policy: int = 1  # PXA_CKPT_PROMPT_POLICY: 1 = tail-only placement
     prompt_end: int = 0  # PXA_CKPT_PROMPT_END: 1 = one more at the prompt end
+    retain_mib: int = 0  # SHADOWLAB_CKPT_RETAIN_MIB: retention store budget, 0 = off
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,15 @@ class Reuse:
     re_entry: int  # prompt index where prefill restarts = tokens reused (timings.cache_n)
     restored: Checkpoint | None = None
     erased: int = 0  # checkpoints erased by the cascade
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the slot's own content allows for a prompt (steps 1-2), before anything changes."""
+
+    outcome: str
+    re_entry: int
+    restore: Checkpoint | None = None
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -136,6 +150,7 @@ class Slot:
         self.checkpoints: list[Checkpoint] = []  # oldest first
         self.t_last = 0.0  # for LRU slot selection
         self.busy = False
+        self.store = RetentionStore(cfg, faults) if cfg.retain_mib > 0 else None
 
     # -- logging ---------------------------------------------------------------------------
 
@@ -149,32 +164,83 @@ class Slot:
         self._log(INFO, "operator()", task, slotlog.new_prompt(self.cfg.n_ctx, 0, len(prompt)))
         lcp = common_prefix(self.tokens, prompt) if cache_prompt else 0
         n_past = min(lcp, len(prompt) - 1)
-        restored = None
+        decision = self._decide(n_past)
+        if self.store is not None:
+            better = self.store.take_better(prompt, decision.re_entry) if cache_prompt else None
+            self._retain(task, decision, better)
+            if better is not None:
+                return self._use_entry(task, prompt, better)
+        restored, re_entry = decision.restore, decision.re_entry
+        if decision.outcome == "forced":
+            self._log(WARN, "operator()", task, slotlog.forcing())
+        elif restored is not None:
+            re_entry = self._restore(task, restored, len(prompt))
+        return self._finish_begin(task, prompt, Reuse(decision.outcome, lcp, n_past, re_entry, restored))
+
+    def _decide(self, n_past: int) -> Decision:
         if not self.tokens:
-            outcome, re_entry = "cold", 0
-        elif n_past == len(self.tokens):
-            outcome, re_entry = "extended", n_past
-        elif n_past == 0:
-            outcome, re_entry = "silent_reset", 0
-        else:
-            restored = self._newest_checkpoint_within(n_past)
-            if restored is None:
-                self._log(WARN, "operator()", task, slotlog.forcing())
-                outcome, re_entry = "forced", 0
-            else:
-                outcome, re_entry = "restored", self._restore(task, restored, len(prompt))
+            return Decision("cold", 0)
+        if n_past == len(self.tokens):
+            return Decision("extended", n_past)
+        if n_past == 0:
+            return Decision("silent_reset", 0)
+        ckpt = self._newest_checkpoint_within(n_past)
+        if ckpt is None:
+            return Decision("forced", 0)
+        return Decision("restored", ckpt.n_tokens, ckpt)
+
+    def _finish_begin(self, task: int, prompt: Sequence[int], reuse: Reuse) -> Reuse:
+        """The cascade, the reset or trim, and the `cached n_tokens` line (step 3)."""
+        re_entry = reuse.re_entry
         erased = self._cascade(task, re_entry)
         if re_entry == 0:
             self.state = self.model.new_state(self.cfg.n_ctx)
         self.tokens = list(prompt[:re_entry])
         self._log(INFO, "operator()", task, slotlog.cached_tokens(re_entry))
-        return Reuse(outcome, lcp, n_past, re_entry, restored, erased)
+        return dataclasses.replace(reuse, erased=erased)
 
     def _newest_checkpoint_within(self, n_past: int) -> Checkpoint | None:
-        for ckpt in reversed(self.checkpoints):
-            if ckpt.n_tokens <= n_past:
-                return ckpt
-        return None
+        return newest_within(self.checkpoints, n_past)
+
+    # -- retention (SHADOWLAB_CKPT_RETAIN_MIB) ---------------------------------------------
+
+    def _retain(self, task: int, decision: Decision, better: Candidate | None) -> None:
+        """Save the slot as a store entry when its checkpoints are about to be lost: erased by
+        its own cascade, or replaced by the entry `better` (docs/DESIGN.md §1, retention 3)."""
+        assert self.store is not None
+        if better is None and all(c.pos_max < decision.re_entry for c in self.checkpoints):
+            return  # nothing would be lost (an empty ring included)
+        n = min(max((c.n_tokens for c in self.checkpoints), default=0), len(self.tokens))
+        ring = [c for c in self.checkpoints if c.n_tokens <= n]
+        if not ring:
+            return
+        if better is not None and better.entry.n_tokens == n:
+            return  # the log names entries by n: a save now would shadow the one being loaded
+        entry = Entry(tuple(self.tokens[:n]), self.model.save_kv(self.state, n), tuple(ring))
+        for gone in self.store.remove_length(n):
+            self._log(INFO, "retain_save", task, slotlog.retained_replaced(gone.n_tokens, gone.nbytes))
+        self.store.add(entry)
+        self._log(
+            INFO, "retain_save", task,
+            slotlog.prompt_cache_saved(n, len(ring), entry.nbytes, len(self.store.entries)),
+        )
+        for gone in self.store.evict():
+            self._log(INFO, "retain_save", task, slotlog.retained_evicted(gone.n_tokens, gone.nbytes))
+
+    def _use_entry(self, task: int, prompt: Sequence[int], better: Candidate) -> Reuse:
+        """Take the entry's tokens, KV and ring, then restore its checkpoint like step 2."""
+        entry, ckpt = better.entry, better.checkpoint
+        self.tokens, self.checkpoints = list(entry.tokens), list(entry.checkpoints)
+        self.model.load_kv(self.state, entry.kv)
+        self._log(
+            INFO, "retain_load", task,
+            slotlog.prompt_cache_loaded(
+                entry.n_tokens, len(entry.checkpoints), better.lcp / entry.n_tokens, better.lcp / len(prompt)
+            ),
+        )
+        re_entry = self._restore(task, ckpt, len(prompt))
+        n_past = min(better.lcp, len(prompt) - 1)
+        return self._finish_begin(task, prompt, Reuse("restored", better.lcp, n_past, re_entry, ckpt))
 
     def _restore(self, task: int, ckpt: Checkpoint, n_prompt: int) -> int:
         """Restore `ckpt` into the state; return the re-entry point."""
@@ -284,6 +350,10 @@ class Slot:
 
     def describe(self) -> dict:
         """The slot as `/slots` shows it."""
+        retained = {} if self.store is None else {"retained": [
+            {"n_tokens": e.n_tokens, "checkpoints": len(e.checkpoints), "nbytes": e.nbytes}
+            for e in self.store.entries
+        ]}
         return {
             "id": self.id,
             "n_ctx": self.cfg.n_ctx,
@@ -294,7 +364,94 @@ class Slot:
                  "nbytes": c.nbytes}
                 for c in self.checkpoints
             ],
+            **retained,
         }
+
+
+def newest_within(checkpoints: Sequence[Checkpoint], n_past: int) -> Checkpoint | None:
+    """The newest checkpoint with pos_max < n_past (n_tokens <= n_past): the restore rule."""
+    for ckpt in reversed(checkpoints):
+        if ckpt.n_tokens <= n_past:
+            return ckpt
+    return None
+
+
+# --- checkpoint retention (SHADOWLAB_CKPT_RETAIN_MIB) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a later restore of a lost ring needs: the tokens it covers, their attention KV and
+    the checkpoints. Never changed after saving."""
+
+    tokens: tuple[int, ...] = field(repr=False)
+    kv: Any = field(repr=False)
+    checkpoints: tuple[Checkpoint, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.checkpoints) + int(self.kv.nbytes)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    entry: Entry
+    lcp: int  # the prompt's common prefix with the entry's tokens
+    checkpoint: Checkpoint  # the entry's newest checkpoint with n_tokens <= n_past
+
+
+class RetentionStore:
+    """One slot's retained entries, oldest first, bounded by the ring size (checkpoints in all)
+    and `retain_mib`. Loading an entry removes it, so save order is recency order."""
+
+    def __init__(self, cfg: CacheConfig, faults: Faults = Faults()) -> None:
+        self.max_checkpoints = cfg.ctx_checkpoints
+        self.limit_bytes = cfg.retain_mib * 1024 * 1024
+        self.by_position_only = faults.wrong_conversation_restore
+        self.entries: list[Entry] = []
+
+    def total_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+    def take_better(self, prompt: Sequence[int], re_entry: int) -> Candidate | None:
+        """Remove and return the entry that re-enters furthest, if further than `re_entry`."""
+        best: Candidate | None = None
+        for entry in self.entries:  # oldest first: `>=` keeps the newest of equals
+            cand = self._candidate(entry, prompt)
+            if cand is not None and (best is None or cand.checkpoint.n_tokens >= best.checkpoint.n_tokens):
+                best = cand
+        if best is None or best.checkpoint.n_tokens <= re_entry:
+            return None
+        self.entries.remove(best.entry)
+        return best
+
+    def _candidate(self, entry: Entry, prompt: Sequence[int]) -> Candidate | None:
+        # the wrong-conversation-restore fault trusts positions and never compares tokens
+        lcp = entry.n_tokens if self.by_position_only else common_prefix(entry.tokens, prompt)
+        ckpt = newest_within(entry.checkpoints, min(lcp, len(prompt) - 1))
+        return None if ckpt is None else Candidate(entry, lcp, ckpt)
+
+    def remove_length(self, n_tokens: int) -> list[Entry]:
+        gone = [e for e in self.entries if e.n_tokens == n_tokens]
+        self.entries = [e for e in self.entries if e.n_tokens != n_tokens]
+        return gone
+
+    def add(self, entry: Entry) -> None:
+        self.entries.append(entry)
+
+    def evict(self) -> list[Entry]:
+        """Drop the oldest entries until both bounds hold; return them in eviction order."""
+        gone = []
+        while self.entries and (
+            sum(len(e.checkpoints) for e in self.entries) > self.max_checkpoints
+            or self.total_bytes() > self.limit_bytes
+        ):
+            gone.append(self.entries.pop(0))
+        return gone
 
 
 # --- RAM prompt cache (-cram) ---------------------------------------------------------------
@@ -391,24 +548,34 @@ class PromptCache:
 
 class SlotPool:
     """Hands out idle slots like llama-server's get_available_slot, and runs the prompt-cache
-    update when the chosen slot is about to lose most of its context."""
+    update when the chosen slot is about to lose most of its context.
+
+    With `affinity` (SHADOWLAB_SLOT_AFFINITY=1) a request's `prompt_cache_key` owns the slot it
+    was last assigned: its next request goes there, and requests that own no slot take the
+    unowned slots first (docs/DESIGN.md §1, affinity)."""
 
     SIMILARITY = 0.1  # llama-server --slot-prompt-similarity default
 
-    def __init__(self, slots: list[Slot], prompt_cache: PromptCache | None, log: EngineLog):
+    def __init__(
+        self, slots: list[Slot], prompt_cache: PromptCache | None, log: EngineLog, affinity: bool = False
+    ):
         self.slots = slots
         self.prompt_cache = prompt_cache
         self.log = log
+        self.affinity = affinity
+        self.owner: dict[str, int] = {}  # prompt_cache_key -> the slot it was last assigned
         self._cond = threading.Condition()
 
-    def acquire(self, prompt: Sequence[int], id_slot: int, task: int) -> Slot:
+    def acquire(self, prompt: Sequence[int], id_slot: int, task: int, key: str | None = None) -> Slot:
         with self._cond:
             while True:
-                slot, update_cache = self._select(prompt, id_slot, task)
+                slot, update_cache = self._select(prompt, id_slot, task, key)
                 if slot is not None:
                     break
                 self._cond.wait()
             slot.busy = True
+            if self.affinity:
+                self._assign(slot, key)
         if update_cache and self.prompt_cache is not None and slot.tokens:
             try:
                 self.prompt_cache.save(slot, task)
@@ -423,13 +590,43 @@ class SlotPool:
             slot.busy = False
             self._cond.notify_all()
 
-    def _select(self, prompt: Sequence[int], id_slot: int, task: int) -> tuple[Slot | None, bool]:
+    def _assign(self, slot: Slot, key: str | None) -> None:
+        """The slot now serves `key` (or no conversation): every other claim on it ends."""
+        for other in [k for k, s in self.owner.items() if s == slot.id]:
+            del self.owner[other]
+        if key is not None:
+            self.owner[key] = slot.id
+
+    def _select(
+        self, prompt: Sequence[int], id_slot: int, task: int, key: str | None = None
+    ) -> tuple[Slot | None, bool]:
         if id_slot >= 0:
             slot = self.slots[id_slot]
             return (None, False) if slot.busy else (slot, False)
+        if self.affinity and key in self.owner:
+            return self._owned(self.slots[self.owner[key]], prompt, task)
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None, False
+        if self.affinity:
+            owned = set(self.owner.values())
+            idle = [s for s in idle if s.id not in owned] or idle
+        return self._by_similarity_or_lru(idle, prompt, task)
+
+    def _owned(self, slot: Slot, prompt: Sequence[int], task: int) -> tuple[Slot | None, bool]:
+        if slot.busy:
+            return None, False
+        lcp = common_prefix(slot.tokens, prompt)
+        f_keep = lcp / len(slot.tokens) if slot.tokens else 0.0
+        self.log.slot(
+            INFO, "get_availabl", slot.id, task,
+            f"selected slot by affinity, sim_best = {lcp / len(prompt):.3f}, f_keep = {f_keep:.3f}",
+        )
+        return slot, f_keep < 0.5
+
+    def _by_similarity_or_lru(
+        self, idle: list[Slot], prompt: Sequence[int], task: int
+    ) -> tuple[Slot | None, bool]:
         best, sim_best = None, 0.0
         for slot in idle:
             if not slot.tokens:

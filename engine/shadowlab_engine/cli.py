@@ -70,7 +70,13 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         checkpoint_min_step=args.checkpoint_min_step,
         prompt_policy=_env_int("PXA_CKPT_PROMPT_POLICY", 1),
         prompt_end=_env_int("PXA_CKPT_PROMPT_END", 0),
+        retain_mib=_env_int("SHADOWLAB_CKPT_RETAIN_MIB", 0),
     )
+    if cache.retain_mib < 0:
+        raise SystemExit("shadowlab-engine: SHADOWLAB_CKPT_RETAIN_MIB must be >= 0")
+    affinity = _env_int("SHADOWLAB_SLOT_AFFINITY", 0)
+    if affinity not in (0, 1):
+        raise SystemExit(f"shadowlab-engine: SHADOWLAB_SLOT_AFFINITY must be 0 or 1, got {affinity}")
     return ServerOptions(
         model_path=args.model,
         host=args.host,
@@ -80,6 +86,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         threads=args.threads,
         device=args.device,
         cache=cache,
+        slot_affinity=bool(affinity),
         faults=faults,
     )
 
@@ -100,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         f"n_ubatch = {options.cache.n_ubatch}, ctx_checkpoints = {options.cache.ctx_checkpoints}, "
         f"checkpoint_min_step = {options.cache.checkpoint_min_step}, cache_ram = {options.cache_ram_mib} MiB, "
         f"prompt_policy = {options.cache.prompt_policy}, prompt_end = {options.cache.prompt_end}, "
+        f"slot_affinity = {int(options.slot_affinity)}, ckpt_retain = {options.cache.retain_mib} MiB, "
         f"faults = [{', '.join(options.faults.names())}]",
     )
     if not os.path.isfile(options.model_path):

@@ -6,6 +6,10 @@ variable `SHADOWLAB_ENGINE_FAULTS="a,b=3"`.
 - `stale-restore`: restore a checkpoint but re-enter one token late (the token at the
   checkpoint position is skipped), so the warm output differs from a cold recompute.
 - `skip-cascade`: keep every checkpoint the cascade should erase, and log no erase lines.
+- `wrong-conversation-restore`: the retention store (SHADOWLAB_CKPT_RETAIN_MIB) matches an
+  entry by position only, never comparing its tokens with the prompt, so a request restores a
+  checkpoint of another conversation's prefix and its output differs from a cold recompute.
+  Inert without retention.
 - `crash-after-requests=N`: the process exits hard right after answering N completion requests.
 - `hang-on-request=N`: completion request N (1-based) never answers.
 - `slow-start=S`: sleep S seconds before loading the model (`/health` answers 503 meanwhile).
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 ENV_VAR = "SHADOWLAB_ENGINE_FAULTS"
 
-_FLAGS = ("stale-restore", "skip-cascade")
+_FLAGS = ("stale-restore", "skip-cascade", "wrong-conversation-restore")
 _COUNTS = ("crash-after-requests", "hang-on-request")
 _SECONDS = ("slow-start",)
 KNOWN = _FLAGS + _COUNTS + _SECONDS
@@ -31,6 +35,7 @@ class FaultError(ValueError):
 class Faults:
     stale_restore: bool = False
     skip_cascade: bool = False
+    wrong_conversation_restore: bool = False
     crash_after_requests: int | None = None
     hang_on_request: int | None = None
     slow_start: float | None = None
@@ -42,6 +47,8 @@ class Faults:
             out.append("stale-restore")
         if self.skip_cascade:
             out.append("skip-cascade")
+        if self.wrong_conversation_restore:
+            out.append("wrong-conversation-restore")
         if self.crash_after_requests is not None:
             out.append(f"crash-after-requests={self.crash_after_requests}")
         if self.hang_on_request is not None:

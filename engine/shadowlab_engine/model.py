@@ -111,6 +111,18 @@ class SeqState:
 
 
 @dataclass
+class KVPrefix:
+    """A copy of the attention KV of positions [0, n_tokens): with a checkpoint at or below
+    n_tokens it is all a restore needs (the retention store keeps one per entry)."""
+    n_tokens: int
+    layers: list[tuple[Tensor, Tensor]] = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer)
+
+
+@dataclass
 class RecurrentSnapshot:
     n_past: int
     layers: list[tuple[Tensor, ...]] = field(repr=False)
@@ -375,6 +387,27 @@ class HybridModel:
         for st, (s0, s, rows, conv) in zip(gdn, snap.layers, strict=True):
             st.s0, st.s, st.rows, st.conv = s0.clone(), s.clone(), rows.clone(), conv.clone()
         state.n_past = snap.n_past
+
+    def save_kv(self, state: SeqState, n_tokens: int) -> KVPrefix:
+        if n_tokens > state.n_kv:
+            raise ValueError(f"KV holds {state.n_kv} tokens, asked to save {n_tokens}")
+        layers = [(st.k[:n_tokens].clone(), st.v[:n_tokens].clone()) for st in state.layers
+                  if isinstance(st, KVCache)]
+        return KVPrefix(n_tokens, layers)
+
+    def load_kv(self, state: SeqState, prefix: KVPrefix) -> None:
+        """Make the KV hold exactly `prefix`; the recurrent state is stale until `restore`."""
+        kv = [st for st in state.layers if isinstance(st, KVCache)]
+        for st, (k, v) in zip(kv, prefix.layers, strict=True):
+            st.k[:prefix.n_tokens] = k
+            st.v[:prefix.n_tokens] = v
+        state.n_kv = prefix.n_tokens
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        c = self.config
+        n_attention = sum(c.is_attention(i) for i in range(c.n_layers))
+        return n_attention * 2 * c.n_kv_heads * c.head_dim * torch.empty(0).element_size()  # k and v
 
     def trim_kv(self, state: SeqState, n_tokens: int) -> None:
         """Keep the first n_tokens of attention KV. Entries past it are left in memory: a query

@@ -50,6 +50,7 @@ class ServerOptions:
     threads: int | None = None
     device: str = "cpu"
     cache: CacheConfig = CacheConfig()
+    slot_affinity: bool = False  # SHADOWLAB_SLOT_AFFINITY
     faults: Faults = Faults()
 
 
@@ -103,6 +104,7 @@ class Generation:
     seed: int
     cache_prompt: bool
     id_slot: int
+    conversation: str | None  # `prompt_cache_key`: what affinity routes by
 
 
 @dataclass
@@ -134,6 +136,7 @@ class Engine:
         self.model_sha256 = ""
         self.device = options.device
         self.pool: SlotPool | None = None
+        self.checkpoint_bytes = 0
         self._lock = threading.Lock()
         self._next_task = 0
         self._completions_seen = 0
@@ -163,7 +166,8 @@ class Engine:
         cfg = self.options.cache
         slots = [Slot(i, self.model, cfg, self.log, self.faults) for i in range(self.options.n_parallel)]
         cache = PromptCache(self.options.cache_ram_mib, self.log) if self.options.cache_ram_mib > 0 else None
-        self.pool = SlotPool(slots, cache, self.log)
+        self.pool = SlotPool(slots, cache, self.log, affinity=self.options.slot_affinity)
+        self.checkpoint_bytes = int(self.model.snapshot(self.model.new_state(1)).nbytes)
         self.log.main(
             INFO,
             f"model loaded: sha256 = {self.model_sha256}, device = {self.device}, "
@@ -196,6 +200,10 @@ class Engine:
             "cache_ram_mib": self.options.cache_ram_mib,
             "ckpt_prompt_policy": cfg.prompt_policy,
             "ckpt_prompt_end": cfg.prompt_end,
+            "slot_affinity": int(self.options.slot_affinity),
+            "ckpt_retain_mib": cfg.retain_mib,
+            "kv_bytes_per_token": self.model.kv_bytes_per_token,
+            "checkpoint_bytes": self.checkpoint_bytes,
             "faults": self.faults.names(),
             "pid": os.getpid(),
         }
@@ -299,6 +307,7 @@ class Engine:
             seed=_int_field(body, "seed", 0, minimum=0),
             cache_prompt=_bool_field(body, "cache_prompt", True),
             id_slot=id_slot,
+            conversation=_conversation_key(body),
         )
 
     def _prompt(self, prompt: Any) -> list[int]:
@@ -344,7 +353,7 @@ class Engine:
     def _run_task(self, prompt: list[int], gen: Generation, user_starts) -> dict:
         assert self.pool is not None
         task = self._new_task_id()
-        slot = self.pool.acquire(prompt, gen.id_slot, task)
+        slot = self.pool.acquire(prompt, gen.id_slot, task, gen.conversation)
         try:
             slot.log.slot(INFO, "launch_slot_", slot.id, task, "processing task")
             return self._process(slot, task, prompt, gen, user_starts)
@@ -472,6 +481,19 @@ def _sampler(gen: Generation) -> Callable[[Any], int]:
         return int(torch.multinomial(probs, 1, generator=rng).item())
 
     return sample
+
+
+MAX_KEY_CHARS = 256
+
+
+def _conversation_key(body: dict) -> str | None:
+    """`prompt_cache_key` (OpenAI's name for "requests that share a prefix"): the conversation."""
+    value = body.get("prompt_cache_key")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_CHARS:
+        raise RequestError(400, f"'prompt_cache_key' must be a string of 1 to {MAX_KEY_CHARS} characters")
+    return value
 
 
 def _stop_words(value: Any) -> tuple[str, ...]:

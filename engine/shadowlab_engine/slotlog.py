@@ -132,6 +132,21 @@ def prompt_cache_loaded(n_tokens: int, n_checkpoints: int, f_keep: float, sim: f
     )
 
 
+# Retention store evictions, in the words of llama.cpp's prompt cache (`server_prompt_cache::
+# update`). They hold no word shadowlab's log parser treats as a checkpoint event ("checkpoint",
+# "prompt cache"), so a parser that does not know them skips them rather than counting them
+# as lines it does not understand.
+def retained_evicted(n_tokens: int, nbytes: int) -> str:
+    return f"- cache size limit reached, removing oldest entry (n_tokens = {n_tokens}, size = {_mib(nbytes):.3f} MiB)"
+
+
+def retained_replaced(n_tokens: int, nbytes: int) -> str:
+    return (
+        f"- cache entry replaced by a newer one of the same length (n_tokens = {n_tokens}, "
+        f"size = {_mib(nbytes):.3f} MiB)"
+    )
+
+
 # --- the writer -----------------------------------------------------------------------------
 
 

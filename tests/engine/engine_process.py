@@ -105,12 +105,16 @@ class EngineProcess:
         self.proc.wait(timeout=30)
 
 
+# the engine's env knobs besides PXA_CKPT_*: a test names the ones it wants
+ENGINE_KNOBS = ("SHADOWLAB_ENGINE_FAULTS", "SHADOWLAB_SLOT_AFFINITY", "SHADOWLAB_CKPT_RETAIN_MIB")
+
+
 def spawn(model: Path, flags: list[str], log_dir: Path, env: dict[str, str] | None = None,
           name: str = "engine") -> EngineProcess:
     port = free_port()
     log_file = log_dir / f"{name}-{port}.log"
     child_env = {k: v for k, v in os.environ.items()
-                 if not k.startswith("PXA_CKPT_") and k != "SHADOWLAB_ENGINE_FAULTS"}
+                 if not k.startswith("PXA_CKPT_") and k not in ENGINE_KNOBS}
     child_env.update(env or {})
     cmd = [sys.executable, "-m", "shadowlab_engine", "-m", str(model), "--port", str(port),
            "-t", "1", "--log-file", str(log_file), *flags]

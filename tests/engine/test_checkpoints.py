@@ -1,4 +1,5 @@
-"""Unit tests of the cache mechanics (placement, restore rule, cascade, ring, RAM prompt cache).
+"""Unit tests of the cache mechanics (placement, restore rule, cascade, ring, RAM prompt cache,
+and issue 12's affinity and retention fixes).
 
 The model here is a stand-in whose recurrent "state" is a digest of every token it processed,
 at the positions it processed them: a wrong restore, a skipped token or a stale checkpoint all
@@ -41,6 +42,12 @@ class DigestSnapshot:
         self.nbytes = 32 * 1024
 
 
+class DigestKV:
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.nbytes = 128 * len(tokens)
+
+
 class DigestModel:
     """Recurrent state = chained sha256 over (position, token)."""
 
@@ -67,6 +74,12 @@ class DigestModel:
 
     def trim_kv(self, state: DigestState, n_tokens: int) -> None:
         del state.kv[n_tokens:]
+
+    def save_kv(self, state: DigestState, n_tokens: int) -> DigestKV:
+        return DigestKV(state.kv[:n_tokens])
+
+    def load_kv(self, state: DigestState, prefix: DigestKV) -> None:
+        state.kv = list(prefix.tokens)
 
 
 SEED_FLAGS = dict(n_ctx=8192, n_batch=2048, n_ubatch=512, ctx_checkpoints=64)
@@ -405,3 +418,123 @@ def test_log_line_shape_and_levels():
     assert "created context" not in text and "erased invalidated" not in text
     assert "erasing old context checkpoint" in text and "forcing full prompt" in text
     assert "cached n_tokens = 0, memory_seq_rm [0, end)" in text
+
+
+# --- issue 12: retention and affinity (off by default) -------------------------------------
+
+RETAIN = dict(prompt_policy=0, retain_mib=64)
+
+
+def test_retention_rescues_a_b_c_from_a_retained_mid_prompt_checkpoint():
+    slot, out = make_slot(**RETAIN)
+    run(slot, A, 0)
+    run(slot, B, 1)  # B's cascade would erase A's ring: it is saved first
+    reuse = run(slot, C, 2)
+    assert (reuse.outcome, reuse.re_entry, reuse.erased) == ("restored", 2048, 3)
+    assert slot.state.digest == cold_digest(C) and slot.state.kv == C
+    text = out.getvalue()
+    assert "task 1 | prompt cache: saved n_tokens = 4556, checkpoints = 4, size = 0.681 MiB, entries = 1" in text
+    assert "task 2 | prompt cache: saved n_tokens = 95, checkpoints = 1" in text  # B's ring, displaced
+    assert "task 2 | prompt cache: loaded n_tokens = 4556, checkpoints = 4, f_keep = 0.556, sim = 0.512" in text
+    assert [e.n_tokens for e in slot.store.entries] == [95]
+    # and the same sequence without retention is today's: C reuses nothing, nothing is saved
+    plain, out = make_slot(prompt_policy=0)
+    run(plain, A, 0)
+    run(plain, B, 1)
+    assert run(plain, C, 2).outcome == "silent_reset"
+    assert "prompt cache" not in out.getvalue() and "cache size limit" not in out.getvalue()
+
+
+def test_retention_prefers_the_slot_when_it_re_enters_as_far():
+    slot, out = make_slot(**RETAIN)
+    run(slot, A, 0)
+    reuse = run(slot, C, 1)  # the slot restores 2048 itself; A's ring is saved (tail erased)
+    assert (reuse.outcome, reuse.re_entry) == ("restored", 2048)
+    assert "prompt cache: loaded" not in out.getvalue()
+    reuse = run(slot, A, 2)  # A again: its retained entry re-enters at 4556, the slot at 2048
+    assert (reuse.outcome, reuse.re_entry) == ("restored", 4556)
+    assert slot.state.digest == cold_digest(A)
+
+
+def test_retention_evicts_the_oldest_entry_beyond_the_budget_and_the_ring_size():
+    rng = random.Random(5)
+    D = [300 + rng.randrange(200) for _ in range(4400)]  # unrelated to A, B and C
+    slot, out = make_slot(prompt_policy=0, retain_mib=1)  # one A-sized entry (0.681 MiB) fits
+    for task, prompt in enumerate((A, D, B)):
+        run(slot, prompt, task)
+    assert "task 2 | - cache size limit reached, removing oldest entry (n_tokens = 4556, size = 0.681 MiB)" in out.getvalue()
+    assert [e.n_tokens for e in slot.store.entries] == [4396]  # D's
+    assert run(slot, C, 3).outcome == "silent_reset"  # A's checkpoints are gone
+    slot, out = make_slot(prompt_policy=0, retain_mib=64, ctx_checkpoints=4)  # the ring bound
+    for task, prompt in enumerate((A, D, B)):
+        run(slot, prompt, task)
+    assert "removing oldest entry (n_tokens = 4556" in out.getvalue()
+    assert sum(len(e.checkpoints) for e in slot.store.entries) <= 4
+
+
+def test_retention_replaces_an_entry_of_the_same_length():
+    slot, out = make_slot(**RETAIN)
+    D = [(t + 1) % 256 for t in A]  # A's length, nothing shared
+    for task, prompt in enumerate((A, B, D, B)):
+        run(slot, prompt, task)
+    assert "task 3 | - cache entry replaced by a newer one of the same length (n_tokens = 4556" in out.getvalue()
+    assert [e.tokens[:3] for e in slot.store.entries if e.n_tokens == 4556] == [tuple(D[:3])]
+
+
+def test_wrong_conversation_restore_fault_restores_another_prefix_and_breaks_identity():
+    broken, _ = make_slot(Faults(wrong_conversation_restore=True), **RETAIN)
+    healthy, _ = make_slot(**RETAIN)
+    for slot in (broken, healthy):
+        for task, prompt in enumerate((A, B)):
+            run(slot, prompt, task)
+    assert run(broken, C, 2).re_entry == 4556  # A's tail checkpoint: C diverged at 2531
+    assert run(healthy, C, 2).re_entry == 2048
+    assert healthy.state.digest == cold_digest(C) != broken.state.digest
+
+
+def make_pool_of(n: int, affinity: bool, **cfg) -> tuple[SlotPool, io.StringIO]:
+    out = io.StringIO()
+    log = EngineLog(verbosity=4, stream=out)
+    slots = [Slot(i, DigestModel(), CacheConfig(**{**SEED_FLAGS, **cfg}), log) for i in range(n)]
+    return SlotPool(slots, None, log, affinity=affinity), out
+
+
+def keyed(pool: SlotPool, prompt: list[int], task: int, key: str | None):
+    slot = pool.acquire(prompt, -1, task, key)
+    try:
+        return run(slot, prompt, task), slot
+    finally:
+        slot.release(task, False)
+        pool.release(slot)
+
+
+def test_affinity_keeps_a_conversation_on_its_slot_while_interlopers_take_the_other():
+    rng = random.Random(7)
+    X1 = [300 + rng.randrange(200) for _ in range(300)]
+    X2 = [300 + rng.randrange(200) for _ in range(300)]
+    outcomes = {}
+    for affinity in (False, True):
+        pool, out = make_pool_of(2, affinity, prompt_policy=0)
+        keyed(pool, A, 0, "a")
+        keyed(pool, X1, 1, None)
+        _, x2_slot = keyed(pool, X2, 2, None)
+        reuse, slot = keyed(pool, C, 3, "a")
+        outcomes[affinity] = (x2_slot.id, slot.id, reuse.outcome, reuse.re_entry)
+        if affinity:
+            assert slot.state.digest == cold_digest(C)
+            assert "task 3 | selected slot by affinity, sim_best = 0.512, f_keep = 0.555" in out.getvalue()
+    assert outcomes[False] == (0, 1, "silent_reset", 0)  # X2 took A's slot by LRU
+    assert outcomes[True] == (1, 0, "restored", 2048)
+
+
+def test_affinity_ownership_one_slot_per_key_and_lru_when_all_are_owned():
+    pool, out = make_pool_of(2, True)
+    assert keyed(pool, A, 0, "a")[1].id == 0
+    assert keyed(pool, B, 1, "b")[1].id == 1  # a new key: the unowned slot, not A's
+    assert pool.owner == {"a": 0, "b": 1}
+    assert keyed(pool, C, 2, None)[1].id == 0  # all owned: LCP similarity over every idle slot
+    assert pool.owner == {"b": 1}  # an interloper ends a's claim
+    assert keyed(pool, A, 3, "a")[1].id == 0  # a owns nothing now: unowned slot 0 first
+    held = pool.acquire(B, 0, 4, "b")  # id_slot pins, and moves b's claim
+    pool.release(held)
+    assert pool.owner == {"b": 0}
