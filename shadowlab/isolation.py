@@ -581,7 +581,9 @@ def read_log_tail(path: Path, max_bytes: int = 4000) -> str:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - max_bytes))
-            return fh.read().decode("utf-8", errors="replace")
+            # At most max_bytes: the engine may still be writing (a flood without newline), and
+            # a read to the end of the file would chase it and hold all it writes.
+            return fh.read(max_bytes).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
 

@@ -2,8 +2,9 @@
 
 Items covered:
    2. an engine writing a line without end: shadowlab's memory stays bounded (chunked span
-      reads), and engine.log stops at its cap (isolation.max_log_mib), the cell failing
-      as infrastructure with the reason, a marker line ending the log;
+      reads; a failed cell's log tail read while the engine still writes), and engine.log
+      stops at its cap (isolation.max_log_mib), the cell failing as infrastructure with the
+      reason, a marker line ending the log;
    3. a --resume with other --fault / --request-timeout than the run started with is refused
       (exit 2, naming both);
    4. a second shadowlab in a run directory in use is refused at once (exit 2, naming the
@@ -140,6 +141,37 @@ def test_survives_an_engine_writing_a_line_without_end_in_bounded_memory(tmp_pat
     peak = int(rss_file.read_text())
     assert peak < LINE, f"shadowlab peaked at {peak >> 20} MiB for a {LINE >> 20} MiB line"
     assert_no_engine_left(out)
+
+
+def test_survives_an_engine_still_writing_while_its_log_tail_is_read(tmp_path, monkeypatch):
+    # A failed cell's log tail is read while its engine may still be flooding: the engine
+    # writes 32 MiB without a newline just as the tail is read (after its size was taken).
+    # Read to the end of the file, the tail chased the writer and held the whole line.
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"start\n" + b"z" * 10_000)
+
+    class Growing:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def read(self, *args):
+            with open(log, "ab") as writer:
+                writer.write(b"z" * (32 << 20))
+            return self.fh.read(*args)
+
+    monkeypatch.setattr(isolation, "open", lambda path, mode: Growing(open(path, mode)), raising=False)
+    tail = isolation.read_log_tail(log, 4000)
+    assert len(tail) <= 4000, f"the tail held {len(tail) >> 20} MiB of a line still being written"
+    assert tail == "z" * 4000  # the last 4000 bytes when it looked
 
 
 def test_survives_an_engine_flooding_its_log_past_the_cap(tmp_path):
