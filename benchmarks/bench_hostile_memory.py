@@ -8,7 +8,7 @@ completion first writes N bytes of ``z`` with no newline to the engine's log (in
 so the engine itself stays small). The matrix has one warm cell of two turns and its cold
 cell, so the log spans cross one such line per turn. Side by side, the same run with a line
 of 0 bytes gives shadowlab's baseline. The figure is the peak resident set of the shadowlab
-process itself (``getrusage(RUSAGE_SELF).ru_maxrss`` at its exit; the engines are other
+process itself (``VmHWM`` of /proc/self/status at its exit; the engines are other
 processes), and the ratio peak / baseline.
 """
 
@@ -51,10 +51,13 @@ identity: {{control: false}}
 
 # The shadowlab process reports its own peak RSS (bytes) into argv[1] when it ends.
 PEAK_RSS = """\
-import resource, sys
+import sys
 from shadowlab import cli
 code = cli.main(sys.argv[2:])
-open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+# VmHWM is this image's own high-water mark. Not getrusage's ru_maxrss: Linux carries the
+# pre-exec image's peak into it, so a child forked from a big pytest reported pytest's RSS.
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+open(sys.argv[1], "w").write(str(int(hwm.split()[1]) * 1024))
 sys.exit(code)
 """
 

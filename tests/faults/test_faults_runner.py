@@ -113,10 +113,13 @@ def only_meta(out: Path) -> records.CellMeta:
 # ---------------------------------------------------------------------------- item 2
 
 PEAK_RSS = """\
-import resource, sys
+import sys
 from shadowlab import cli
 code = cli.main(sys.argv[2:])
-open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+# VmHWM is this image's own high-water mark. Not getrusage's ru_maxrss: Linux carries the
+# pre-exec image's peak into it, so a child forked from a big pytest reported pytest's RSS.
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+open(sys.argv[1], "w").write(str(int(hwm.split()[1]) * 1024))
 sys.exit(code)
 """
 
