@@ -39,6 +39,8 @@ def test_props_report_model_hash_config_and_device(engine, model):
     assert (props["n_ctx"], props["n_batch"], props["n_ubatch"]) == (1024, 256, 64)
     assert (props["ctx_checkpoints"], props["cache_ram_mib"], props["total_slots"]) == (8, 0, 1)
     assert (props["ckpt_prompt_policy"], props["ckpt_prompt_end"], props["faults"]) == (1, 0, [])
+    assert (props["slot_affinity"], props["ckpt_retain_mib"]) == (0, 0)  # issue 12's fixes: off
+    assert props["kv_bytes_per_token"] == 2 * 16 * 4  # tiny: one attention layer, 1 KV head of 16
     assert props["pid"] == engine.proc.pid
 
 
@@ -96,6 +98,9 @@ BAD_REQUESTS = [
     ("/completion", {"prompt": "abc", "id_slot": 3}, 400),
     ("/completion", {"prompt": "abc", "n_probs": -1}, 400),
     ("/completion", {"prompt": "abc", "stop": [1]}, 400),
+    ("/completion", {"prompt": "abc", "prompt_cache_key": 7}, 400),
+    ("/completion", {"prompt": "abc", "prompt_cache_key": ""}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "prompt_cache_key": "k" * 257}, 400),
     ("/v1/chat/completions", {"messages": "hi"}, 400),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400),
     ("/detokenize", {"tokens": [99999]}, 400),

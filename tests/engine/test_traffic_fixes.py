@@ -167,3 +167,27 @@ def test_affinity_keeps_two_interleaved_conversations_on_their_slots(model, tmp_
     methods = [e.method for e in parsed.of("slot_selected")]
     assert methods == ["lru", "lru", "affinity", "affinity"]
     assert [r.outcome for r in requests] == ["cold", "cold", "restored", "restored"]
+
+
+def test_affinity_routes_chat_requests_by_prompt_cache_key(model, tmp_path):
+    """The key works on /v1/chat/completions too: an interloper sharing the conversation's
+    system prompt takes the unowned slot, and turn 2 reuses turn 1's cache."""
+    from shadowlab_engine import tokenizer
+
+    system = {"role": "system", "content": "You answer questions about recurrent state. " * 3}
+    turn1 = [system, {"role": "user", "content": "What is a checkpoint? " * 4}]
+    turn2 = [*turn1, {"role": "assistant", "content": "A snapshot."}, {"role": "user", "content": "And a cascade?"}]
+    other = [system, {"role": "user", "content": "Unrelated job. " * 5}]
+    env = {"SHADOWLAB_SLOT_AFFINITY": "1"}
+    with running(model, [*FLAGS, "-np", "2", "-cms", "0"], tmp_path, env=env, name="affinity-chat") as engine:
+        answers = [
+            engine.post("/v1/chat/completions", {"messages": m, "max_tokens": 4, "temperature": 0, **key}).json()
+            for m, key in ((turn1, {"prompt_cache_key": "a"}), (other, {}), (turn2, {"prompt_cache_key": "a"}))
+        ]
+        log = engine.log()
+    slots = [l for l in log.splitlines() if "selected slot by" in l]
+    assert [s.split("selected slot by ")[1].split(",")[0] for s in slots] == ["LRU", "LRU", "affinity"]
+    assert "id  1 |" in slots[1]  # not slot 0, which its 60 % shared with turn 1 would pick
+    assert answers[2]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert answers[2]["choices"][0]["tokens"] == greedy_reference(model, tokenizer.render_chatml(turn2), 4)
+    read_back(log)
