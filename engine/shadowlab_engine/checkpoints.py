@@ -184,7 +184,7 @@ class Slot:
             return Decision("extended", n_past)
         if n_past == 0:
             return Decision("silent_reset", 0)
-        ckpt = self._newest_checkpoint_within(n_past)
+        ckpt = newest_within(self.checkpoints, n_past)
         if ckpt is None:
             return Decision("forced", 0)
         return Decision("restored", ckpt.n_tokens, ckpt)
@@ -198,9 +198,6 @@ class Slot:
         self.tokens = list(prompt[:re_entry])
         self._log(INFO, "operator()", task, slotlog.cached_tokens(re_entry))
         return dataclasses.replace(reuse, erased=erased)
-
-    def _newest_checkpoint_within(self, n_past: int) -> Checkpoint | None:
-        return newest_within(self.checkpoints, n_past)
 
     # -- retention (SHADOWLAB_CKPT_RETAIN_MIB) ---------------------------------------------
 

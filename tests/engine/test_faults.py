@@ -35,6 +35,7 @@ def test_parse_faults():
     f = parse_faults(["stale-restore", "hang-on-request=2"], "skip-cascade,slow-start=1.5")
     assert f == Faults(stale_restore=True, skip_cascade=True, hang_on_request=2, slow_start=1.5)
     assert f.names() == ["stale-restore", "skip-cascade", "hang-on-request=2", "slow-start=1.5"]
+    assert parse_faults([], "wrong-conversation-restore").names() == ["wrong-conversation-restore"]
     for bad in (["nope"], ["stale-restore=1"], ["crash-after-requests"], ["crash-after-requests=0"],
                 ["hang-on-request=x"], ["slow-start=-1"]):
         with pytest.raises(FaultError):
