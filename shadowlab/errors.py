@@ -4,6 +4,7 @@
     ├── MatrixError                the matrix file is wrong: file, line, key path, hint
     ├── RunDirError                the output directory cannot be used (e.g. reused without --resume)
     ├── LogSourceError             what was given as an engine log cannot be read as one (path, type)
+    ├── TrafficError               a traffic source (Mooncake, logs --trace, shape) is wrong: file, line
     ├── EngineError                an engine process failed the cell (engine, cell, reason, log tail)
     │   ├── EngineStartError       it never became ready (died, timed out, bad flags)
     │   ├── EngineCrashError       it died while the cell was running
@@ -27,6 +28,7 @@ __all__ = [
     "MatrixError",
     "RunDirError",
     "LogSourceError",
+    "TrafficError",
     "EngineError",
     "EngineStartError",
     "EngineCrashError",
@@ -107,6 +109,24 @@ class LogSourceError(ShadowlabError):
 
     def headline(self) -> str:
         return f"{self.source}: {self.message}"
+
+
+class TrafficError(ShadowlabError):
+    """A traffic source for `shadowlab simulate` / the traffic replay is wrong (out-of-order
+    times, negative lengths, unknown fields, a line that is no JSON): usage error (2). Renders as
+    `trace.jsonl:12: 'input_length' must be >= 1, got -5`."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.file = file
+        self.line = line
+
+    def headline(self) -> str:
+        if self.file is None:
+            return self.message
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.message}"
 
 
 class EngineError(ShadowlabError):

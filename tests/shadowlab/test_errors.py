@@ -16,18 +16,21 @@ from shadowlab.errors import (
     QualificationError,
     RunDirError,
     ShadowlabError,
+    TrafficError,
 )
 
 
 def test_the_hierarchy_is_the_one_the_docstring_draws():
-    for cls in (MatrixError, RunDirError, LogSourceError, EngineError, InfrastructureError, QualificationError):
+    for cls in (MatrixError, RunDirError, LogSourceError, TrafficError, EngineError, InfrastructureError,
+                QualificationError):
         assert cls.__bases__ == (ShadowlabError,)
         assert cls.__name__ in errors.__doc__
     for cls in (EngineStartError, EngineCrashError, ProtocolError):
         assert issubclass(cls, EngineError) and cls.__name__ in errors.__doc__
     assert set(errors.__all__) == {"ShadowlabError", "MatrixError", "RunDirError", "EngineError",
                                    "EngineStartError", "EngineCrashError", "ProtocolError",
-                                   "InfrastructureError", "QualificationError", "LogSourceError"}
+                                   "InfrastructureError", "QualificationError", "LogSourceError",
+                                   "TrafficError"}
 
 
 def test_matrix_error_without_line_or_path():

@@ -1,0 +1,737 @@
+"""The traffic model shared by `shadowlab simulate` and the traffic replay (issue 12, 13).
+
+A request is a prompt made of *segments*: `Segment(block, start, length)` stands for tokens
+`start .. start+length` of content block `block`. Equal (block, offset) means equal tokens, so
+shared leading segments are a shared prefix, and the longest common prefix of two prompts is a
+walk over their segments: no token list is ever built (66M prompt tokens are a few hundred
+thousand segments). Two different blocks are assumed to differ at their first compared token;
+`Materialiser` makes that true for the first `len(vocabulary)` blocks it sees and
+`check_materialised` proves it for a given traffic.
+
+Sources (docs/DESIGN.md §8):
+- `generate(TrafficShape)`: conversations that grow turn by turn, each turn's prompt = system
+  block + history blocks + a re-rendered (volatile) block + the new user message, interleaved
+  with interlopers of three kinds (zero overlap, a conversation's system prefix, a near-duplicate
+  of a conversation's last prompt); deterministic from the seed.
+- `read_mooncake(path)`: Mooncake / AIPerf JSON lines (`hash_ids` of 512-token blocks).
+- `read_trace(path)`: `shadowlab logs --trace` (docs/trace.md). A log states only the prefix a
+  request shared with its slot's previous request, not content: each request is built to share
+  exactly that prefix with its slot predecessor and nothing more with anything else.
+
+Bad input is a `TrafficError` naming file and line; readers stream (bounded memory per line).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from shadowlab.errors import TrafficError
+
+MOONCAKE_BLOCK = 512
+MAX_LINE_BYTES = 16 * 1024 * 1024  # a JSON line longer than this is refused, never read whole
+NEAR_ZERO = 512  # the case study's baseline-loss line: a turn sharing fewer tokens is a cold start
+
+
+class Segment(NamedTuple):
+    """Tokens start .. start+length of content block `block` (a NamedTuple: immutable, and the
+    simulator compares millions of them)."""
+
+    block: int
+    start: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a traffic: when, whose, what prompt, how long an answer.
+
+    `conversation` is None for an interloper (a request that belongs to no conversation; affinity
+    routes it to an unowned slot). `user_starts` are the prompt positions where user messages
+    start (chat requests: llama.cpp's user-message checkpoints); empty for raw prompts.
+    """
+
+    time: float
+    conversation: str | None
+    segments: tuple[Segment, ...]
+    output_length: int = 1
+    user_starts: tuple[int, ...] = ()
+    kind: str = "turn"  # "turn" | "zero" | "system" | "near_duplicate" | "mooncake" | "trace"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.length for s in self.segments)
+
+
+def common_prefix(a: Sequence[Segment], b: Sequence[Segment]) -> int:
+    """Tokens two segment sequences share from the start."""
+    n = i = j = oa = ob = 0
+    while i < len(a) and j < len(b):
+        sa, sb = a[i], b[j]
+        if oa == 0 and ob == 0 and sa == sb:  # the common case: the same segment
+            n += sa.length
+            i += 1
+            j += 1
+            continue
+        if sa.block != sb.block or sa.start + oa != sb.start + ob:
+            break
+        m = min(sa.length - oa, sb.length - ob)
+        n, oa, ob = n + m, oa + m, ob + m
+        if oa == sa.length:
+            i, oa = i + 1, 0
+        if ob == sb.length:
+            j, ob = j + 1, 0
+    return n
+
+
+def truncate(segments: Sequence[Segment], n: int) -> tuple[Segment, ...]:
+    """The first n tokens of a segment sequence."""
+    out: list[Segment] = []
+    left = n
+    for s in segments:
+        if left <= 0:
+            break
+        out.append(s if s.length <= left else Segment(s.block, s.start, left))
+        left -= s.length
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- the ideal
+
+
+class _Node:
+    __slots__ = ("edges",)
+
+    def __init__(self) -> None:
+        self.edges: dict[tuple[int, int], list[Any]] = {}  # (block, start) -> [length, node]
+
+
+class PrefixTrie:
+    """A radix tree over segments: `add(segments)` returns the longest prefix the prompt shares
+    with any prompt added before (a perfect cache's reuse), then remembers it. Cost per prompt:
+    its number of segments, not tokens."""
+
+    def __init__(self) -> None:
+        self.root = _Node()
+
+    def add(self, segments: Sequence[Segment]) -> int:
+        node, shared, matching = self.root, 0, True
+        for block, start, length in segments:
+            while length > 0:
+                edge = node.edges.get((block, start))
+                if edge is None:  # new content from here on: one new edge for the rest
+                    child = _Node()
+                    node.edges[(block, start)] = [length, child]
+                    node, matching = child, False
+                    break
+                elen, child = edge
+                m = min(length, elen)
+                if m < elen:  # split the edge at m
+                    mid = _Node()
+                    mid.edges[(block, start + m)] = [elen - m, child]
+                    edge[0], edge[1] = m, mid
+                    child = mid
+                if matching:
+                    shared += m
+                node, start, length = child, start + m, length - m
+        return shared
+
+
+def ideals(requests: Iterable[Request]) -> Iterator[tuple[int, int]]:
+    """Per request: (perfect-cache ideal, consecutive-turn ideal). The first is the longest
+    prefix shared with ANY earlier request; the second the prefix shared with the previous
+    request of its own conversation (0 for an interloper or a conversation's first turn). Both
+    are capped at the prompt length - 1: every engine evaluates at least one prompt token."""
+    trie = PrefixTrie()
+    last: dict[str, tuple[Segment, ...]] = {}
+    for r in requests:
+        ideal = trie.add(r.segments)
+        prev = last.get(r.conversation) if r.conversation is not None else None
+        consecutive = common_prefix(prev, r.segments) if prev is not None else 0
+        if r.conversation is not None:
+            last[r.conversation] = r.segments
+        cap = r.prompt_tokens - 1
+        yield min(ideal, cap), min(consecutive, cap)
+
+
+# --------------------------------------------------------------------------- the generator
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A distribution of token counts: `fixed` (a), `uniform` (a..b), `lognormal` (median a,
+    sigma b), clipped to [low, high]."""
+
+    kind: str = "fixed"
+    a: float = 0
+    b: float = 0
+    low: int = 0
+    high: int = 1 << 20
+
+    def draw(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            v = self.a
+        elif self.kind == "uniform":
+            v = rng.uniform(self.a, self.b)
+        elif self.kind == "lognormal":
+            v = self.a * math.exp(rng.gauss(0.0, self.b))
+        else:
+            raise TrafficError(f"unknown distribution kind {self.kind!r}", hint="fixed, uniform or lognormal")
+        return int(min(self.high, max(self.low, round(v))))
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> Dist:
+        """`1200`, `[500, 3000]` (uniform), or `{kind, a, b, low, high}`."""
+        if isinstance(value, bool):
+            raise TrafficError(f"{where}: expected a number, a [low, high] pair or a mapping")
+        if isinstance(value, (int, float)):
+            return cls("fixed", value, value)
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+            return cls("uniform", value[0], value[1])
+        if isinstance(value, dict):
+            unknown = set(value) - {"kind", "a", "b", "low", "high"}
+            if unknown:
+                raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}", hint="kind, a, b, low, high")
+            try:
+                return cls(**value)
+            except TypeError as exc:
+                raise TrafficError(f"{where}: {exc}") from None
+        raise TrafficError(f"{where}: expected a number, a [low, high] pair or a mapping, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrafficShape:
+    """The declared shape of generated traffic; `generate` realises it from `seed`.
+
+    Each conversation's turn t sends: its system block, the history blocks of turns < t, a
+    re-rendered block (`volatile_tokens`, new content every turn: the divergence point of turn
+    t+1 is the end of turn t's history, deep inside the prompt), then the new user message.
+    `concurrent` conversations are live at a time (a new one starts when one ends).
+    Interlopers make up `interloper_share` of all requests, of the kinds weighted by
+    `interloper_kinds` (zero overlap; the system block of a live conversation, then new text;
+    a near-duplicate: a live conversation's last prompt cut at `near_duplicate_cut` of it, then
+    new text).
+    """
+
+    conversations: int = 4
+    turns: int = 6
+    concurrent: int = 2
+    system_tokens: Dist = Dist("uniform", 200, 400)
+    turn_tokens: Dist = Dist("uniform", 100, 300)
+    volatile_tokens: Dist = Dist("fixed", 0)
+    user_tokens: Dist = Dist("uniform", 20, 60)
+    interloper_share: float = 0.0
+    interloper_tokens: Dist = Dist("uniform", 50, 300)
+    interloper_kinds: tuple[tuple[str, float], ...] = (("zero", 1.0),)
+    near_duplicate_cut: Dist = Dist("uniform", 0.5, 0.95, 0, 1)
+    arrival: str = "round_robin"  # "round_robin" | "random" | "bursts"
+    burst: int = 3
+    output_tokens: int = 1
+    gap_s: float = 1.0
+    seed: int = 0
+
+    KINDS = ("zero", "system", "near_duplicate")
+    ARRIVALS = ("round_robin", "random", "bursts")
+
+
+SHAPE_KEYS = {f for f in TrafficShape.__dataclass_fields__}
+_DIST_KEYS = {"system_tokens", "turn_tokens", "volatile_tokens", "user_tokens", "interloper_tokens",
+              "near_duplicate_cut"}
+
+
+def shape_from_dict(doc: Any, where: str = "<shape>") -> TrafficShape:
+    """A TrafficShape from a YAML/JSON mapping (unknown keys refused)."""
+    if not isinstance(doc, dict):
+        raise TrafficError(f"{where}: a traffic shape is a mapping of {sorted(SHAPE_KEYS)}")
+    unknown = set(doc) - SHAPE_KEYS
+    if unknown:
+        raise TrafficError(f"{where}: unknown key(s) {sorted(unknown)}", hint=f"known: {', '.join(sorted(SHAPE_KEYS))}")
+    kw: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in _DIST_KEYS:
+            kw[key] = Dist.parse(value, f"{where}: {key}")
+        elif key == "interloper_kinds":
+            if not isinstance(value, dict):
+                raise TrafficError(f"{where}: interloper_kinds is a mapping kind -> weight")
+            kw[key] = tuple((str(k), float(v)) for k, v in value.items())
+        else:
+            kw[key] = value
+    shape = TrafficShape(**kw)
+    _check_shape(shape, where)
+    return shape
+
+
+def _check_shape(s: TrafficShape, where: str) -> None:
+    for key in ("conversations", "turns", "concurrent", "burst", "output_tokens", "seed"):
+        v = getattr(s, key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
+            raise TrafficError(f"{where}: {key} must be an integer >= {0 if key == 'seed' else 1}, got {v!r}")
+    if not isinstance(s.interloper_share, (int, float)) or not 0 <= s.interloper_share < 1:
+        raise TrafficError(f"{where}: interloper_share must be in [0, 1), got {s.interloper_share!r}")
+    if s.arrival not in TrafficShape.ARRIVALS:
+        raise TrafficError(f"{where}: arrival must be one of {TrafficShape.ARRIVALS}, got {s.arrival!r}")
+    bad = [k for k, _ in s.interloper_kinds if k not in TrafficShape.KINDS]
+    if bad or not any(w > 0 for _, w in s.interloper_kinds):
+        raise TrafficError(f"{where}: interloper_kinds: kinds are {TrafficShape.KINDS} with a positive weight")
+
+
+class _Blocks:
+    """Fresh block ids, in order of creation."""
+
+    def __init__(self, first: int = 1) -> None:
+        self.next = first
+
+    def new(self, length: int) -> Segment:
+        self.next += 1
+        return Segment(self.next - 1, 0, length)
+
+
+@dataclass
+class _Conversation:
+    name: str
+    system: Segment
+    history: list[Segment] = field(default_factory=list)
+    turns_left: int = 0
+    last: tuple[Segment, ...] = ()
+
+
+def generate(shape: TrafficShape) -> list[Request]:
+    """Seeded traffic of the declared shape (the same shape and seed give the same requests)."""
+    _check_shape(shape, "<shape>")
+    rng = random.Random(f"shadowlab-traffic:{shape.seed}")
+    blocks = _Blocks()
+    order = _arrival_order(shape, rng)
+    n_conv_turns = len(order)
+    n_total = round(n_conv_turns / (1 - shape.interloper_share)) if shape.interloper_share else n_conv_turns
+    inter_at = set(rng.sample(range(n_total), n_total - n_conv_turns)) if n_total > n_conv_turns else set()
+    live: dict[int, _Conversation] = {}
+    out: list[Request] = []
+    it = iter(order)
+    for i in range(n_total):
+        t = i * shape.gap_s
+        if i in inter_at:
+            out.append(_interloper(shape, rng, blocks, list(live.values()), t))
+            continue
+        c = next(it)
+        conv = live.get(c)
+        if conv is None:
+            conv = live[c] = _Conversation(f"c{c}", blocks.new(shape.system_tokens.draw(rng)), turns_left=shape.turns)
+        out.append(_turn(shape, rng, blocks, conv, t))
+        conv.turns_left -= 1
+        if conv.turns_left == 0:
+            del live[c]
+    return out
+
+
+def _arrival_order(shape: TrafficShape, rng: random.Random) -> list[int]:
+    """Conversation index per conversation turn, `concurrent` conversations live at a time."""
+    pending = list(range(shape.conversations))
+    live: list[int] = []
+    left = {c: shape.turns for c in pending}
+    order: list[int] = []
+    rr = 0
+    while pending or live:
+        while pending and len(live) < shape.concurrent:
+            live.append(pending.pop(0))
+        if shape.arrival == "random":
+            c = rng.choice(live)
+            run = 1
+        else:
+            c = live[rr % len(live)]
+            rr += 1
+            run = shape.burst if shape.arrival == "bursts" else 1
+        for _ in range(min(run, left[c])):
+            order.append(c)
+            left[c] -= 1
+        if left[c] == 0:
+            live.remove(c)
+    return order
+
+
+def _turn(shape: TrafficShape, rng: random.Random, blocks: _Blocks, conv: _Conversation, t: float) -> Request:
+    history = [conv.system, *conv.history]
+    volatile = shape.volatile_tokens.draw(rng)
+    segments = list(history)
+    if volatile:
+        segments.append(blocks.new(volatile))
+    user = blocks.new(max(1, shape.user_tokens.draw(rng)))
+    user_start = sum(s.length for s in segments)
+    segments.append(user)
+    starts, pos = [], conv.system.length
+    for h in conv.history:  # each history block starts with a user message
+        starts.append(pos)
+        pos += h.length
+    conv.history.append(blocks.new(max(1, shape.turn_tokens.draw(rng))))
+    conv.last = tuple(segments)
+    return Request(t, conv.name, tuple(segments), shape.output_tokens, (*starts, user_start), "turn")
+
+
+def _interloper(shape: TrafficShape, rng: random.Random, blocks: _Blocks, live: list[_Conversation],
+                t: float) -> Request:
+    kinds = [k for k, _ in shape.interloper_kinds]
+    kind = rng.choices(kinds, weights=[w for _, w in shape.interloper_kinds])[0]
+    size = max(1, shape.interloper_tokens.draw(rng))
+    donors = [c for c in live if c.last] if kind == "near_duplicate" else live
+    if kind == "zero" or not donors:
+        return Request(t, None, (blocks.new(size),), shape.output_tokens, (), "zero")
+    donor = rng.choice(donors)
+    if kind == "system":
+        return Request(t, None, (donor.system, blocks.new(size)), shape.output_tokens, (), "system")
+    total = sum(s.length for s in donor.last)
+    keep = max(1, min(total - 1, int(total * rng.uniform(shape.near_duplicate_cut.a, shape.near_duplicate_cut.b))))
+    return Request(t, None, (*truncate(donor.last, keep), blocks.new(size)), shape.output_tokens, (), "near_duplicate")
+
+
+# --------------------------------------------------------------------------- realised shape
+
+
+def _percentiles(values: Sequence[int]) -> dict[str, int | None]:
+    v = sorted(values)
+    if not v:
+        return {k: None for k in ("min", "p10", "p25", "median", "p75", "p90", "max")}
+    pick = lambda p: v[min(len(v) - 1, int(p * (len(v) - 1) + 0.5))]  # noqa: E731
+    return {"min": v[0], "p10": pick(0.10), "p25": pick(0.25), "median": pick(0.5), "p75": pick(0.75),
+            "p90": pick(0.9), "max": v[-1]}
+
+
+def realised_shape(requests: Sequence[Request]) -> dict[str, Any]:
+    """What the traffic turned out to be: sizes, the prefix each request shares with the one
+    before it (the one-slot view of the case study: share under 512, 4,096+), divergence depths
+    of consecutive conversation turns, the ideals."""
+    sizes, prev_shared, depths = [], [], []
+    ideal_sum = consecutive_sum = 0
+    prev: tuple[Segment, ...] | None = None
+    for r, (ideal, consecutive) in zip(requests, ideals(requests)):
+        sizes.append(r.prompt_tokens)
+        if prev is not None:
+            prev_shared.append(common_prefix(prev, r.segments))
+        if consecutive:
+            depths.append(consecutive)
+        ideal_sum += ideal
+        consecutive_sum += consecutive
+        prev = r.segments
+    total = sum(sizes)
+    n = len(prev_shared)
+    return {
+        "requests": len(requests),
+        "interlopers": sum(r.conversation is None for r in requests),
+        "conversations": len({r.conversation for r in requests if r.conversation is not None}),
+        "prompt_tokens": total,
+        "prompt_size": _percentiles(sizes),
+        "shared_with_previous": _percentiles(prev_shared),
+        "share_near_zero_overlap": (sum(s < NEAR_ZERO for s in prev_shared) / n) if n else None,
+        "share_4096_or_more": (sum(s >= 4096 for s in prev_shared) / n) if n else None,
+        "reusable_with_previous": sum(prev_shared),
+        "divergence_depth": _percentiles(depths),
+        "ideal_tokens": ideal_sum,
+        "consecutive_ideal_tokens": consecutive_sum,
+    }
+
+
+# --------------------------------------------------------------------------- materialisation
+
+
+class Materialiser:
+    """Exact token ids for segments: each block's tokens are seeded from (seed, block id), so
+    equal ids give equal tokens and a shorter use of a block is a prefix of a longer one. The
+    first token of the k-th distinct block is vocabulary[k mod len(vocabulary)], so the first
+    len(vocabulary) blocks all differ at their first token (the simulator's assumption)."""
+
+    def __init__(self, vocabulary: Sequence[int], seed: int = 0) -> None:
+        if len(vocabulary) < 2:
+            raise TrafficError("materialising needs a vocabulary of at least 2 token ids")
+        self.vocabulary = list(vocabulary)
+        self.seed = seed
+        self._tokens: dict[int, list[int]] = {}
+        self._rngs: dict[int, random.Random] = {}
+
+    def block(self, block: int, n: int) -> list[int]:
+        tokens = self._tokens.get(block)
+        if tokens is None:
+            first = self.vocabulary[len(self._tokens) % len(self.vocabulary)]
+            tokens = self._tokens[block] = [first]
+            self._rngs[block] = random.Random(f"shadowlab-block:{self.seed}:{block}")
+        if len(tokens) < n:
+            tokens.extend(self._rngs[block].choices(self.vocabulary, k=n - len(tokens)))
+        return tokens
+
+    def prompt(self, request: Request) -> list[int]:
+        out: list[int] = []
+        for s in request.segments:
+            out.extend(self.block(s.block, s.start + s.length)[s.start:s.start + s.length])
+        return out
+
+
+def check_materialised(requests: Sequence[Request], prompts: Sequence[Sequence[int]]) -> None:
+    """Every pair of prompts shares exactly the tokens their segments say (raises otherwise)."""
+    for i in range(len(requests)):
+        for j in range(i):
+            a, b = prompts[i], prompts[j]
+            n = min(len(a), len(b))
+            k = 0
+            while k < n and a[k] == b[k]:
+                k += 1
+            want = common_prefix(requests[i].segments, requests[j].segments)
+            if k != want:
+                raise TrafficError(f"materialised requests {j} and {i} share {k} tokens, segments say {want}")
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, line, ends with newline), each line read bounded."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise TrafficError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    with fh:
+        number = 0
+        while True:
+            line = fh.readline(MAX_LINE_BYTES + 1)
+            if not line:
+                return
+            number += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise TrafficError(f"line longer than {MAX_LINE_BYTES} bytes", file=str(path), line=number)
+            yield number, line, line.endswith(b"\n")
+
+
+def _json_lines(path: Path, skipped: list[str]) -> Iterator[tuple[int, Any]]:
+    """Decoded JSON objects; a cut last line (no newline, not JSON) is skipped and counted."""
+    for number, line, whole in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except (ValueError, UnicodeDecodeError) as exc:
+            if not whole:
+                skipped.append(f"line {number}: cut last line skipped")
+                return
+            raise TrafficError(f"not a JSON line: {exc}", file=str(path), line=number) from None
+        if not isinstance(doc, dict):
+            raise TrafficError("a line must be a JSON object", file=str(path), line=number)
+        yield number, doc
+
+
+def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, minimum: int = 0) -> int | None:
+    if key not in doc or doc[key] is None:
+        if required:
+            raise TrafficError(f"missing {key!r}", file=str(path), line=line)
+        return None
+    v = doc[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v):
+        raise TrafficError(f"{key!r} must be an integer, got {v!r}", file=str(path), line=line)
+    if v < minimum:
+        raise TrafficError(f"{key!r} must be >= {minimum}, got {v}", file=str(path), line=line)
+    return int(v)
+
+
+MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "session_id", "delay", "messages"}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A traffic read from a file: the requests and what was skipped (counted, with reasons)."""
+
+    requests: tuple[Request, ...]
+    skipped: tuple[str, ...] = ()
+    source: str = ""
+    format: str = ""
+
+
+def read_mooncake(path: Path | str) -> Loaded:
+    """Mooncake JSON lines: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (ids of
+    512-token blocks; the last block is cut to the input length, tokens beyond the listed blocks
+    are a block of their own), optional `session_id` (the conversation). AIPerf's variant: a
+    `delay` (ms after the previous request of the session) instead of `timestamp`; `messages`
+    without `hash_ids` carries no prefix information and is skipped (counted)."""
+    path = Path(path)
+    skipped: list[str] = []
+    out: list[Request] = []
+    last_time: float | None = None
+    session_time: dict[str, float] = {}
+    fresh = _Blocks(first=-(1 << 62))  # never equal to a hash id of the file
+    for line, doc in _json_lines(path, skipped):
+        unknown = set(doc) - MOONCAKE_KEYS
+        if unknown:
+            raise TrafficError(f"unknown field(s) {sorted(unknown)}", file=str(path), line=line,
+                               hint=f"Mooncake fields: {', '.join(sorted(MOONCAKE_KEYS))}")
+        session = doc.get("session_id")
+        if session is not None and not isinstance(session, (str, int)):
+            raise TrafficError(f"'session_id' must be a string or an integer, got {session!r}", file=str(path), line=line)
+        session = None if session is None else str(session)
+        if "hash_ids" not in doc:
+            if "messages" in doc:
+                skipped.append(f"line {line}: messages without hash_ids (no prefix information)")
+                continue
+            raise TrafficError("missing 'hash_ids'", file=str(path), line=line)
+        t = _mooncake_time(doc, path, line, session, last_time, session_time)
+        n = _int(doc, "input_length", path, line, minimum=1)
+        n_out = _int(doc, "output_length", path, line, required=False) or 1
+        segments = _hash_segments(doc["hash_ids"], n, fresh, path, line)
+        out.append(Request(t, session, segments, n_out, (), "mooncake"))
+        last_time = t
+    return Loaded(tuple(out), tuple(skipped), str(path), "mooncake")
+
+
+def _mooncake_time(doc: dict, path: Path, line: int, session: str | None, last: float | None,
+                   session_time: dict[str, float]) -> float:
+    ts = _int(doc, "timestamp", path, line, required=False)
+    if ts is None:
+        delay = _int(doc, "delay", path, line, required=False)
+        if delay is None:
+            raise TrafficError("missing 'timestamp' (or AIPerf's 'delay')", file=str(path), line=line)
+        base = session_time.get(session, last or 0.0) if session else (last or 0.0)
+        t = base + delay / 1000.0
+    else:
+        t = ts / 1000.0
+        if last is not None and t < last:
+            raise TrafficError(f"timestamp {ts} ms is before the previous line's {int(last * 1000)} ms",
+                               file=str(path), line=line, hint="Mooncake traces are in time order; sort the file")
+    if session:
+        session_time[session] = t
+    return t
+
+
+def _hash_segments(ids: Any, n: int, fresh: _Blocks, path: Path, line: int) -> tuple[Segment, ...]:
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise TrafficError("'hash_ids' must be a list of integers", file=str(path), line=line)
+    if len(ids) > (n + MOONCAKE_BLOCK - 1) // MOONCAKE_BLOCK:
+        raise TrafficError(f"{len(ids)} hash_ids cover more than input_length {n} in {MOONCAKE_BLOCK}-token blocks",
+                           file=str(path), line=line)
+    segs = [Segment(h, 0, min(MOONCAKE_BLOCK, n - k * MOONCAKE_BLOCK)) for k, h in enumerate(ids)]
+    rest = n - MOONCAKE_BLOCK * len(ids)
+    if rest > 0:
+        segs.append(fresh.new(rest))
+    return tuple(segs)
+
+
+TRACE_KEYS = {"time", "server", "slot", "task", "line", "prompt_tokens", "shared_prefix", "shared_source",
+              "reused", "processed", "outcome", "prefill_ms", "checkpoints", "failures"}
+
+
+def read_trace(path: Path | str) -> Loaded:
+    """`shadowlab logs --trace` (docs/trace.md, version 1). Each request is built to share exactly
+    its `shared_prefix` (where `shared_source` is `lcp` or `n_past`; else `reused`, a lower bound)
+    with the previous request of the same server and slot, and nothing else: the log says nothing
+    about content, so a prefix shared with an older request is invisible (the ideal is then the
+    consecutive one) and no request has a conversation. A request without `prompt_tokens` is
+    skipped and counted."""
+    path = Path(path)
+    skipped: list[str] = []
+    out: list[Request] = []
+    docs = _json_lines(path, skipped)
+    first = next(docs, None)
+    if first is None:
+        raise TrafficError("empty trace (no header line)", file=str(path), line=1)
+    _trace_header(first[1], path, first[0])
+    fresh = _Blocks()
+    previous: dict[tuple[Any, Any], tuple[Segment, ...]] = {}
+    last_time: dict[Any, float] = {}
+    for line, doc in docs:
+        unknown = set(doc) - TRACE_KEYS
+        if unknown:
+            raise TrafficError(f"unknown field(s) {sorted(unknown)}", file=str(path), line=line, hint="docs/trace.md")
+        n = _int(doc, "prompt_tokens", path, line, required=False, minimum=1)
+        if n is None:
+            skipped.append(f"line {line}: no prompt_tokens")
+            continue
+        t = _trace_time(doc, path, line, last_time)
+        key = (doc.get("server"), doc.get("slot"))
+        source = doc.get("shared_source")
+        shared = _int(doc, "shared_prefix" if source in ("lcp", "n_past") else "reused", path, line,
+                      required=False) or 0
+        prev = previous.get(key, ())
+        keep = truncate(prev, min(shared, n, sum(s.length for s in prev)))
+        rest = n - sum(s.length for s in keep)
+        segments = keep + ((fresh.new(rest),) if rest > 0 else ())
+        previous[key] = segments
+        out.append(Request(t, None, segments, 1, (), "trace"))
+    return Loaded(tuple(out), tuple(skipped), str(path), "trace")
+
+
+def _trace_header(doc: dict, path: Path, line: int) -> None:
+    if doc.get("format") != "shadowlab-trace":
+        raise TrafficError("not a shadowlab trace: line 1 must be its header", file=str(path), line=line,
+                           hint="write one with `shadowlab logs --trace FILE`")
+    if doc.get("version") != 1:
+        raise TrafficError(f"trace version {doc.get('version')!r} is not known (this shadowlab reads 1)",
+                           file=str(path), line=line)
+
+
+def _trace_time(doc: dict, path: Path, line: int, last: dict[Any, float]) -> float:
+    t = doc.get("time")
+    if t is None:
+        return last.get(doc.get("server"), 0.0)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        raise TrafficError(f"'time' must be a number, got {t!r}", file=str(path), line=line)
+    server = doc.get("server")
+    if server in last and t < last[server]:
+        raise TrafficError(f"time {t} is before the previous request's {last[server]} on server {server!r}",
+                           file=str(path), line=line)
+    last[server] = float(t)
+    return float(t)
+
+
+def sniff(path: Path) -> str:
+    """`trace`, `mooncake` or `shape` from the first non-blank line of a file."""
+    for _, line, _ in _lines(path):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            doc = json.loads(text)
+        except (ValueError, UnicodeDecodeError):
+            return "shape"  # YAML
+        if isinstance(doc, dict) and doc.get("format") == "shadowlab-trace":
+            return "trace"
+        if isinstance(doc, dict) and ("hash_ids" in doc or "input_length" in doc):
+            return "mooncake"
+        return "shape"
+    raise TrafficError("empty file", file=str(path))
+
+
+def read_shape(path: Path) -> TrafficShape:
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TrafficError(f"cannot read: {exc}", file=str(path)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise TrafficError(f"not YAML/JSON: {getattr(exc, 'problem', exc)}", file=str(path),
+                           line=None if mark is None else mark.line + 1) from None
+    return shape_from_dict(doc, str(path))
+
+
+def load(path: Path | str) -> Loaded:
+    """Any traffic source by its content: a logs trace, a Mooncake file, or a shape file."""
+    path = Path(path)
+    kind = sniff(path)
+    if kind == "trace":
+        return read_trace(path)
+    if kind == "mooncake":
+        return read_mooncake(path)
+    return Loaded(tuple(generate(read_shape(path))), (), str(path), "shape")
+
+
+def write_mooncake(requests: Sequence[Request], path: Path) -> None:
+    """Requests whose segments are whole 512-token blocks (the last one cut) as Mooncake lines."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in requests:
+            doc: dict[str, Any] = {"timestamp": int(round(r.time * 1000)), "input_length": r.prompt_tokens,
+                                   "output_length": r.output_length, "hash_ids": [s.block for s in r.segments]}
+            if r.conversation is not None:
+                doc["session_id"] = r.conversation
+            fh.write(json.dumps(doc) + "\n")
+
+
+def with_output(requests: Sequence[Request], output_length: int) -> list[Request]:
+    return [replace(r, output_length=output_length) for r in requests]
