@@ -1,4 +1,4 @@
-"""Command line: ``shadowlab run | report | gate | logs``. Thin: parse, call the stage, map errors.
+"""Command line: ``shadowlab run | report | gate | merge | logs``. Thin: parse, call the stage, map errors.
 
 Exit codes (defined in shadowlab/exitcodes.py; decided here and in the gate, nowhere else):
   0  qualified
@@ -53,12 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
                           "request_timeout_s, else 300)")
     run.add_argument("--no-report", action="store_true",
                      help="skip verdicts/report/gate after the run (exit 0 if every cell ran, else 3)")
+    shard = run.add_mutually_exclusive_group()
+    shard.add_argument("--shard", type=shard_spec, default=None, metavar="I/N",
+                       help="run only shard I of N (1-based) and write a part for `shadowlab merge`; "
+                            "with --dry-run: which shard owns which cells")
+    shard.add_argument("--shard-from", choices=("k8s", "github", "gitlab"), default=None,
+                       help="take I/N from the CI: k8s $JOB_COMPLETION_INDEX (+ --shard-count or "
+                            "$SHADOWLAB_SHARD_COUNT), gitlab $CI_NODE_INDEX/$CI_NODE_TOTAL, github "
+                            "$SHADOWLAB_SHARD_INDEX/$SHADOWLAB_SHARD_COUNT (set from strategy.job-index/-total)")
+    run.add_argument("--shard-count", type=positive_int, default=None, metavar="N",
+                     help="the number of shards, for --shard-from k8s (a pod knows only its index)")
 
     for name, text in (("report", "render report.html/report.md/junit.xml for a run directory"),
                        ("gate", "decide qualified or not for a run directory (exit code)")):
         p = sub.add_parser(name, help=text, epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("run_dir", type=Path)
+    merge = sub.add_parser("merge", help="merge the parts of a sharded run into one run directory",
+                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    merge.add_argument("parts", type=Path, nargs="+", metavar="DIR",
+                       help="the run directories `shadowlab run --shard I/N` wrote, one per shard")
+    merge.add_argument("--out", type=Path, required=True, help="the merged run directory (new or empty)")
     logs = sub.add_parser("logs", help="read production llama-server logs: lifecycle counts, shared prefixes, trace")
     importlib.import_module("shadowlab.logs").add_arguments(logs)
     return parser
@@ -91,6 +106,15 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"expected seconds above 0 and at most {MAX_REQUEST_TIMEOUT_S:g}, got {text}")
     return value
+
+
+def shard_spec(text: str) -> object:
+    from shadowlab.shard import ShardSpec, ShardUsageError
+
+    try:
+        return ShardSpec.parse(text)
+    except ShardUsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def fault_spec(text: str) -> str:
@@ -136,6 +160,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _report(args.run_dir)
         if args.command == "logs":
             return int(importlib.import_module("shadowlab.logs").run(args))
+        if args.command == "merge":
+            return _merge(args.parts, args.out)
         return _gate(args.run_dir)
     except BrokenPipeError:
         raise
@@ -181,6 +207,7 @@ def _run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         faults=tuple(args.fault),
         request_timeout_s=args.request_timeout,
+        shard=_shard_of(args),
     )
     outcome = run.run(options)  # run.Interrupted -> exit 130/143 in main()
     if outcome.run_dir is None:  # dry run
@@ -190,6 +217,27 @@ def _run(args: argparse.Namespace) -> int:
     if args.no_report:
         return EXIT_QUALIFIED if outcome.all_ran else EXIT_INFRASTRUCTURE
     return _judge(outcome.run_dir, all_ran=outcome.all_ran)
+
+
+def _shard_of(args: argparse.Namespace) -> object:
+    from shadowlab.shard import ShardSpec, ShardUsageError
+
+    if args.shard_from is not None:
+        return ShardSpec.from_ci(args.shard_from, os.environ, args.shard_count)
+    if args.shard_count is not None and args.shard is None:
+        raise ShardUsageError("--shard-count goes with --shard-from k8s")
+    if args.shard is not None and args.shard_count is not None and args.shard_count != args.shard.count:
+        raise ShardUsageError(f"--shard {args.shard} and --shard-count {args.shard_count} disagree")
+    return args.shard
+
+
+def _merge(parts: Sequence[Path], out: Path) -> int:
+    from shadowlab import merge
+
+    outcome = merge.merge(parts, out)
+    print(f"shadowlab: merged {len(outcome.parts)} parts ({outcome.cells} cells) into {outcome.out}; "
+          f"`shadowlab report` and `shadowlab gate` read it", file=sys.stderr)
+    return EXIT_QUALIFIED
 
 
 def _judge(run_dir: Path, *, all_ran: bool) -> int:

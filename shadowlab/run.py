@@ -49,6 +49,8 @@ import yaml
 from shadowlab import environment, isolation, prompts, records
 from shadowlab import matrix as matrix_module
 from shadowlab import plan as plan_module
+from shadowlab import rundir
+from shadowlab import shard as shard_module
 from shadowlab.engines import EngineAdapter, EngineIdentity, TurnRequest, get_adapter
 from shadowlab.errors import (
     EngineCrashError,
@@ -110,6 +112,7 @@ class RunOptions:
     jobs: int | None = None  # None: the matrix's isolation.jobs
     faults: tuple[str, ...] = ()  # --fault: each cell gets its adapter's fault_flags for them
     request_timeout_s: float | None = None  # overrides the engine's request_timeout_s
+    shard: shard_module.ShardSpec | None = None  # --shard I/N: run only that shard's cells
     reports_dir: Path = Path("reports")
     model_cache: Path = Path("models")
     progress: Callable[[str], None] | None = None  # default: a line on stderr
@@ -133,9 +136,11 @@ def run(options: RunOptions) -> RunOutcome:
     plan = build_plan(matrix)
     say = options.progress or _stderr_line
     matrix_module.check_machine(matrix, cores=len(isolation.usable_cores()), warn=say if options.dry_run else None)
+    assignment = shard_module.assign(plan, matrix, options.shard.count) if options.shard else None
     if options.dry_run:
-        print(plan.describe())
+        print(assignment.describe(plan, mark=options.shard.index) if assignment else plan.describe())
         return RunOutcome(None)
+    whole, plan = plan, assignment.part(plan, options.shard.index) if assignment else plan
     with storage_errors():
         layout = open_run_dir(options, matrix)
         with lock_run_dir(layout, resume=options.resume):
@@ -143,6 +148,8 @@ def run(options: RunOptions) -> RunOutcome:
             say(f"shadowlab: run directory {layout.root}")
             with RunContext(layout, matrix, options, say) as ctx:
                 prepare_engines(ctx)
+                if assignment is not None:
+                    write_shard_record(ctx, whole, assignment)
                 materialize_prompts(ctx)
                 statuses = run_cells(ctx, plan)
     return RunOutcome(layout.root, statuses)
@@ -264,7 +271,8 @@ def storage_failure(exc: OSError) -> InfrastructureError:
 
 def result_options(options: RunOptions) -> dict[str, Any]:
     """The options that change what a run measures: a resume must repeat them."""
-    return {"faults": list(options.faults), "request_timeout_s": options.request_timeout_s}
+    shard = {"shard": str(options.shard)} if options.shard else {}  # a whole run's file stays as it was
+    return {"faults": list(options.faults), "request_timeout_s": options.request_timeout_s, **shard}
 
 
 def write_run_records(layout: RunLayout, matrix: Matrix, plan: Plan, options: RunOptions) -> None:
@@ -294,9 +302,9 @@ def check_resumed_options(layout: RunLayout, now: dict[str, Any]) -> None:
         raise RunDirError("no readable options.json: the --fault and --request-timeout this run "
                           "started with are unknown", path=str(layout.root),
                           hint="start a new run")
-    flags = {"faults": "--fault", "request_timeout_s": "--request-timeout"}
-    changed = [f"{flag} {_shown(then.get(key))} then, {_shown(now[key])} now"
-               for key, flag in flags.items() if then.get(key) != now[key]]
+    flags = {"faults": "--fault", "request_timeout_s": "--request-timeout", "shard": "--shard"}
+    changed = [f"{flag} {_shown(then.get(key))} then, {_shown(now.get(key))} now"
+               for key, flag in flags.items() if then.get(key) != now.get(key)]
     if changed:
         raise RunDirError(f"options changed since this run started ({'; '.join(changed)}); its "
                           "cells would not be comparable", path=str(layout.root),
@@ -352,6 +360,19 @@ def check_resumed_identity(ctx: RunContext) -> None:
                     f"(sha256 {old[:12] or 'none'} then, {new[:12] or 'none'} now); "
                     "its cells would not be comparable",
                     path=str(ctx.layout.root), hint="resume with the same engine and model, or start a new run")
+
+
+def write_shard_record(ctx: RunContext, whole: Plan, assignment: shard_module.Assignment) -> None:
+    """shard.json: what this part is a part of (DESIGN §8); a resumed part must be the same."""
+    assert ctx.options.shard is not None
+    identities = shard_module.engine_identities(ctx.engines, list(ctx.matrix.engines))
+    now = shard_module.record_for(ctx.options.shard, assignment, whole, ctx.matrix,
+                                  rundir.read_matrix_bytes(ctx.layout.root), identities)
+    path = ctx.layout.root / rundir.SHARD_NAME
+    if ctx.options.resume and path.exists():
+        shard_module.check_resumed(rundir.read_shard(ctx.layout.root), now, str(path))
+        return
+    records.write_json_atomic(path, now.to_dict())
 
 
 def materialize_prompts(ctx: RunContext) -> None:

@@ -23,6 +23,8 @@ from shadowlab.matrix import load as load_matrix
 from shadowlab.records import CellMeta, RunLayout
 
 VERDICTS_NAME = "verdicts.json"
+SHARD_NAME = "shard.json"  # a shard's part: what it is a part of (DESIGN §8)
+MERGE_NAME = "merge.json"  # a merged run: the parts it was merged from
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,22 @@ def read_saved_verdicts(run_dir: str | Path) -> dict[str, Any]:
     return read_object(Path(run_dir) / VERDICTS_NAME)
 
 
+def read_shard(run_dir: str | Path) -> Any:
+    """shard.json of a part as a ``shard.ShardRecord``; RunDirError when it is missing or bad."""
+    from shadowlab.shard import ShardRecord
+
+    path = Path(run_dir) / SHARD_NAME
+    if not path.exists():
+        raise RunDirError("no shard.json: not a part of a sharded run", path=str(run_dir),
+                          hint="merge the directories `shadowlab run --shard I/N` wrote")
+    return ShardRecord.from_dict(records.read_json(path), source=str(path))
+
+
+def read_matrix_bytes(run_dir: str | Path) -> bytes:
+    """The resolved matrix.yaml as written (what a part's matrix_sha256 hashes), bounded."""
+    return records.read_regular_file(RunLayout(Path(run_dir)).matrix, records.MAX_RECORD_BYTES)
+
+
 def read_prompts(layout: RunLayout) -> dict[str, dict[str, list[int]]]:
     """{engine: {prompt_id: token ids}} from prompts/<engine>.json (absent files: empty)."""
     out: dict[str, dict[str, list[int]]] = {}
@@ -153,5 +171,5 @@ def read_cell_metas(root: Path, order: Sequence[str] | None = None) -> dict[str,
     return metas
 
 
-__all__ = ["RunDir", "VERDICTS_NAME", "load", "read_cell_metas", "read_object", "read_prompts",
-           "read_saved_verdicts"]
+__all__ = ["MERGE_NAME", "RunDir", "SHARD_NAME", "VERDICTS_NAME", "load", "read_cell_metas", "read_matrix_bytes",
+           "read_object", "read_prompts", "read_saved_verdicts", "read_shard"]
