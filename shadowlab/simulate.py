@@ -1,0 +1,661 @@
+"""`shadowlab simulate`: what each cache policy would reuse on a traffic, without an engine.
+
+A token-level model over segments (shadowlab/traffic.py; no token list is built) of the cache
+mechanics of the two engines shadowlab replays on, rule for rule (docs/DESIGN.md §8):
+
+- the reference engine (engine/shadowlab_engine/checkpoints.py is the source of truth; its
+  placement function `plan_checkpoints` and restore rule `newest_within` are imported, not
+  copied): slot selection by LCP similarity / LRU, `-cram` save and load, the affinity and
+  retention fixes, restore, cascade (`pos_max >= re-entry`), ring eviction;
+- llama.cpp b11434's llama-server (tools/server/server-context.cpp, server-task.cpp): the
+  prompt batch loop that places checkpoints at batch starts (L-4-n_ubatch, L-4, user-message
+  starts, `--checkpoint-min-step`), the restore search, the cascade (`pos_max > pos_next`),
+  the ring's too-close and oldest eviction, the RAM prompt cache (`-cram`: alloc/load/update
+  and its token limit), `--cache-idle-slots`, LRU with ties to the last slot.
+
+Requests are served one after another (each finishes before the next starts). Where a real
+engine's behaviour depends on timing — a request that arrives while another is still running on
+a server with several slots — the turn is listed as timing-dependent in every output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shadowlab import traffic
+from shadowlab.errors import ShadowlabError, TrafficError
+from shadowlab.traffic import Request, Segment, common_prefix, truncate
+from shadowlab_engine.checkpoints import CacheConfig, plan_checkpoints
+
+JSON_VERSION = 1
+OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One engine configuration to simulate. Flags keep llama-server's names; the cost side
+    (per-checkpoint MiB and ms, state sizes) defaults to the case study's 35B measurements."""
+
+    name: str
+    engine: str = "reference"  # "reference" | "llama.cpp"
+    slots: int = 1  # -np
+    n_batch: int = 2048  # -b
+    n_ubatch: int = 512  # -ub
+    ctx_checkpoints: int = 64  # --ctx-checkpoints
+    checkpoint_min_step: int = 8192  # --checkpoint-min-step
+    prompt_policy: int = 1  # PXA_CKPT_PROMPT_POLICY (reference engine)
+    prompt_end: int = 0  # PXA_CKPT_PROMPT_END (reference engine)
+    cache_ram_mib: float = 0  # -cram (0 off; llama.cpp: -1 no limit)
+    similarity: float = 0.1  # --slot-prompt-similarity
+    cache_idle_slots: bool = True  # llama.cpp --cache-idle-slots (with -cram and a unified KV)
+    affinity: bool = False  # SHADOWLAB_SLOT_AFFINITY (reference engine)
+    retain_mib: float = 0  # SHADOWLAB_CKPT_RETAIN_MIB (reference engine)
+    chat: bool = False  # requests carry user-message starts (chat / message_delimiters)
+    n_ctx: int = 8192  # llama.cpp's prompt-cache token limit starts at n_ctx
+    # cost model (case study, 35B): per checkpoint and per token of attention KV
+    checkpoint_mib: float = 62.9
+    create_ms: float = 63.0
+    restore_ms: float = 24.5  # 12-37 ms measured: the middle
+    kv_mib_per_token: float = 0.02  # assumption (not measured in the case study): ~20 KiB/token
+    state_mib: float = 62.9  # a slot's recurrent state in a -cram entry
+
+    ENGINES = ("reference", "llama.cpp")
+
+
+PRODUCTION = dict(ctx_checkpoints=64, cache_ram_mib=0, slots=1)  # the case study's flags
+PRESETS: dict[str, dict[str, Any]] = {
+    "baseline": dict(PRODUCTION),
+    "policy0": dict(PRODUCTION, prompt_policy=0),
+    "prompt-end": dict(PRODUCTION, prompt_end=1),
+    "cram": dict(PRODUCTION, cache_ram_mib=8192),
+    "slots4": dict(PRODUCTION, slots=4),
+    "affinity": dict(PRODUCTION, slots=4, affinity=True),
+    "affinity+policy0": dict(PRODUCTION, slots=4, affinity=True, prompt_policy=0),
+    "retention": dict(PRODUCTION, retain_mib=8192),
+    "retention+policy0": dict(PRODUCTION, retain_mib=8192, prompt_policy=0),
+    "llama-1slot": dict(PRODUCTION, engine="llama.cpp"),
+    "llama-cram": dict(PRODUCTION, engine="llama.cpp", cache_ram_mib=8192),
+    "llama-slots4": dict(PRODUCTION, engine="llama.cpp", slots=4),
+    "llama-defaults": dict(engine="llama.cpp", slots=4, ctx_checkpoints=32, cache_ram_mib=8192),
+}
+_FIELDS = {f.name: f for f in dataclasses.fields(Policy)}
+
+
+def parse_policy(text: str) -> Policy:
+    """`NAME` (a preset) or `NAME:key=value,key=value` (a preset with parameters changed)."""
+    name, _, params = text.partition(":")
+    if name not in PRESETS:
+        raise TrafficError(f"unknown policy {name!r}", hint="presets: " + ", ".join(PRESETS))
+    kw: dict[str, Any] = dict(PRESETS[name])
+    for item in filter(None, params.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not eq or key not in _FIELDS or key == "name":
+            raise TrafficError(f"policy {text!r}: {item!r} is not key=value with a known key",
+                               hint="keys: " + ", ".join(k for k in _FIELDS if k != "name"))
+        kw[key] = _value(key, value.strip(), text)
+    policy = Policy(name=text, **kw)
+    _check_policy(policy)
+    return policy
+
+
+def _value(key: str, value: str, text: str) -> Any:
+    kind = type(getattr(Policy("x"), key))
+    try:
+        if kind is bool:
+            if value.lower() not in ("0", "1", "true", "false"):
+                raise ValueError
+            return value.lower() in ("1", "true")
+        out = kind(value)
+        if isinstance(out, float) and not math.isfinite(out):
+            raise ValueError
+        return out
+    except ValueError:
+        raise TrafficError(f"policy {text!r}: {key}={value!r} is not a {kind.__name__}") from None
+
+
+def _check_policy(p: Policy) -> None:
+    if p.engine not in Policy.ENGINES:
+        raise TrafficError(f"policy {p.name!r}: engine must be one of {Policy.ENGINES}")
+    for key in ("slots", "n_batch", "n_ubatch"):
+        if getattr(p, key) < 1:
+            raise TrafficError(f"policy {p.name!r}: {key} must be at least 1")
+    if p.ctx_checkpoints < 0 or p.checkpoint_min_step < 0 or p.retain_mib < 0:
+        raise TrafficError(f"policy {p.name!r}: ctx_checkpoints, checkpoint_min_step and retain_mib are >= 0")
+    if p.engine == "llama.cpp" and (p.affinity or p.retain_mib or p.prompt_policy != 1 or p.prompt_end):
+        raise TrafficError(f"policy {p.name!r}: affinity, retention and the fork's POLICY/PROMPT_END knobs "
+                           "exist only in the reference engine")
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass
+class _Slot:
+    id: int
+    tokens: tuple[Segment, ...] = ()
+    n: int = 0  # tokens the slot's state has processed (prompt + evaluated output)
+    ckpts: list[tuple[int, int]] = field(default_factory=list)  # (n_tokens, task), oldest first
+    t_last: int = -1  # llama.cpp: -1 never used; the reference engine uses 0
+    store: list[tuple[tuple[Segment, ...], int, tuple[tuple[int, int], ...]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one request did under one policy."""
+
+    index: int
+    slot: int
+    outcome: str
+    prompt_tokens: int
+    reused: int
+    processed: int
+    created: int
+    restored: bool
+    erased: int
+    loaded: str = ""  # "cram" | "retention" when a saved entry was loaded
+
+
+class _Sim:
+    """One policy over one traffic, request by request."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.p = policy
+        self.llama = policy.engine == "llama.cpp"
+        first_t = -1 if self.llama else 0
+        self.slots = [_Slot(i, t_last=first_t) for i in range(policy.slots)]
+        self.clock = 0
+        self.owner: dict[str, int] = {}
+        self.cram: list[tuple[tuple[Segment, ...], int, tuple[tuple[int, int], ...]]] = []
+        self.cfg = CacheConfig(n_batch=policy.n_batch, n_ubatch=policy.n_ubatch,
+                               ctx_checkpoints=policy.ctx_checkpoints,
+                               checkpoint_min_step=policy.checkpoint_min_step,
+                               prompt_policy=policy.prompt_policy, prompt_end=policy.prompt_end)
+
+    # -- one request ---------------------------------------------------------------------
+
+    def serve(self, index: int, r: Request) -> Turn:
+        prompt, L = r.segments, r.prompt_tokens
+        slot, update = self._select(prompt, L, r.conversation)
+        loaded = ""
+        if update and self.p.cache_ram_mib and (slot.n or self.llama):
+            self._cram_save(slot)
+            loaded = "cram" if self._cram_load(slot, prompt, L) else ""
+        if self.llama and self.p.cache_ram_mib and self.p.cache_idle_slots:
+            for other in self.slots:
+                if other is not slot:
+                    if other.n:
+                        self._cram_save(other)
+                    other.tokens, other.n, other.ckpts = (), 0, []
+        if self.llama:
+            outcome, re_entry, restored, erased = self._begin_llama(slot, prompt, L)
+            created = self._place_llama(slot, index, r, re_entry)
+        else:
+            outcome, re_entry, restored, erased, from_store = self._begin_reference(slot, prompt, L)
+            loaded = "retention" if from_store else loaded
+            created = self._place_reference(slot, index, r, re_entry)
+        out = max(0, r.output_length - 1)  # the last sampled token is never evaluated
+        slot.tokens = prompt + ((Segment(-1 - index, 0, out),) if out else ())
+        slot.n = L + out
+        self.clock += 1
+        slot.t_last = self.clock
+        return Turn(index, slot.id, outcome, L, re_entry, L - re_entry, created, restored, erased, loaded)
+
+    # -- slot selection ------------------------------------------------------------------
+
+    def _select(self, prompt: tuple[Segment, ...], L: int, key: str | None) -> tuple[_Slot, bool]:
+        if self.p.affinity and key in self.owner:
+            slot = self.slots[self.owner[key]]
+            f_keep = common_prefix(slot.tokens, prompt) / slot.n if slot.n else 0.0
+            return slot, f_keep < 0.5
+        candidates = self.slots
+        if self.p.affinity:
+            owned = set(self.owner.values())
+            candidates = [s for s in self.slots if s.id not in owned] or self.slots
+        slot, update = self._by_similarity_or_lru(candidates, prompt, L)
+        if self.p.affinity:
+            for k in [k for k, s in self.owner.items() if s == slot.id]:
+                del self.owner[k]
+            if key is not None:
+                self.owner[key] = slot.id
+        return slot, update
+
+    def _by_similarity_or_lru(self, slots: list[_Slot], prompt: tuple[Segment, ...], L: int) -> tuple[_Slot, bool]:
+        best, sim_best = None, 0.0
+        if self.p.similarity:
+            for s in slots:
+                if not s.n:
+                    continue
+                sim = _f32(common_prefix(s.tokens, prompt) / L) if self.llama else common_prefix(s.tokens, prompt) / L
+                if sim > sim_best and sim > self.p.similarity:
+                    best, sim_best = s, sim
+        if best is not None:
+            return best, sim_best * L / best.n < 0.5
+        if self.llama:  # `t_last_used <= t_last`: ties go to the last slot
+            lru = slots[0]
+            for s in slots[1:]:
+                if s.t_last <= lru.t_last:
+                    lru = s
+            return lru, True
+        return min(slots, key=lambda s: s.t_last), True
+
+    # -- RAM prompt cache ------------------------------------------------------------------
+
+    def _entry_mib(self, n: int, ckpts: Sequence[Any]) -> float:
+        kv = self.p.kv_mib_per_token * n if self.llama else 0.0  # the reference saves a fixed-size state
+        return self.p.state_mib + kv + len(ckpts) * self.p.checkpoint_mib
+
+    def _cram_save(self, slot: _Slot) -> None:
+        if not slot.n or any(common_prefix(e[0], slot.tokens) == slot.n for e in self.cram):
+            return
+        size, limit = self._entry_mib(slot.n, slot.ckpts), self.p.cache_ram_mib
+        if self.llama:
+            if limit > 0 and size > limit:
+                return
+            self.cram = [e for e in self.cram if common_prefix(e[0], slot.tokens) < e[1]]
+            while limit > 0 and self.cram and self._cram_mib() + size > limit:
+                self.cram.pop(0)
+            self.cram.append((slot.tokens, slot.n, tuple(slot.ckpts)))
+            self._cram_update()
+            return
+        self.cram = [e for e in self.cram if common_prefix(e[0], slot.tokens) < e[1]]
+        if size > limit:
+            return
+        self.cram.append((slot.tokens, slot.n, tuple(slot.ckpts)))
+        while self._cram_mib() > limit:
+            self.cram.pop(0)
+
+    def _cram_mib(self) -> float:
+        return sum(self._entry_mib(e[1], e[2]) for e in self.cram)
+
+    def _cram_update(self) -> None:
+        """llama.cpp's server_prompt_cache::update: the size limit, then the token limit
+        (n_ctx, raised to what the size limit holds at the cache's bytes per token)."""
+        limit = self.p.cache_ram_mib
+        while limit > 0 and self.cram and self._cram_mib() > limit:
+            self.cram.pop(0)
+        n_tokens = sum(e[1] for e in self.cram)
+        per_token = max(1.0, self._cram_mib() * MIB / max(1, n_tokens))
+        limit_tokens = max(self.p.n_ctx, int(limit * MIB / per_token)) if limit > 0 else self.p.n_ctx
+        while self.cram and sum(e[1] for e in self.cram) > limit_tokens:
+            self.cram.pop(0)
+
+    def _cram_load(self, slot: _Slot, prompt: tuple[Segment, ...], L: int) -> bool:
+        lcp = common_prefix(slot.tokens, prompt)
+        f_keep_best = lcp / slot.n if slot.n else (-1.0 if self.llama else 0.0)
+        sim_best, best = lcp / L, None
+        for e in self.cram:
+            cur = common_prefix(e[0], prompt)
+            f_keep, sim = cur / e[1], cur / L
+            if self.llama:
+                f_keep, sim = _f32(f_keep), _f32(sim)
+            if f_keep < 0.25:
+                continue
+            if f_keep_best < f_keep and sim_best < sim:
+                f_keep_best, sim_best, best = f_keep, sim, e
+        if best is None:
+            return False
+        self.cram.remove(best)
+        slot.tokens, slot.n, slot.ckpts = best[0], best[1], list(best[2])
+        return True
+
+    # -- reference engine: restore decision, retention, cascade, placement ---------------
+
+    def _begin_reference(self, slot: _Slot, prompt: tuple[Segment, ...], L: int):
+        lcp = common_prefix(slot.tokens, prompt)
+        n_past = min(lcp, L - 1)
+        outcome, re_entry, ckpt = self._decide_reference(slot, n_past)
+        if self.p.retain_mib > 0:
+            better = self._take_better(slot, prompt, L, re_entry)
+            self._retain(slot, re_entry, better)
+            if better is not None:
+                tokens, _, ring, c = better
+                slot.tokens, slot.ckpts = tokens, list(ring)
+                erased = self._cascade(slot, c)
+                return "restored", c, True, erased, True
+        erased = self._cascade(slot, re_entry)
+        return outcome, re_entry, ckpt is not None, erased, False
+
+    def _decide_reference(self, slot: _Slot, n_past: int) -> tuple[str, int, int | None]:
+        if not slot.n:
+            return "cold", 0, None
+        if n_past == slot.n:
+            return "extended", n_past, None
+        if n_past == 0:
+            return "silent_reset", 0, None
+        for n, _ in reversed(slot.ckpts):
+            if n <= n_past:
+                return "restored", n, n
+        return "forced", 0, None
+
+    def _cascade(self, slot: _Slot, re_entry: int) -> int:
+        """Erase the checkpoints above the re-entry point: the reference engine erases
+        pos_max >= re-entry, llama.cpp pos_max > pos_next (pos_max = n_tokens - 1)."""
+        keep = [c for c in slot.ckpts if (c[0] - 1 <= re_entry if self.llama else c[0] - 1 < re_entry)]
+        erased = len(slot.ckpts) - len(keep)
+        slot.ckpts = keep
+        return erased
+
+    def _take_better(self, slot: _Slot, prompt: tuple[Segment, ...], L: int, re_entry: int):
+        best = None
+        for e in slot.store:  # oldest first: `>=` keeps the newest of equals
+            lcp = common_prefix(e[0], prompt)
+            n_past = min(lcp, L - 1)
+            c = next((n for n, _ in reversed(e[2]) if n <= n_past), None)
+            if c is not None and (best is None or c >= best[3]):
+                best = (*e, c)
+        if best is None or best[3] <= re_entry:
+            return None
+        slot.store.remove(best[:3])
+        return best
+
+    def _retain(self, slot: _Slot, re_entry: int, better: Any) -> None:
+        """docs/DESIGN.md §1 retention 3: save the ring when it is about to be lost."""
+        if better is None and all(n - 1 < re_entry for n, _ in slot.ckpts):
+            return
+        n = min(max((c[0] for c in slot.ckpts), default=0), slot.n)
+        ring = tuple(c for c in slot.ckpts if c[0] <= n)
+        if not ring or (better is not None and better[1] == n):
+            return
+        slot.store = [e for e in slot.store if e[1] != n]
+        slot.store.append((truncate(slot.tokens, n), n, ring))
+        size = lambda e: len(e[2]) * self.p.checkpoint_mib + e[1] * self.p.kv_mib_per_token  # noqa: E731
+        while slot.store and (sum(len(e[2]) for e in slot.store) > self.p.ctx_checkpoints
+                              or sum(size(e) for e in slot.store) > self.p.retain_mib):
+            slot.store.pop(0)
+
+    def _place_reference(self, slot: _Slot, task: int, r: Request, re_entry: int) -> int:
+        last = slot.ckpts[-1][0] if slot.ckpts else 0
+        starts = r.user_starts if self.p.chat else ()
+        planned = plan_checkpoints(self.cfg, r.prompt_tokens, re_entry, starts, last)
+        for n in planned:
+            while len(slot.ckpts) >= self.p.ctx_checkpoints:
+                slot.ckpts.pop(0)
+            slot.ckpts.append((n, task))
+        return len(planned)
+
+    # -- llama.cpp b11434 ------------------------------------------------------------------
+
+    def _begin_llama(self, slot: _Slot, prompt: tuple[Segment, ...], L: int):
+        n_past = common_prefix(slot.tokens, prompt)
+        thold = max(0, n_past - (0 if n_past < L else 1))
+        outcome, restored = ("cold" if not slot.n else "silent_reset"), False
+        if 0 < n_past <= slot.n:
+            outcome = "extended"
+            if slot.n - 1 >= thold:  # the recurrent state sits past the shared prefix
+                found = next((n for n, _ in reversed(slot.ckpts)
+                              if n - 1 <= n_past and (n - 1 < thold or n - 1 == 0)), None)
+                if found is None:
+                    outcome, n_past = "forced", 0
+                else:
+                    outcome, n_past, restored = "restored", min(n_past, found), True
+        erased = self._cascade(slot, n_past)
+        if n_past == L and n_past > 0:
+            n_past -= 1  # [TAG_PROMPT_LOGITS]: at least one token is evaluated
+        return outcome, n_past, restored, erased
+
+    def _place_llama(self, slot: _Slot, task: int, r: Request, p0: int) -> int:
+        """The prompt batch loop of update_slots: a checkpoint is taken at a batch's start
+        (before it is decoded) when the batch ends the prompt, starts near its end (within
+        n_ubatch), or starts a user message; batches break at L-4-n_ubatch, L-4 and at user
+        starts."""
+        if self.p.ctx_checkpoints <= 0:
+            return 0
+        p, L = self.p, r.prompt_tokens
+        starts = sorted(s for s in r.user_starts if s > 0) if p.chat else []
+        user = set(starts)
+        last_user = starts[-1] if starts else -1
+        tails = sorted({L - min(p.n_batch, 4 + p.n_ubatch), L - min(p.n_batch, 4)})
+        created, n = 0, p0
+        while n < L:
+            start = n
+            end = min(L, start + p.n_batch)
+            end = min([end, *(t for t in tails if t > start)])
+            for u in starts:
+                if start < u < end and (u == last_user or not slot.ckpts or u > slot.ckpts[-1][0] + p.checkpoint_min_step):
+                    end = u
+                    break
+            near_end = L < end + p.n_ubatch
+            do = end == L or start in user or near_end
+            do = do and start > 0  # an empty memory has nothing to checkpoint (pos_min < 0)
+            do = do and (not slot.ckpts or start == last_user or near_end
+                         or start > slot.ckpts[-1][0] + p.checkpoint_min_step)
+            if do:
+                self._create_llama(slot, task, start)
+                created += 1
+            n = end
+        return created
+
+    def _create_llama(self, slot: _Slot, task: int, n_tokens: int) -> None:
+        """create_checkpoint: when the ring is (nearly) full, first drop other tasks'
+        checkpoints too close to the one before them, then the oldest; a checkpoint at the same
+        n_tokens is superseded."""
+        p, ring = self.p, list(slot.ckpts)
+        i, last = 0, -1
+        while len(ring) + 1 >= p.ctx_checkpoints and i < len(ring):
+            n, owner = ring[i]
+            if owner != task and last >= 0 and n <= last + p.checkpoint_min_step:
+                del ring[i]
+                continue
+            last, i = n, i + 1
+        while len(ring) >= p.ctx_checkpoints:
+            ring.pop(0)
+        ring = [c for c in ring if c[0] != n_tokens]
+        ring.append((n_tokens, task))
+        slot.ckpts = ring
+
+
+def _f32(x: float) -> float:
+    """llama.cpp computes similarities in float: round like it does."""
+    import struct
+
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+# --------------------------------------------------------------------------- a whole run
+
+
+def simulate(requests: Sequence[Request], policy: Policy) -> list[Turn]:
+    sim = _Sim(policy)
+    return [sim.serve(i, r) for i, r in enumerate(requests)]
+
+
+def timing_dependent(requests: Sequence[Request], turns: Sequence[Turn], policy: Policy,
+                     prefill_tps: float) -> list[int]:
+    """Requests that would arrive while an earlier one is still prefilling (estimated at
+    `prefill_tps`) on a server with several slots: which slot is free, and how llama.cpp splits
+    its shared batch, then depends on timing, which a sequential model does not know."""
+    if policy.slots < 2:
+        return []  # one slot: requests queue in arrival order, as modelled
+    out, busy_until = [], -math.inf
+    for r, t in zip(requests, turns):
+        if r.time < busy_until:
+            out.append(t.index)
+        busy_until = max(busy_until, r.time) + t.processed / prefill_tps
+    return out
+
+
+def summarise(requests: Sequence[Request], turns: Sequence[Turn], ideal: Sequence[tuple[int, int]],
+              policy: Policy, prefill_tps: float) -> dict[str, Any]:
+    n = len(turns)
+    prompt = sum(t.prompt_tokens for t in turns)
+    reused = sum(t.reused for t in turns)
+    ideal_sum = sum(i for i, _ in ideal)
+    consecutive = sum(c for _, c in ideal)
+    created = sum(t.created for t in turns)
+    restores = sum(t.restored for t in turns)
+    outcomes = {o: sum(t.outcome == o for t in turns) for o in OUTCOMES}
+    late = timing_dependent(requests, turns, policy, prefill_tps)
+    return {
+        "policy": policy.name,
+        "parameters": dataclasses.asdict(policy),
+        "requests": n,
+        "prompt_tokens": prompt,
+        "processed_tokens": prompt - reused,
+        "reused_tokens": reused,
+        "ideal_tokens": ideal_sum,
+        "consecutive_ideal_tokens": consecutive,
+        "share_of_ideal": reused / ideal_sum if ideal_sum else None,
+        "share_of_consecutive_ideal": reused / consecutive if consecutive else None,
+        "outcomes": outcomes,
+        "forced": outcomes["forced"],
+        "silent": outcomes["silent_reset"],
+        "restored": outcomes["restored"],
+        "loaded_entries": {k: sum(t.loaded == k for t in turns) for k in ("cram", "retention")},
+        "checkpoints_created": created,
+        "checkpoints_erased": sum(t.erased for t in turns),
+        "creations_per_turn": created / n if n else None,
+        "checkpoint_mib_per_turn": created * policy.checkpoint_mib / n if n else None,
+        "checkpoint_ms_per_turn": (created * policy.create_ms + restores * policy.restore_ms) / n if n else None,
+        "prefill_s": (prompt - reused) / prefill_tps,
+        "avoidable_prefill_s": (ideal_sum - reused) / prefill_tps if ideal_sum >= reused else 0.0,
+        "timing_dependent_turns": late,
+    }
+
+
+def run_policies(loaded: traffic.Loaded, policies: Sequence[Policy], prefill_tps: float,
+                 per_turn: bool = True) -> dict[str, Any]:
+    requests = loaded.requests
+    ideal = list(traffic.ideals(requests))
+    results = []
+    for policy in policies:
+        turns = simulate(requests, policy)
+        doc = summarise(requests, turns, ideal, policy, prefill_tps)
+        if per_turn:
+            doc["turns"] = {"reused": [t.reused for t in turns], "outcome": [t.outcome for t in turns],
+                            "slot": [t.slot for t in turns], "created": [t.created for t in turns]}
+        results.append(doc)
+    return {
+        "version": JSON_VERSION,
+        "source": loaded.source,
+        "format": loaded.format,
+        "skipped": list(loaded.skipped),
+        "prefill_tps": prefill_tps,
+        "shape": traffic.realised_shape(requests),
+        "ideal": {"perfect": [i for i, _ in ideal], "consecutive": [c for _, c in ideal]} if per_turn else None,
+        "notes": _notes(loaded),
+        "policies": results,
+    }
+
+
+def _notes(loaded: traffic.Loaded) -> list[str]:
+    notes = ["requests are served one after another; a turn listed as timing-dependent would "
+             "meet busy slots on a real server with several slots, so its slot (and its reuse) may differ"]
+    if loaded.format == "trace":
+        notes.append("a logs trace states only the prefix each request shared with its slot's previous "
+                     "request: the ideal is that consecutive one, and no request names a conversation "
+                     "(affinity treats every request as an interloper)")
+    return notes
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def summary(doc: dict[str, Any]) -> str:
+    s = doc["shape"]
+    lines = [f"shadowlab simulate: {doc['source']} ({doc['format']}): {s['requests']:,} requests, "
+             f"{s['prompt_tokens']:,} prompt tokens, {s['interlopers']:,} interlopers, "
+             f"{s['conversations']:,} conversations",
+             f"  ideal (perfect cache) {s['ideal_tokens']:,} tokens; consecutive-turn ideal "
+             f"{s['consecutive_ideal_tokens']:,}; shared with the previous request: median "
+             f"{s['shared_with_previous']['median']}, under 512 {_pc(s['share_near_zero_overlap'])}",
+             ""]
+    head = ("policy", "reused", "of ideal", "of consec.", "processed", "forced", "silent", "restored",
+            "ckpt/turn", "MiB/turn", "ms/turn", "prefill s", "avoidable s", "timing-dep.")
+    rows = [head]
+    for p in doc["policies"]:
+        rows.append((p["policy"], f"{p['reused_tokens']:,}", _pc(p["share_of_ideal"]),
+                     _pc(p["share_of_consecutive_ideal"]), f"{p['processed_tokens']:,}", str(p["forced"]),
+                     str(p["silent"]), str(p["restored"]), f"{p['creations_per_turn']:.2f}",
+                     f"{p['checkpoint_mib_per_turn']:.1f}", f"{p['checkpoint_ms_per_turn']:.1f}",
+                     f"{p['prefill_s']:,.1f}", f"{p['avoidable_prefill_s']:,.1f}",
+                     str(len(p["timing_dependent_turns"]))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        lines.append("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    lines.append(f"  (prefill seconds at {doc['prefill_tps']:,.0f} tokens/s; cost per created checkpoint and "
+                 "restore from each policy's parameters)")
+    for p in doc["policies"]:
+        late = p["timing_dependent_turns"]
+        if late:
+            lines.append(f"  {p['policy']}: {len(late)} timing-dependent turn(s), first: "
+                         + ", ".join(map(str, late[:10])))
+    lines += [f"  note: {n}" for n in doc["notes"]]
+    lines += [f"  skipped: {s}" for s in doc["skipped"][:20]]
+    return "\n".join(lines) + "\n"
+
+
+def _pc(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f} %"
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    from shadowlab import report  # the report's environment: autoescape, |visible, StrictUndefined
+
+    env = report._environment()
+    return env.get_template("simulate.html.j2").render(doc=doc)
+
+
+# --------------------------------------------------------------------------- command
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", type=Path, metavar="SOURCE",
+                   help="a Mooncake JSON-lines trace, a `shadowlab logs --trace` file, or a traffic shape (YAML/JSON)")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME[:key=value,...]",
+                   help="a preset (" + ", ".join(PRESETS) + ") with optional parameters; repeatable "
+                        "(default: baseline, policy0, prompt-end, affinity, retention)")
+    p.add_argument("--prefill-tps", type=float, default=2200.0, metavar="TOKENS_PER_S",
+                   help="prefill rate for the seconds columns (default 2200, the case study's 2,100-2,300)")
+    p.add_argument("--json", action="store_true", help="print the JSON document (version 1) instead of the table")
+    p.add_argument("--out", type=Path, default=None, help="write simulate.json and simulate.html into DIR")
+
+
+DEFAULT_POLICIES = ("baseline", "policy0", "prompt-end", "affinity", "retention")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The subcommand: 0 when the traffic was simulated, 2 on bad input (no traceback)."""
+    try:
+        if not math.isfinite(args.prefill_tps) or args.prefill_tps <= 0:
+            raise TrafficError(f"--prefill-tps must be a positive number, got {args.prefill_tps}")
+        policies = [parse_policy(t) for t in (args.policy or DEFAULT_POLICIES)]
+        loaded = traffic.load(args.source)
+        if not loaded.requests:
+            raise TrafficError("no request in the traffic", file=str(args.source))
+        doc = run_policies(loaded, policies, args.prefill_tps)
+    except ShadowlabError as exc:
+        from shadowlab.records import terminal_safe
+
+        print(f"shadowlab simulate: {terminal_safe(str(exc))}", file=sys.stderr)
+        return 2
+    text = json.dumps(doc, ensure_ascii=True)
+    if args.out is not None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "simulate.json").write_text(text + "\n", encoding="utf-8")
+            (args.out / "simulate.html").write_text(render_html(doc), encoding="utf-8")
+        except OSError as exc:
+            print(f"shadowlab simulate: cannot write --out {args.out}: {exc.strerror}", file=sys.stderr)
+            return 2
+    sys.stdout.write(text + "\n" if args.json else summary(doc))
+    return 0
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shadowlab simulate", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(list(argv) if argv is not None else None))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
