@@ -20,10 +20,7 @@ def matrix_to_dict(m: Matrix) -> dict[str, Any]:
         "name": m.name,
         "description": m.description,
         "engines": {n: _engine_to_dict(e) for n, e in m.engines.items()},
-        "configurations": {
-            n: {"flags": list(c.flags), "env": dict(c.env), "description": c.description}
-            for n, c in m.configurations.items()
-        },
+        "configurations": {n: _configuration_to_dict(c) for n, c in m.configurations.items()},
         "prompts": {n: _prompt_to_dict(p) for n, p in m.prompts.items()},
         "sequences": {n: _sequence_to_dict(s) for n, s in m.sequences.items()},
         "cells": {
@@ -35,6 +32,13 @@ def matrix_to_dict(m: Matrix) -> dict[str, Any]:
         "identity": vars(m.identity).copy(),
         "expectations": [_expectation_to_dict(x) for x in m.expectations],
     }
+
+
+def _configuration_to_dict(c: Any) -> dict[str, Any]:
+    out = {"flags": list(c.flags), "env": dict(c.env), "description": c.description}
+    if c.pin_slots:  # written only when set: a resume compares matrix.yaml as text
+        out["pin_slots"] = c.pin_slots
+    return out
 
 
 def _engine_to_dict(e: EngineSpec) -> dict[str, Any]:
@@ -78,7 +82,30 @@ def _sequence_to_dict(s: Any) -> list[str] | dict[str, Any]:
     # An ordered sequence stays a plain list: a resume compares matrix.yaml as text.
     if s.kind == "ordered":
         return list(s.prompts)
+    if s.kind == "traffic":
+        return _traffic_to_dict(s)
     return {"kind": s.kind, "prompts": list(s.prompts)}
+
+
+def _traffic_to_dict(s: Any) -> dict[str, Any]:
+    import dataclasses
+
+    out: dict[str, Any] = {"kind": "traffic", "description": s.description, "reference": s.reference}
+    src = s.source
+    if hasattr(src, "sha256"):  # a trace file: its resolved path
+        out.update(trace=str(src.path), format=src.format)
+        if src.limit is not None:
+            out["limit"] = src.limit
+        return out
+    shape = {}
+    for name, value in dataclasses.asdict(src).items():
+        if name in ("interloper_kinds",):
+            value = {k: w for k, w in value}
+        elif isinstance(value, dict):  # a Dist
+            value = dict(value)
+        shape[name] = value
+    out["shape"] = shape
+    return out
 
 
 def _selection_to_dict(s: Selection) -> dict[str, str]:

@@ -17,7 +17,7 @@ MATRIX_VERSION = 1
 LOG_FAMILIES = FAMILIES  # what engines.<name>.log_family may be: the parser's families
 PROMPT_KINDS = ("random", "diverge", "unrelated", "append", "chat")
 # How a sequence's turns reach the engine; `ordered` (a plain list in YAML) is the default.
-SEQUENCE_KINDS = ("ordered",)
+SEQUENCE_KINDS = ("ordered", "traffic")
 ENDPOINTS = ("completion", "chat")
 OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset", "error")
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -105,7 +105,8 @@ SCHEMA: dict[str, Section] = {
         Key("engines", "map name → engine", REQUIRED, "The engines under test (at least one)."),
         Key("configurations", "map name → configuration", {"default": {}},
             "Named flag/env deltas applied on top of each engine's."),
-        Key("prompts", "map id → prompt", REQUIRED, "Prompts, exact in tokens."),
+        Key("prompts", "map id → prompt", Derived("none: a matrix of traffic sequences alone needs none"),
+            "Prompts, exact in tokens."),
         Key("sequences", "map name → list of prompt ids | sequence", REQUIRED,
             "Turns sent to one fresh engine process; a plain list is a sequence of kind `ordered`."),
         Key("cells", "cells", Derived("all configurations × sequences"), "Which combinations run."),
@@ -150,6 +151,8 @@ SCHEMA: dict[str, Section] = {
         Key("flags", "list of str", (), "Flags appended to the engine's."),
         Key("env", "map str → str", {}, "Environment merged over the engine's."),
         Key("description", "str", "", "Free text shown in the plan and report."),
+        Key("pin_slots", "int", 0, "Send llama.cpp's `id_slot` on traffic turns: the k-th conversation "
+            "gets slot k mod (N - 1), interlopers slot N - 1 (the engine needs N slots: -np N); 0: none."),
     )),
     "prompt.random": Section("prompts.<id> (kind: random)", _PROMPT_COMMON + (
         Key("tokens", "int", REQUIRED, "Exact length in tokens (at most 2^20; with n_predict it must "
@@ -187,6 +190,24 @@ SCHEMA: dict[str, Section] = {
             "`ordered`: the prompts in order, one conversation (named like the sequence)."),
         Key("prompts", "list of prompt ids", REQUIRED, "The turns, in order."),
     ), "`A-C: [A, C]` is short for `A-C: {kind: ordered, prompts: [A, C]}`."),
+    "sequence.traffic": Section("sequences.<name> (kind: traffic)", (
+        Key("kind", "traffic", REQUIRED, "Conversations and interlopers interleaved on one server "
+            "(docs/DESIGN.md §2 *Traffic sequences*); turn i is prompt id `<name>-t<iiii>`."),
+        Key("description", "str", "", "Free text shown in the plan and report."),
+        Key("shape", "traffic shape", Derived("shadowlab.traffic.TrafficShape's defaults"),
+            "Generated traffic: the keys of `shadowlab.traffic.TrafficShape` (conversations, turns, "
+            "concurrent, system_tokens, turn_tokens, volatile_tokens (the re-rendered block), "
+            "user_tokens, interloper_share, interloper_tokens, interloper_kinds (zero, system, "
+            "near_duplicate → weight), near_duplicate_cut, arrival (round_robin | random | bursts), "
+            "burst, output_tokens, gap_s, seed); a size is `n`, `[low, high]` (uniform) or "
+            "`{kind: lognormal, a: median, b: sigma, low, high}`. Not with `trace`."),
+        Key("trace", "path", None, "Traffic from a file instead (relative to the matrix file): Mooncake "
+            "JSON lines (`input_length`, `hash_ids`, optional `session_id`) or `shadowlab logs --trace`."),
+        Key("format", "auto | mooncake | shadowlab-trace", "auto", "The trace's format (`auto`: by its first line)."),
+        Key("limit", "int", None, "Replay at most this many requests of the trace (the first ones)."),
+        Key("reference", "replay | cold", "replay", "Identity reference per turn: `replay` one fresh "
+            "process sends every turn again with `cache_prompt: false`; `cold` a fresh process per request."),
+    ), "Either `shape` or `trace`. At most 4096 requests."),
     "cells": Section("cells", (
         Key("include", "list of selection", ({},), "Combinations to run (`[{}]`: everything)."),
         Key("exclude", "list of selection", (), "Combinations removed from the included ones."),
@@ -229,6 +250,9 @@ SCHEMA: dict[str, Section] = {
         Key("checkpoints_created_at", "list of int", None,
             "`pos_max` values that must be among the checkpoints created on the turn."),
         Key("identity", "bool", None, "Require (true) or waive (false) byte identity with the cold run."),
+        Key("min_recovered_share", "number 0..1", None,
+            "Traffic: Σ reused / Σ ideal (the longest prefix each turn shares with any earlier "
+            "request) over the selected turns must reach this."),
         Key("cascade", "bool", None,
             "Require (true) or waive (false) the erase cascade: every checkpoint alive at the turn's "
             "start with `pos_max` above its re-entry point was erased (`erased invalidated`), none kept. "
@@ -238,7 +262,7 @@ SCHEMA: dict[str, Section] = {
 
 # The keys of an expectation that are checks (the rest select cells and describe).
 CHECK_KEYS = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at",
-              "identity", "cascade")
+              "identity", "cascade", "min_recovered_share")
 
 
 def default_endpoint(kind: str) -> str:

@@ -10,6 +10,9 @@ from typing import Any
 
 from shadowlab.matrix.dump import matrix_to_dict
 from shadowlab.matrix.schema import default
+from shadowlab.matrix.traffic_kind import TraceSource, traffic_prompt_id
+from shadowlab.traffic import Request as TrafficRequest
+from shadowlab.traffic import TrafficShape
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class ConfigurationSpec:
     flags: tuple[str, ...] = default("configuration", "flags")
     env: Mapping[str, str] = field(default_factory=lambda: dict(default("configuration", "env")))
     description: str = default("configuration", "description")
+    pin_slots: int = default("configuration", "pin_slots")  # traffic: id_slot per conversation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,9 +162,33 @@ class SequenceSpec:
     prompts: tuple[str, ...]
     kind: str = default("sequence", "kind")
 
-    def conversation(self, index: int) -> str:
-        """The conversation turn `index` belongs to."""
+    def conversation(self, index: int) -> str | None:
+        """The conversation turn `index` belongs to (None: an interloper, no conversation)."""
         return self.name
+
+
+@dataclass(frozen=True)
+class TrafficSequence(SequenceSpec):
+    """Conversations and interlopers interleaved on one server (kind `traffic`): the requests are
+    generated at load (`traffic_kind`), turn i is prompt id `<name>-t<iiii>`, not a matrix prompt."""
+
+    source: TrafficShape | TraceSource | None = None
+    requests: tuple[TrafficRequest, ...] = ()  # shadowlab.traffic.Request, in arrival order
+    reference: str = default("sequence.traffic", "reference")
+    description: str = ""
+
+    def conversation(self, index: int) -> str | None:
+        return self.requests[index].conversation
+
+    def request(self, prompt_id: str) -> TrafficRequest | None:
+        """The request a prompt id of this sequence names (None: not one of its turns)."""
+        head, _, number = prompt_id.rpartition("-t")
+        if head != self.name or not number.isdigit() or int(number) >= len(self.requests):
+            return None
+        return self.requests[int(number)]
+
+
+__all__ = ["traffic_prompt_id"]  # re-exported for the loader
 
 
 @dataclass(frozen=True)
@@ -221,6 +249,7 @@ class Expectation:
     checkpoints_created_at: tuple[int, ...] | None = None
     identity: bool | None = None
     cascade: bool | None = None
+    min_recovered_share: float | None = None
     description: str = default("expectation", "description")
     line: int | None = field(default=None, compare=False)  # where it is written, for reports
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import functools
+import hashlib
 import re
 import shutil
 import string
@@ -56,12 +57,19 @@ from shadowlab.matrix.specs import (
     RandomPrompt,
     Selection,
     SequenceSpec,
+    TrafficSequence,
     UnrelatedPrompt,
+    traffic_prompt_id,
 )
+from shadowlab import traffic
+from shadowlab.errors import TrafficError
+from shadowlab.matrix import traffic_kind
+from shadowlab.matrix.traffic_kind import TraceSource
 from shadowlab.matrix.yamlpos import LineList, LineMap, parse_yaml
 from shadowlab.records import FileRefused, read_regular_file
 
-_MAX_INT = (1 << 63) - 1  # every integer must fit an engine's int64
+_MAX_INT = (1 << 63) - 1
+MAX_TRACE_BYTES = 64 << 20  # a trace file is read whole at load  # every integer must fit an engine's int64
 _CTX_FLAGS = ("-c", "--ctx-size")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CASCADE_HINT = ("write `cascade: true` (every checkpoint above the re-entry point must be erased) or "
@@ -310,8 +318,8 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
         configurations = {n: _configuration(n, b, a) for n, b, a in _named_map(*f["configurations"], "configuration")}
     else:  # the schema's default: each named configuration with no delta
         configurations = {n: ConfigurationSpec(n) for n in default("matrix", "configurations")}
-    prompts = _prompts(*f["prompts"])
-    sequences = _sequences(*f["sequences"], prompts)
+    prompts = _prompts(*f["prompts"]) if "prompts" in f else {}
+    sequences = _sequences(*f["sequences"], prompts, ctx)
     cells = _cells(*f["cells"], engines, configurations, sequences) if "cells" in f else CellsSpec()
     matrix = Matrix(
         path=path,
@@ -333,7 +341,9 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
         (f["cells"][1] if "cells" in f else root).fail("the matrix selects no cells",
                                                         "check cells.include / cells.exclude")
     _check_chat_turns(matrix, f["sequences"][1], data["sequences"])
-    _check_context(matrix, f["prompts"][1], data["prompts"])
+    if "prompts" in f:
+        _check_context(matrix, f["prompts"][1], data["prompts"])
+    _check_traffic_context(matrix, f["sequences"][1], data["sequences"])
     if "expectations" in f:
         selected = matrix.selected()
         expectations = tuple(_expectation(v, a, matrix, selected) for v, a in _list(*f["expectations"]))
@@ -485,15 +495,23 @@ def _configuration(name: str, body: Any, at: _At) -> ConfigurationSpec:
         return ConfigurationSpec(name)
     f = _fields(body, at, "configuration")
     # Only the keys written: the dataclass fills the others with the schema's defaults.
-    read = {"flags": _str_list, "env": _env, "description": _text}
+    read = {"flags": _str_list, "env": _env, "description": _text, "pin_slots": _pin_slots}
     return ConfigurationSpec(name, **{key: read[key](*f[key]) for key in f})
+
+
+def _pin_slots(value: Any, at: _At) -> int:
+    n = _int(value, at, minimum=0, maximum=4096)
+    if n == 1:
+        at.fail("pin_slots 1 would put conversations and interlopers on the same slot",
+                "use 0 (no id_slot) or at least 2 (with -np N)")
+    return n
 
 
 # -- prompts -----------------------------------------------------------------------------------
 
 
 def _prompts(value: Any, at: _At) -> dict[str, PromptSpec]:
-    entries = _named_map(value, at, "prompt")
+    entries = _named_map(value, at, "prompt", nonempty=False)  # a traffic-only matrix needs none
     names = [n for n, _, _ in entries]
     raw: dict[str, tuple[Any, _At]] = {n: (b, a) for n, b, a in entries}
     kinds = {n: b.get("kind") if isinstance(b, dict) else None for n, b, _ in entries}
@@ -630,10 +648,13 @@ def _messages(value: Any, at: _At) -> tuple[ChatMessage, ...]:
 # -- sequences, cells, settings ----------------------------------------------------------------
 
 
-def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec]) -> dict[str, SequenceSpec]:
-    out = {}
+def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec], ctx: _Context) -> dict[str, SequenceSpec]:
+    out: dict[str, SequenceSpec] = {}
     for name, body, s_at in _named_map(value, at, "sequence"):
         kind = default("sequence", "kind")  # a plain list
+        if isinstance(body, LineMap) and body.get("kind") == "traffic":
+            out[name] = _traffic(name, body, s_at, ctx)
+            continue
         if isinstance(body, LineMap):  # the mapping form: {kind, prompts}
             f = _fields(body, s_at, "sequence")
             kind = _given(f, "sequence", "kind", _choice, SEQUENCE_KINDS)
@@ -651,9 +672,95 @@ def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec]) -> dict[s
     return out
 
 
+def _traffic(name: str, body: LineMap, at: _At, ctx: _Context) -> TrafficSequence:
+    f = _fields(body, at, "sequence.traffic")
+    if "trace" in f:
+        if "shape" in f:
+            f["shape"][1].fail("a traffic sequence has a shape or a trace, not both",
+                               "remove `shape` to replay the trace, or `trace` to generate the shape")
+        source, requests = _trace_source(f, ctx)
+    else:
+        # `format: auto` (the default) says nothing; any other trace key needs a trace.
+        stray = [k for k in ("format", "limit") if k in f and (k, f[k][0]) != ("format", "auto")]
+        if stray:
+            f[stray[0]][1].fail(f"{stray[0]!r} applies to a trace file only", "add `trace: path` or remove it")
+        source = _shape(*f["shape"]) if "shape" in f else traffic.TrafficShape()
+        requests = tuple(traffic.generate(source))
+    if not requests:
+        at.fail("the traffic has no request", line=body.line)
+    if len(requests) > traffic_kind.MAX_TRAFFIC_REQUESTS:
+        at.fail(f"{len(requests)} requests; a traffic sequence may have at most "
+                f"{traffic_kind.MAX_TRAFFIC_REQUESTS}", "fewer conversations or turns, or a trace `limit`",
+                line=body.line)
+    reference = _given(f, "sequence.traffic", "reference", _choice, traffic_kind.REFERENCE_METHODS)
+    ids = tuple(traffic_prompt_id(name, i) for i in range(len(requests)))
+    return TrafficSequence(name, ids, "traffic", source=source, requests=requests, reference=reference,
+                           description=_given(f, "sequence.traffic", "description", _text))
+
+
+def _shape(value: Any, at: _At) -> traffic.TrafficShape:
+    """traffic.shape_from_dict, each key tried alone first, so an error names its own line."""
+    if not isinstance(value, LineMap):
+        at.fail(f"expected a mapping of shape keys, got {_describe(value)}")
+    known = sorted(traffic.SHAPE_KEYS)
+    for key in value:
+        k_at = at.key(key, value.key_lines[key])
+        if key not in traffic.SHAPE_KEYS:
+            k_at.fail(f"unknown key {key!r}", _closest_hint(str(key), known, "shape keys"))
+        try:
+            traffic.shape_from_dict({key: _plain(value[key])}, "")
+        except (TrafficError, TypeError, ValueError) as exc:
+            at.key(key, value.value_lines[key]).fail(_traffic_message(exc), getattr(exc, "hint", None))
+    try:
+        return traffic.shape_from_dict(_plain(value), "")
+    except (TrafficError, TypeError, ValueError) as exc:
+        at.fail(_traffic_message(exc), getattr(exc, "hint", None), line=value.line)
+
+
+def _plain(value: Any) -> Any:
+    """YAML with lines → plain dicts and lists (what traffic.py reads)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _traffic_message(exc: Exception) -> str:
+    text = getattr(exc, "message", None) or str(exc)
+    return text.removeprefix(": ").strip()
+
+
+def _trace_source(f: dict[str, tuple[Any, _At]], ctx: _Context) -> tuple[TraceSource, tuple]:
+    sec = "sequence.traffic"
+    path_value, p_at = f["trace"]
+    path = ctx.base_dir / _str(path_value, p_at)
+    fmt = _given(f, sec, "format", _choice, traffic_kind.TRACE_FORMATS)
+    limit = _int(*f["limit"], minimum=1, maximum=traffic_kind.MAX_TRAFFIC_REQUESTS) if "limit" in f else None
+    try:
+        data = read_regular_file(path, MAX_TRACE_BYTES)
+    except FileNotFoundError:
+        p_at.fail(f"no such trace file: {path}", "the path is relative to the matrix file")
+    except (FileRefused, OSError) as exc:
+        p_at.fail(f"cannot read the trace file {path}: {exc}",
+                  f"a trace is a regular file of at most {MAX_TRACE_BYTES >> 20} MiB")
+    try:
+        if fmt == "auto":
+            fmt = "shadowlab-trace" if traffic.sniff(path) == "trace" else "mooncake"
+        loaded = traffic.read_trace(path) if fmt == "shadowlab-trace" else traffic.read_mooncake(path)
+    except TrafficError as exc:
+        where = f"{path}:{exc.line}" if getattr(exc, "line", None) else str(path)
+        p_at.fail(f"trace {where}: {exc.message}", exc.hint or f"the file must be {fmt} JSON lines")
+    requests = loaded.requests[:limit] if limit else loaded.requests
+    source = TraceSource(path=path.resolve(), format=fmt, limit=limit, sha256=hashlib.sha256(data).hexdigest())
+    return source, tuple(requests)
+
+
 def _check_chat_turns(matrix: Matrix, at: _At, raw: LineMap) -> None:
     """A chat turn may only splice the reply of an earlier turn of its sequence."""
     for name, seq in matrix.sequences.items():
+        if isinstance(seq, TrafficSequence):
+            continue
         for index, pid in enumerate(seq.prompts):
             prompt = matrix.prompts[pid]
             if not isinstance(prompt, ChatPrompt):
@@ -705,7 +812,10 @@ def _check_context(matrix: Matrix, at: _At, raw: LineMap) -> None:
         size, source = context_size(matrix.engines[engine], matrix.configurations[configuration])
         if size is None:
             continue
-        for pid in matrix.sequences[sequence].prompts:
+        seq = matrix.sequences[sequence]
+        if isinstance(seq, TrafficSequence):
+            continue  # _check_traffic_context
+        for pid in seq.prompts:
             length = matrix.prompts[pid].length
             if length is not None and length + n_predict > size:
                 at.key(pid, raw.key_lines[pid]).fail(
@@ -714,6 +824,24 @@ def _check_context(matrix: Matrix, at: _At, raw: LineMap) -> None:
                     f"{size} ({source})",
                     f"shorten the prompt, or give a larger -c/--ctx-size in engines.{engine}.flags "
                     f"or configurations.{configuration}.flags")
+
+
+def _check_traffic_context(matrix: Matrix, at: _At, raw: LineMap) -> None:
+    """The longest request of a traffic (+ n_predict) must fit every cell's context."""
+    n_predict = matrix.generation.n_predict
+    for engine, configuration, sequence in matrix.selected():
+        seq = matrix.sequences[sequence]
+        size, source = context_size(matrix.engines[engine], matrix.configurations[configuration])
+        if not isinstance(seq, TrafficSequence) or size is None:
+            continue
+        index, longest = max(enumerate(seq.requests), key=lambda ir: ir[1].prompt_tokens)
+        length = longest.prompt_tokens
+        if length + n_predict > size:
+            at.key(sequence, raw.key_lines[sequence]).fail(
+                f"traffic {sequence!r} request {index} needs {length + n_predict} tokens "
+                f"of context ({length} + n_predict {n_predict}), but engine {engine!r} with "
+                f"configuration {configuration!r} has {size} ({source})",
+                "shrink the traffic's sizes (or the trace's limit), or give a larger -c/--ctx-size")
 
 
 def check_machine(matrix: Matrix, *, cores: int, warn: Callable[[str], None] | None = None) -> None:
@@ -819,6 +947,7 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
     created = None
     if "checkpoints_created_at" in f:
         created = tuple(_int(v, a, minimum=0) for v, a in _list(*f["checkpoints_created_at"]))
+    recovered = _fraction(*f["min_recovered_share"]) if "min_recovered_share" in f else None
     cascade = None
     if "cascade" in f:
         cascade = _bool(*f["cascade"], hint=_CASCADE_HINT)
@@ -837,6 +966,7 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
         checkpoints_created_at=created,
         identity=_bool(*f["identity"]) if "identity" in f else None,
         cascade=cascade,
+        min_recovered_share=recovered,
         description=_given(f, "expectation", "description", _text),
         line=value.line,
     )
@@ -844,6 +974,8 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
 
 def _turn(value: Any, at: _At, matrix: Matrix, cells: list[tuple[str, str, str]]) -> int | str:
     sequences = [matrix.sequences[s] for s in dict.fromkeys(seq for _, _, seq in cells)]
+    if isinstance(value, str) and any(isinstance(s, TrafficSequence) and s.request(value) for s in sequences):
+        return value
     if isinstance(value, str):
         if value not in matrix.prompts:
             at.fail(f"unknown prompt {value!r}", _closest_hint(value, matrix.prompts, "prompts"))

@@ -639,7 +639,11 @@ def test_a_sequence_in_mapping_form_is_the_same_ordered_sequence_and_dumps_as_a_
 
 
 @pytest.mark.parametrize("body, path, message", [
-    ("{kind: traffic, prompts: [A]}", "sequences.A-C.kind", "expected one of ordered, got 'traffic'"),
+    ("{kind: trafic, prompts: [A]}", "sequences.A-C.kind", "expected one of ordered, traffic, got 'trafic'"),
+    ("{kind: traffic, prompts: [A]}", "sequences.A-C.prompts", "unknown key 'prompts'"),
+    ("{kind: traffic, shape: {arrival: sideways}}", "sequences.A-C.shape.arrival", "arrival must be one of"),
+    ("{kind: traffic, shape: {turns: 2}, trace: x.jsonl}", "sequences.A-C.shape", "a shape or a trace, not both"),
+    ("{kind: traffic, trace: nowhere.jsonl}", "sequences.A-C.trace", "no such trace file"),
     ("{kind: ordered}", "sequences.A-C", "missing required key 'prompts'"),
     ("{prompts: [A, Q]}", "sequences.A-C.prompts[1]", "unknown prompt 'Q'"),
 ])
@@ -672,7 +676,8 @@ _EVERY_SECTION = {
                 "U": {"kind": "unrelated", "tokens": 8, "seed": 3},
                 "P": {"kind": "append", "from": "R", "extra": 2, "seed": 4},
                 "H": {"kind": "chat", "messages": [{"role": "user", "content": "hi"}]}},
-    "sequences": {"s": {"prompts": ["R", "D"]}},
+    "sequences": {"s": {"prompts": ["R", "D"]},
+                  "t": {"kind": "traffic", "shape": {"conversations": 1, "turns": 2}}},
     "cells": {"include": [{}]},
     "generation": {}, "isolation": {}, "identity": {},
     "expectations": [{"turn": 0, "outcome": "cold"}],
@@ -683,7 +688,7 @@ _SECTION_AT = {
     "prompt.random": ("prompts", "R"), "prompt.diverge": ("prompts", "D"),
     "prompt.unrelated": ("prompts", "U"), "prompt.append": ("prompts", "P"),
     "prompt.chat": ("prompts", "H"), "message": ("prompts", "H", "messages", 0),
-    "sequence": ("sequences", "s"), "cells": ("cells",), "selection": ("cells", "include", 0),
+    "sequence": ("sequences", "s"), "sequence.traffic": ("sequences", "t"), "cells": ("cells",), "selection": ("cells", "include", 0),
     "generation": ("generation",), "isolation": ("isolation",), "identity": ("identity",),
     "expectation": ("expectations", 0),
 }
