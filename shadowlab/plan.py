@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from shadowlab.matrix import ChatPrompt, Matrix
+from shadowlab.matrix import ChatPrompt, Matrix, TrafficSequence
 
 PLAN_VERSION = 1
 
@@ -47,16 +47,29 @@ class Turn:
     # Warm turns: the conversation the turn belongs to (SequenceSpec.conversation; an ordered
     # sequence's name). Cold and control turns: None, a prompt alone in a fresh process.
     conversation: str | None = None
+    # Traffic (DESIGN §2): which turn of `cold_cell` is the reference, and how it was made
+    # ("cold": a fresh process for the prompt alone; "replay": a fresh process replaying the
+    # traffic's turns with cache_prompt false). A reference turn itself is sent without cache.
+    cold_turn: int = 0
+    reference: str = "cold"
+    cache_prompt: bool = True
+    slot: int | None = None  # id_slot to send (a configuration's pin_slots); None: none
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "prompt_id": self.prompt_id, "endpoint": self.endpoint,
-                "cold_cell": self.cold_cell, "conversation": self.conversation}
+        out = {"index": self.index, "prompt_id": self.prompt_id, "endpoint": self.endpoint,
+               "cold_cell": self.cold_cell, "conversation": self.conversation}
+        # Written only when not the default: plan.json of an ordered matrix stays as it was.
+        for key, plain in (("cold_turn", 0), ("reference", "cold"), ("cache_prompt", True), ("slot", None)):
+            if getattr(self, key) != plain:
+                out[key] = getattr(self, key)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], conversation: str | None = None) -> Turn:
         """`conversation`: what a plan.json written before turns had one means (see Cell)."""
         return cls(data["index"], data["prompt_id"], data["endpoint"], data.get("cold_cell"),
-                   data.get("conversation", conversation))
+                   data.get("conversation", conversation), data.get("cold_turn", 0),
+                   data.get("reference", "cold"), data.get("cache_prompt", True), data.get("slot"))
 
 
 @dataclass(frozen=True)
@@ -156,6 +169,11 @@ def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]
         warm_id = f"{prefix}.{name}"
         turns = []
         sequence = matrix.sequences[name]
+        if isinstance(sequence, TrafficSequence):
+            warm_cell, refs = _traffic_cells(sequence, warm_id, prefix, conf.pin_slots, common)
+            warm.append(warm_cell)
+            cold.update((c.id, c) for c in refs if c.id not in cold)
+            continue
         for index, pid in enumerate(sequence.prompts):
             prompt = matrix.prompts[pid]
             cold_id = None
@@ -175,9 +193,49 @@ def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]
         source = next((c for c in cold.values() if c.depends_on is None), next(iter(cold.values())))
         control_id = source.id.replace(".cold.", ".control.", 1)
         cells.append(Cell(
-            id=control_id, kind=CellKind.CONTROL, sequence=source.sequence, turns=source.turns,
+            id=control_id, kind=CellKind.CONTROL, sequence=source.sequence,
+            turns=source.turns[:1],  # only the first is compared (a traffic replay has many)
             depends_on=source.depends_on, control_of=source.id, **common))
     return cells
+
+
+def _traffic_cells(seq: TrafficSequence, warm_id: str, prefix: str, pin_slots: int,
+                   common: Mapping[str, Any]) -> tuple[Cell, list[Cell]]:
+    """A traffic's warm cell (every request in arrival order) and its identity references."""
+    slots = _pinned_slots(seq, pin_slots)
+    warm_turns, refs = [], []
+    replay_id = f"{prefix}.cold.{seq.name}"
+    replayed: list[Turn] = []
+    for index, pid in enumerate(seq.prompts):
+        cold_id, cold_turn = None, 0
+        if index > 0 and seq.reference == "replay":
+            cold_id, cold_turn = replay_id, len(replayed)
+            replayed.append(Turn(len(replayed), pid, "completion", reference="replay", cache_prompt=False))
+        elif index > 0:
+            cold_id = f"{prefix}.cold.{pid}"
+            refs.append(Cell(id=cold_id, kind=CellKind.COLD, sequence=None,
+                             turns=(Turn(0, pid, "completion"),), **common))
+        warm_turns.append(Turn(index, pid, "completion", cold_id, seq.conversation(index), cold_turn,
+                               seq.reference, True, slots[index]))
+    if replayed:
+        refs.insert(0, Cell(id=replay_id, kind=CellKind.COLD, sequence=seq.name, turns=tuple(replayed), **common))
+    return Cell(id=warm_id, kind=CellKind.WARM, sequence=seq.name, turns=tuple(warm_turns), **common), refs
+
+
+def _pinned_slots(seq: TrafficSequence, pin_slots: int) -> list[int | None]:
+    """id_slot per turn: the k-th conversation (by first request) on slot k mod (N - 1),
+    interlopers on slot N - 1; all None without pin_slots."""
+    if not pin_slots:
+        return [None] * len(seq.prompts)
+    order: dict[str, int] = {}
+    out: list[int | None] = []
+    for index in range(len(seq.prompts)):
+        conversation = seq.conversation(index)
+        if conversation is None:
+            out.append(pin_slots - 1)
+        else:
+            out.append(order.setdefault(conversation, len(order)) % (pin_slots - 1))
+    return out
 
 
 def describe(plan: Plan) -> str:

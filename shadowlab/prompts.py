@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shadowlab import traffic
 from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.records import read_json, write_bytes_atomic
 from shadowlab.matrix import (
@@ -38,6 +39,7 @@ from shadowlab.matrix import (
     DivergePrompt,
     PromptSpec,
     RandomPrompt,
+    TrafficSequence,
     UnrelatedPrompt,
 )
 
@@ -288,3 +290,24 @@ def materialize_chat(prompt: ChatPrompt, replies: Mapping[int, str], tokenize: T
     """A chat prompt as ChatML tokens, for sending to `/completion` (tokenize must parse specials)."""
     text = render_chatml(chat_messages(prompt, replies))
     return MaterializedPrompt.of(prompt.id, prompt.kind, tokenize(text), None)
+
+
+# --------------------------------------------------------------------------------------------
+# Traffic turns.
+
+
+def materialize_traffic(sequence: TrafficSequence, tokenize: Tokenize) -> dict[str, MaterializedPrompt]:
+    """Every request of a traffic sequence as exact token ids (traffic.Materialiser over a
+    vocabulary of the engine's own tokens of seeded text), checked: each pair of prompts shares
+    exactly the prefix their segments say (traffic.check_materialised)."""
+    vocabulary = sorted(set(tokenize(seeded_text(0, 4096))))
+    materialiser = traffic.Materialiser(vocabulary, seed=0)
+    built = [materialiser.prompt(r) for r in sequence.requests]
+    try:
+        traffic.check_materialised(sequence.requests, built)
+    except ShadowlabError as exc:
+        raise ShadowlabError(f"traffic {sequence.name!r}: {exc.message}",
+                             hint=f"the engine's tokenizer gave {len(vocabulary)} distinct tokens; more "
+                                  "distinct blocks start at the same point than that") from None
+    return {pid: MaterializedPrompt.of(pid, "traffic", tokens, None)
+            for pid, tokens in zip(sequence.prompts, built)}

@@ -61,7 +61,7 @@ from shadowlab.errors import (
     RunDirError,
 )
 from shadowlab.isolation import EngineProcess
-from shadowlab.matrix import ChatPrompt, EngineSpec, Matrix
+from shadowlab.matrix import ChatPrompt, EngineSpec, Matrix, TrafficSequence
 from shadowlab.plan import Cell, Plan, Turn
 from shadowlab.prompts import MaterializedPrompt, tokens_sha256
 from shadowlab.records import CellMeta, CellStatus, RunLayout
@@ -382,7 +382,8 @@ def materialize_prompts(ctx: RunContext) -> None:
         if path.exists():
             engine.prompts = prompts.load(path)
             continue
-        if all(isinstance(spec, ChatPrompt) for spec in ctx.matrix.prompts.values()):
+        traffic = [s for s in ctx.matrix.sequences.values() if isinstance(s, TrafficSequence)]
+        if not traffic and all(isinstance(spec, ChatPrompt) for spec in ctx.matrix.prompts.values()):
             prompts.save({}, path)  # chat only: messages are sent as text, nothing to tokenize
             continue
         log_path = ctx.layout.prompts_dir / f"{name}.engine.log"
@@ -390,6 +391,8 @@ def materialize_prompts(ctx: RunContext) -> None:
             with ctx.cores(1) as cores, ctx.serving(engine, cores, cell_flags=(), cell_env={},
                                                    log_path=log_path) as live:
                 engine.prompts = prompts.materialize(ctx.matrix.prompts, live.tokenize)
+                for sequence in traffic:
+                    engine.prompts.update(prompts.materialize_traffic(sequence, live.tokenize))
         except (EngineError, httpx.HTTPError, ValueError, ResponseTooLarge, isolation.ProcessSurvived) as exc:
             hint = f" (kind {engine.spec.kind}: {engine.adapter.tokenize_hint})" \
                 if engine.adapter.tokenize_hint else ""
@@ -1078,7 +1081,9 @@ class TurnExchange:
         return self._close_span(record, span)
 
     def _request(self) -> TurnRequest:
-        spec = self.ctx.matrix.prompts[self.turn.prompt_id]
+        spec = self.ctx.matrix.prompts.get(self.turn.prompt_id)
+        if spec is None:  # a traffic turn (DESIGN §2): token ids, the conversation, maybe a slot
+            return self._traffic_request()
         extra = {"message_delimiters": [dict(d) for d in prompts.CHATML_MESSAGE_DELIMITERS]} \
             if spec.message_delimiters else {}
         index, pid = self.turn.index, self.turn.prompt_id
@@ -1090,6 +1095,18 @@ class TurnExchange:
         else:
             tokens = self.engine.prompts[pid].tokens
         return TurnRequest(index, pid, prompt_tokens=tuple(tokens), extra_body=extra)
+
+    def _traffic_request(self) -> TurnRequest:
+        turn = self.turn
+        extra: dict[str, Any] = {}
+        if turn.conversation is not None:
+            extra["prompt_cache_key"] = turn.conversation  # the engines' affinity field
+        if turn.slot is not None:
+            extra["id_slot"] = turn.slot
+        if not turn.cache_prompt:
+            extra["cache_prompt"] = False  # a replayed identity reference: no reuse
+        tokens = self.engine.prompts[turn.prompt_id].tokens
+        return TurnRequest(turn.index, turn.prompt_id, prompt_tokens=tuple(tokens), extra_body=extra)
 
     def _empty_record(self, request: TurnRequest, path: str) -> records.TurnRecord:
         if request.is_chat:

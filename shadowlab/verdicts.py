@@ -707,8 +707,10 @@ def _attach_identity(
             if tv.index == 0:
                 turns.append(tv)
                 continue
-            ref_id = (planned.get(tv.index) or {}).get("cold_cell")
-            check = _compare_turn(meta, tv.index, metas.get(ref_id) if ref_id else None, ref_id, tv.reused_tokens, identity)
+            plan_turn = planned.get(tv.index) or {}
+            ref_id = plan_turn.get("cold_cell")
+            check = _compare_turn(meta, tv.index, metas.get(ref_id) if ref_id else None, ref_id, tv.reused_tokens,
+                                  identity, ref_index=plan_turn.get("cold_turn", 0))
             if (c.engine, c.configuration) in noisy_groups:
                 check = identity.mark_inconclusive(check, noisy_groups[(c.engine, c.configuration)])
             turns.append(dataclasses.replace(tv, identity=check))
@@ -717,14 +719,15 @@ def _attach_identity(
 
 
 def _compare_turn(
-    meta: Any, index: int, ref_meta: Any, ref_id: str | None, reused: int | None, identity: Any, control: bool = False
+    meta: Any, index: int, ref_meta: Any, ref_id: str | None, reused: int | None, identity: Any, control: bool = False,
+    ref_index: int = 0,
 ) -> IdentityCheck:
     turn = next((t for t in meta.turns if t.index == index), None)
     if ref_id is None:
         return identity.missing_reference(reused, "the plan names no cold cell for this turn")
     if ref_meta is None:
         return identity.missing_reference(reused, f"cold cell {ref_id} has no record (not run)")
-    ref_turn = next((t for t in ref_meta.turns if t.index == 0), None)
+    ref_turn = next((t for t in ref_meta.turns if t.index == ref_index), None)
     if turn is None or not _turn_ok(turn):
         why = turn.error if turn is not None and turn.error else "the turn failed"
         return identity.failed(reused, ref_id, f"no output to compare: {why}")
@@ -733,6 +736,9 @@ def _compare_turn(
         return identity.failed(reused, ref_id, f"cold cell {ref_id} has no output: {why}")
     if turn.prompt_sha256 and ref_turn.prompt_sha256 and turn.prompt_sha256 != ref_turn.prompt_sha256:
         return identity.failed(reused, ref_id, f"cold cell {ref_id} ran a different prompt (sha256 differs)")
+    if ref_index and ref_turn.reused_tokens:  # a replayed reference must not have reused cache
+        return identity.failed(reused, ref_id, f"reference turn {ref_index} of {ref_id} reused "
+                                               f"{ref_turn.reused_tokens} tokens: it is no cold reference")
     if control:
         return identity.compare_control(
             turn.completion.text,
@@ -748,5 +754,5 @@ def _compare_turn(
         ref_turn.completion.tokens,
         reused_tokens=reused,
         reference_cell=ref_id,
-        reference_turn=0,
+        reference_turn=ref_index,
     )

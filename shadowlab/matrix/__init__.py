@@ -53,6 +53,7 @@ from shadowlab.matrix.specs import (
     RandomPrompt,
     Selection,
     SequenceSpec,
+    TrafficSequence,
     UnrelatedPrompt,
 )
 from shadowlab.matrix.validate import check_machine, context_size, load, loads
@@ -63,7 +64,7 @@ __all__ = [
     "ENDPOINTS", "EngineSpec", "Expectation", "Generation", "Identity", "Isolation",
     "Key", "LOG_FAMILIES", "MATRIX_VERSION", "MAX_MATRIX_BYTES", "MAX_NAME_CHARS", "MAX_PROMPT_TOKENS",
     "MAX_TEXT_CHARS", "Matrix", "ModelSpec", "OUTCOMES", "PROMPT_KINDS", "PromptSpec", "REQUIRED", "SEQUENCE_KINDS",
-    "RandomPrompt", "SCHEMA", "Section", "Selection", "SequenceSpec", "TOKEN_PROMPTS",
+    "RandomPrompt", "SCHEMA", "Section", "Selection", "SequenceSpec", "TOKEN_PROMPTS", "TrafficSequence",
     "UnrelatedPrompt", "check_machine", "context_size", "load", "loads", "reference_markdown",
     "write_reference",
 ]
