@@ -1,4 +1,4 @@
-"""Command line: ``shadowlab run | report | gate | merge | logs``. Thin: parse, call the stage, map errors.
+"""Command line: ``shadowlab run | report | gate | merge | logs | compare``. Thin: parse, call the stage, map errors.
 
 Exit codes (defined in shadowlab/exitcodes.py; decided here and in the gate, nowhere else):
   0  qualified
@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--out", type=Path, required=True, help="the merged run directory (new or empty)")
     logs = sub.add_parser("logs", help="read production llama-server logs: lifecycle counts, shared prefixes, trace")
     importlib.import_module("shadowlab.logs").add_arguments(logs)
+    compare = sub.add_parser("compare", help="baseline vs candidate run: deltas with their noise band",
+                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    importlib.import_module("shadowlab.compare").add_arguments(compare)
     return parser
 
 
@@ -162,6 +165,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return int(importlib.import_module("shadowlab.logs").run(args))
         if args.command == "merge":
             return _merge(args.parts, args.out)
+        if args.command == "compare":
+            return int(importlib.import_module("shadowlab.compare").main(args))
         return _gate(args.run_dir)
     except BrokenPipeError:
         raise

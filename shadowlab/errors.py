@@ -5,6 +5,7 @@
     ├── RunDirError                the output directory cannot be used (e.g. reused without --resume)
     ├── LogSourceError             what was given as an engine log cannot be read as one (path, type)
     ├── TrafficError               a traffic source (Mooncake, logs --trace, shape) is wrong: file, line
+    ├── CompareRefused             two runs differ in more than the point of the comparison (compare)
     ├── EngineError                an engine process failed the cell (engine, cell, reason, log tail)
     │   ├── EngineStartError       it never became ready (died, timed out, bad flags)
     │   ├── EngineCrashError       it died while the cell was running
@@ -29,6 +30,7 @@ __all__ = [
     "RunDirError",
     "LogSourceError",
     "TrafficError",
+    "CompareRefused",
     "EngineError",
     "EngineStartError",
     "EngineCrashError",
@@ -127,6 +129,15 @@ class TrafficError(ShadowlabError):
             return self.message
         where = self.file if self.line is None else f"{self.file}:{self.line}"
         return f"{where}: {self.message}"
+
+
+class CompareRefused(ShadowlabError):
+    """`shadowlab compare` was given runs that differ in something not declared the point of the
+    comparison (prompts, engine build) or cannot be shown alike: usage, exit 2, naming each."""
+
+    def __init__(self, differences: Sequence[str], *, hint: str | None = None) -> None:
+        self.differences = tuple(differences)
+        super().__init__("runs not comparable: " + "; ".join(self.differences), hint=hint)
 
 
 class EngineError(ShadowlabError):

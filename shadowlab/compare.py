@@ -1,0 +1,349 @@
+"""Baseline vs candidate: two run directories (or two configurations of one) side by side.
+
+    result = compare(rundir.load(BASE), rundir.load(CAND), allow=("engine",))
+    print(render_text(result))            # or to_dict(result) for --json
+
+Cells are matched by engine, sequence and prompts (the configuration is the point of the
+comparison; choose one per side with ``baseline_configuration`` / ``candidate_configuration``).
+Cells repeated in fresh processes (same key) are the repeats of one figure. A difference counts
+only outside the run-to-run noise (asv compare, pyperf): the delta's noise band is
+[min(candidate) - max(baseline), max(candidate) - min(baseline)] over the repeats; a band that
+holds 0 is "not significant", and with one repeat of a timed figure there is no band at all
+("no noise band: repeat N=1"). Counts (tokens, checkpoints, MiB) of a deterministic engine are
+exact and are judged without a band.
+
+Runs whose prompts (sha256 of the records, else the matrix's prompt specs) or engine builds
+(binary / model sha256 of the records) differ are refused (CompareRefused, exit 2) unless that
+difference is declared the point (``allow``); a run without cell records cannot show its build
+and needs ``allow=("unverified",)``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shadowlab import rundir
+from shadowlab.errors import CompareRefused, ShadowlabError
+from shadowlab.verdicts import CellVerdict, RunVerdict
+
+ALLOWABLE = ("engine", "prompts", "unverified")
+NO_BAND = "no noise band: repeat N=1"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    label: str
+    unit: str  # "total" (summed over turns), "per_turn", "per_cell"
+    better: str  # "lower" | "higher"
+    exact: bool  # a count a deterministic engine repeats exactly (judged without a band)
+
+
+METRICS = (
+    Metric("processed_tokens", "prefill tokens processed", "total", "lower", True),
+    Metric("reused_tokens", "prefill tokens reused", "total", "higher", True),
+    Metric("prefill_ms", "prefill ms", "total", "lower", False),
+    Metric("created", "checkpoints created / turn", "per_turn", "lower", True),
+    Metric("restored", "checkpoints restored / turn", "per_turn", "higher", True),
+    Metric("erased", "checkpoints erased / turn", "per_turn", "lower", True),
+    Metric("checkpoint_mib", "checkpoint MiB created / turn", "per_turn", "lower", True),
+    Metric("create_ms", "checkpoint create ms / turn", "per_turn", "lower", False),
+    Metric("restore_ms", "checkpoint restore ms / turn", "per_turn", "lower", False),
+    Metric("startup_ms", "start-up ms", "per_cell", "lower", False),
+)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One repeat of one cell (or a sum of cells): totals, and the turns / cells they cover."""
+
+    totals: Mapping[str, float | None]
+    turns: int
+    cells: int = 1
+
+    def value(self, metric: Metric) -> float | None:
+        total = self.totals.get(metric.name)
+        if total is None:
+            return None
+        divisor = {"total": 1, "per_turn": self.turns, "per_cell": self.cells}[metric.unit]
+        return total / divisor if divisor else None
+
+
+@dataclass(frozen=True)
+class Delta:
+    metric: str
+    baseline: float | None  # median over the repeats
+    candidate: float | None
+    delta: float | None
+    band: tuple[float, float] | None  # the delta's noise band; None: none (see judgement)
+    judgement: str  # gain | loss | same | not significant | no noise band: repeat N=1 | unknown
+
+
+@dataclass(frozen=True)
+class Row:
+    scope: str  # "cell" | "kind" | "overall"
+    name: str
+    repeats: tuple[int, int]  # (baseline, candidate)
+    deltas: tuple[Delta, ...]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    baseline: str
+    candidate: str
+    baseline_configuration: str | None
+    candidate_configuration: str | None
+    allowed: tuple[str, ...]
+    differences: tuple[str, ...]  # the allowed ones, named
+    rows: tuple[Row, ...]
+    unmatched: tuple[str, ...] = field(default=())
+
+    def row(self, scope: str, name: str) -> Row:
+        return next(r for r in self.rows if r.scope == scope and r.name == name)
+
+
+# ---------------------------------------------------------------- figures of a cell
+
+
+def cell_figures(cell: CellVerdict, startup_ms: float | None) -> Figures:
+    turns = cell.turns
+    created = [c for t in turns for c in t.created]
+    return Figures({
+        "processed_tokens": _sum(t.processed_tokens for t in turns),
+        "reused_tokens": _sum(t.reused_tokens for t in turns),
+        "prefill_ms": _sum(t.prefill_ms for t in turns),
+        "created": float(len(created)),
+        "restored": float(sum(t.restored is not None for t in turns)),
+        "erased": float(sum(len(t.erased_cascade) + len(t.erased_other) for t in turns)),
+        "checkpoint_mib": _sum(c.size_mib for c in created),
+        "create_ms": _sum(c.took_ms for c in created),
+        "restore_ms": _sum((t.restore_ms or 0.0) if t.restored is not None else 0.0 for t in turns),
+        "startup_ms": startup_ms,
+    }, turns=len(turns))
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    """None when any is unknown: a partial sum would read as a real figure."""
+    total = 0.0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
+
+
+def add(figures: Sequence[Figures]) -> Figures:
+    names = {n for f in figures for n in f.totals}
+    return Figures({n: _sum(f.totals.get(n) for f in figures) for n in names},
+                   turns=sum(f.turns for f in figures), cells=sum(f.cells for f in figures))
+
+
+# ---------------------------------------------------------------- judging one delta
+
+
+def judge(metric: Metric, base: Sequence[float | None], cand: Sequence[float | None]) -> Delta:
+    if not base or not cand or any(v is None for v in (*base, *cand)):
+        return Delta(metric.name, None, None, None, None, "unknown")
+    b, c = [float(v) for v in base], [float(v) for v in cand]  # type: ignore[arg-type]
+    mb, mc = statistics.median(b), statistics.median(c)
+    delta = mc - mb
+    if len(b) < 2 or len(c) < 2:
+        if not metric.exact:
+            return Delta(metric.name, mb, mc, delta, None, NO_BAND)
+        band = None
+    else:
+        band = (min(c) - max(b), max(c) - min(b))
+        if band[0] <= 0 <= band[1] and band != (0.0, 0.0):
+            return Delta(metric.name, mb, mc, delta, band, "not significant")
+    if delta == 0:
+        return Delta(metric.name, mb, mc, delta, band, "same")
+    better = delta < 0 if metric.better == "lower" else delta > 0
+    return Delta(metric.name, mb, mc, delta, band, "gain" if better else "loss")
+
+
+# ---------------------------------------------------------------- matching and identity
+
+
+Key = tuple[str, ...]
+
+
+def repeats_by_key(run: rundir.RunDir, verdict: RunVerdict, configuration: str | None) -> dict[Key, list[tuple[str, Figures]]]:
+    """{(engine, sequence, prompts[, configuration]): [(cell id, figures) per repeat]} of the
+    warm cells that ran to the end."""
+    out: dict[Key, list[tuple[str, Figures]]] = {}
+    for cell in verdict.cells:
+        if cell.kind != "warm" or cell.status != "ok":
+            continue
+        if configuration is not None and cell.configuration != configuration:
+            continue
+        key: Key = (cell.engine, cell.sequence, " → ".join(t.prompt_id for t in cell.turns))
+        if configuration is None:
+            key += (cell.configuration,)
+        meta = run.metas.get(cell.cell_id)
+        out.setdefault(key, []).append((cell.cell_id, cell_figures(cell, meta.startup_ms if meta else None)))
+    return out
+
+
+def sequence_kind(run: rundir.RunDir, sequence: str) -> str:
+    spec = run.matrix.sequences.get(sequence) if run.matrix is not None else None
+    return getattr(spec, "kind", "sequence") if spec is not None else "sequence"
+
+
+def engine_builds(run: rundir.RunDir) -> dict[str, tuple[str, str]]:
+    return {m.engine.name: (m.engine.binary_sha256, m.engine.model_sha256)
+            for m in run.metas.values() if m.engine is not None}
+
+
+def prompt_hashes(run: rundir.RunDir) -> dict[str, str]:
+    """{prompt id: sha256} from the turn records, else from the matrix's prompt specs."""
+    found = {t.prompt_id: t.prompt_sha256 for m in run.metas.values() for t in m.turns}
+    if found or run.matrix is None:
+        return found
+    from shadowlab.matrix.dump import matrix_to_dict
+    from shadowlab.records import sha256_json
+
+    return {pid: "spec:" + sha256_json(spec)
+            for pid, spec in matrix_to_dict(run.matrix).get("prompts", {}).items()}
+
+
+def differences(base: rundir.RunDir, cand: rundir.RunDir) -> list[tuple[str, str]]:
+    """(kind, what differs) for every difference between the two runs' inputs."""
+    out: list[tuple[str, str]] = []
+    pb, pc = prompt_hashes(base), prompt_hashes(cand)
+    for pid in sorted(set(pb) & set(pc)):
+        if pb[pid] != pc[pid]:
+            out.append(("prompts", f"prompt {pid!r}: sha256 {pb[pid][-12:]} vs {pc[pid][-12:]}"))
+    eb, ec = engine_builds(base), engine_builds(cand)
+    if not eb or not ec:
+        side = "baseline" if not eb else "candidate"
+        out.append(("unverified", f"the {side} has no cell records: its engine build cannot be shown"))
+    for name in sorted(set(eb) & set(ec)):
+        if eb[name] != ec[name]:
+            out.append(("engine", f"engine {name!r}: binary {eb[name][0][:12]} / model {eb[name][1][:12]} "
+                                  f"vs binary {ec[name][0][:12]} / model {ec[name][1][:12]}"))
+    return out
+
+
+# ---------------------------------------------------------------- the comparison
+
+
+def compare(base: rundir.RunDir, cand: rundir.RunDir, *, baseline_configuration: str | None = None,
+            candidate_configuration: str | None = None, allow: Sequence[str] = ()) -> Comparison:
+    from shadowlab.gate import judge as run_verdict  # verdicts from records, else verdicts.json
+
+    refused = [text for kind, text in differences(base, cand) if kind not in allow]
+    if refused:
+        raise CompareRefused(refused, hint="compare runs of the same prompts and engine build, or "
+                                           "name the difference that is the point: --allow " + "|".join(ALLOWABLE))
+    allowed = tuple(text for kind, text in differences(base, cand) if kind in allow)
+    if (baseline_configuration is None) != (candidate_configuration is None):
+        raise ShadowlabError("--baseline-config and --candidate-config go together",
+                             hint="name the configuration of each side, or neither (configurations then match by name)")
+    bk = repeats_by_key(base, run_verdict(base), baseline_configuration)
+    ck = repeats_by_key(cand, run_verdict(cand), candidate_configuration)
+    keys = [k for k in bk if k in ck]
+    if not keys:
+        raise CompareRefused(["no warm cell of one run matches a cell of the other (engine, sequence, prompts)"],
+                             hint="choose the configurations: --baseline-config NAME --candidate-config NAME")
+    rows = [_row("cell", _label(k), [f for _, f in bk[k]], [f for _, f in ck[k]]) for k in keys]
+    kinds: dict[str, list[Key]] = {}
+    for k in keys:
+        kinds.setdefault(sequence_kind(base, k[1]), []).append(k)
+    rows += [_aggregate("kind", kind, ks, bk, ck) for kind, ks in kinds.items()]
+    rows.append(_aggregate("overall", "overall", keys, bk, ck))
+    unmatched = tuple(_label(k) for k in [*bk, *ck] if not (k in bk and k in ck))
+    return Comparison(base.run_id, cand.run_id, baseline_configuration, candidate_configuration,
+                      tuple(allow), allowed, tuple(rows), unmatched)
+
+
+def _label(key: Key) -> str:
+    return ".".join((key[0], *key[3:], key[1])) + f" ({key[2]})"
+
+
+def _row(scope: str, name: str, base: Sequence[Figures], cand: Sequence[Figures]) -> Row:
+    deltas = tuple(judge(m, [f.value(m) for f in base], [f.value(m) for f in cand]) for m in METRICS)
+    return Row(scope, name, (len(base), len(cand)), deltas)
+
+
+def _aggregate(scope: str, name: str, keys: Sequence[Key], bk: Mapping[Key, list[tuple[str, Figures]]],
+               ck: Mapping[Key, list[tuple[str, Figures]]]) -> Row:
+    """Repeat r of an aggregate is the sum of repeat r of its cells (as many as every cell has)."""
+    def side(groups: Mapping[Key, list[tuple[str, Figures]]]) -> list[Figures]:
+        n = min(len(groups[k]) for k in keys)
+        return [add([groups[k][r][1] for k in keys]) for r in range(n)]
+    return _row(scope, name, side(bk), side(ck))
+
+
+# ---------------------------------------------------------------- output
+
+
+def to_dict(c: Comparison) -> dict[str, Any]:
+    from shadowlab.records import to_jsonable
+
+    return to_jsonable(c)
+
+
+def render_text(c: Comparison) -> str:
+    lines = [f"baseline  {c.baseline}" + (f" [{c.baseline_configuration}]" if c.baseline_configuration else ""),
+             f"candidate {c.candidate}" + (f" [{c.candidate_configuration}]" if c.candidate_configuration else "")]
+    lines += [f"allowed difference: {d}" for d in c.differences]
+    labels = {m.name: m.label for m in METRICS}
+    for row in c.rows:
+        lines.append("")
+        lines.append(f"{row.scope}: {row.name}   repeats {row.repeats[0]} vs {row.repeats[1]}")
+        for d in row.deltas:
+            lines.append(f"  {labels[d.metric]:<31} {_num(d.baseline):>10} → {_num(d.candidate):>10}  "
+                         f"{_signed(d.delta):>10}  {_band(d.band):<22} {d.judgement}")
+    lines += ["", *(f"unmatched: {u}" for u in c.unmatched)] if c.unmatched else []
+    return "\n".join(lines)
+
+
+def _num(v: float | None) -> str:
+    return "?" if v is None else f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def _signed(v: float | None) -> str:
+    return "?" if v is None else ("+" if v > 0 else "") + _num(v)
+
+
+def _band(band: tuple[float, float] | None) -> str:
+    return "" if band is None else f"band [{_signed(band[0])}, {_signed(band[1])}]"
+
+
+def main(args: Any) -> int:
+    """`shadowlab compare BASELINE_RUN CANDIDATE_RUN`: print the comparison (exit 0)."""
+    unknown = [a for a in args.allow if a not in ALLOWABLE]
+    if unknown:
+        raise ShadowlabError(f"--allow {unknown[0]!r}: expected one of {', '.join(ALLOWABLE)}")
+    base = rundir.load(args.baseline)
+    cand = base if args.candidate == args.baseline else rundir.load(args.candidate)
+    result = compare(base, cand, baseline_configuration=args.baseline_config,
+                     candidate_configuration=args.candidate_config, allow=tuple(args.allow))
+    print(json.dumps(to_dict(result), indent=1) if args.json else render_text(result))
+    return 0
+
+
+def add_arguments(parser: Any) -> None:
+    parser.add_argument("baseline", type=_path, metavar="BASELINE_RUN")
+    parser.add_argument("candidate", type=_path, metavar="CANDIDATE_RUN",
+                        help="may be BASELINE_RUN again, with --baseline-config/--candidate-config")
+    parser.add_argument("--baseline-config", default=None, metavar="NAME",
+                        help="the baseline run's configuration to compare (default: match configurations)")
+    parser.add_argument("--candidate-config", default=None, metavar="NAME")
+    parser.add_argument("--allow", action="append", default=[], metavar="|".join(ALLOWABLE),
+                        help="a difference between the runs that is the point of the comparison (repeatable)")
+    parser.add_argument("--json", action="store_true", help="the comparison as JSON")
+
+
+def _path(text: str) -> Any:
+    from pathlib import Path
+
+    return Path(text)
+
+
+__all__ = ["ALLOWABLE", "Comparison", "Delta", "Figures", "METRICS", "Metric", "NO_BAND", "Row", "add",
+           "add_arguments", "cell_figures", "compare", "differences", "judge", "main", "render_text", "to_dict"]
