@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, Sequence
 
 from . import slotlog
-from .faults import Faults
+from .faults import PERTURB_SCALE, Faults
 from .slotlog import INFO, TRACE, WARN, EngineLog
+
+
+_NOISE_COUNTER = itertools.count()  # the nondeterministic fault: two batches never share a seed
 
 
 class Model(Protocol):
@@ -35,6 +40,7 @@ class Model(Protocol):
     def trim_kv(self, state: Any, n_tokens: int) -> None: ...
     def save_kv(self, state: Any, n_tokens: int) -> Any: ...  # retention only; has .nbytes
     def load_kv(self, state: Any, prefix: Any) -> None: ...
+    def perturb(self, state: Any, seed: int, scale: float) -> None: ...  # numerics faults only
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def batch_ends(start: int, stops: Iterable[int], n_ubatch: int) -> list[int]:
+    """The end (as n_tokens) of each forward() call that prefills from `start` to the largest
+    stop: a break at every stop above `start`, and at most `n_ubatch` tokens per call."""
+    ends, i = [], start
+    for stop in sorted(p for p in set(stops) if p > start):
+        while i < stop:
+            i = min(i + n_ubatch, stop)
+            ends.append(i)
+    return ends
 
 
 def plan_checkpoints(
@@ -282,24 +299,42 @@ class Slot:
     # -- prefill with placement ------------------------------------------------------------
 
     def prefill(
-        self, task: int, prompt: Sequence[int], reuse: Reuse, user_starts: Iterable[int] = ()
+        self,
+        task: int,
+        prompt: Sequence[int],
+        reuse: Reuse,
+        user_starts: Iterable[int] = (),
+        split_points: Sequence[int] | None = None,
     ) -> Any:
         """Process prompt[re_entry:] in n_ubatch-sized forward() calls, split additionally at
         each planned checkpoint so a snapshot covers exactly n_tokens tokens. Returns the
-        logits of the last prompt token."""
+        logits of the last prompt token.
+
+        `split_points` (a request's explicit schedule): batches break at exactly these points
+        (those above the re-entry point) and at n_ubatch inside longer spans, nowhere else, so
+        a fresh process can replay the batch schedule of a warm turn; a planned checkpoint is
+        then created only where it falls on one of these breaks."""
         last = self.checkpoints[-1].n_tokens if self.checkpoints else 0
         planned = plan_checkpoints(self.cfg, len(prompt), reuse.re_entry, user_starts, last)
+        stops = set(planned) if split_points is None else set(split_points)
         logits = None
         i = reuse.re_entry
-        for stop in sorted({*planned, len(prompt)}):
-            while i < stop:
-                end = min(i + self.cfg.n_ubatch, stop)
-                logits = self.model.forward(self.state, list(prompt[i:end]), self._pos())
-                self.tokens.extend(prompt[i:end])
-                i = end
-            if stop in planned and i == stop:
-                self._create_checkpoint(task, stop)
+        for end in batch_ends(i, stops | {len(prompt)}, self.cfg.n_ubatch):
+            logits = self.model.forward(self.state, list(prompt[i:end]), self._pos())
+            self.tokens.extend(prompt[i:end])
+            i = end
+            self._after_batch(end)
+            if end in planned:
+                self._create_checkpoint(task, end)
         return logits
+
+    def _after_batch(self, end: int) -> None:
+        """The numerics faults, applied where a batch ends and before any snapshot of it."""
+        if self.faults.split_noise:
+            self.model.perturb(self.state, end, PERTURB_SCALE)
+        if self.faults.nondeterministic:
+            seed = (time.time_ns() ^ (os.getpid() << 32) ^ next(_NOISE_COUNTER)) & (2**63 - 1)
+            self.model.perturb(self.state, seed, PERTURB_SCALE)
 
     def _pos(self) -> int:
         return int(self.state.n_past)

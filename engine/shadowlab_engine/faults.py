@@ -10,6 +10,13 @@ variable `SHADOWLAB_ENGINE_FAULTS="a,b=3"`.
   entry by position only, never comparing its tokens with the prompt, so a request restores a
   checkpoint of another conversation's prefix and its output differs from a cold recompute.
   Inert without retention.
+- `split-noise`: numerics that depend on where the prompt is split into batches, like GPU
+  kernels whose results change with the batch shape: after each prefill batch the recurrent
+  state gets a tiny perturbation drawn from the batch's end position (deterministic: the same
+  split points give the same outputs, in any process). Restores stay correct, so a warm turn
+  differs from cold exactly when its batch schedule does.
+- `nondeterministic`: after each prefill batch the recurrent state gets a tiny perturbation
+  drawn from a fresh random seed (time, pid, a counter), so two cold runs of one prompt differ.
 - `crash-after-requests=N`: the process exits hard right after answering N completion requests.
 - `hang-on-request=N`: completion request N (1-based) never answers.
 - `slow-start=S`: sleep S seconds before loading the model (`/health` answers 503 meanwhile).
@@ -21,10 +28,14 @@ from dataclasses import dataclass
 
 ENV_VAR = "SHADOWLAB_ENGINE_FAULTS"
 
-_FLAGS = ("stale-restore", "skip-cascade", "wrong-conversation-restore")
+_FLAGS = ("stale-restore", "skip-cascade", "wrong-conversation-restore", "split-noise", "nondeterministic")
 _COUNTS = ("crash-after-requests", "hang-on-request")
 _SECONDS = ("slow-start",)
 KNOWN = _FLAGS + _COUNTS + _SECONDS
+# Relative size of the split-noise / nondeterministic perturbation: large enough that greedy
+# tokens of the case-study prompts flip on the tiny model (tests/engine/test_split_faults.py),
+# far below the state's own magnitude.
+PERTURB_SCALE = 1e-2
 
 
 class FaultError(ValueError):
@@ -36,6 +47,8 @@ class Faults:
     stale_restore: bool = False
     skip_cascade: bool = False
     wrong_conversation_restore: bool = False
+    split_noise: bool = False
+    nondeterministic: bool = False
     crash_after_requests: int | None = None
     hang_on_request: int | None = None
     slow_start: float | None = None
@@ -49,6 +62,10 @@ class Faults:
             out.append("skip-cascade")
         if self.wrong_conversation_restore:
             out.append("wrong-conversation-restore")
+        if self.split_noise:
+            out.append("split-noise")
+        if self.nondeterministic:
+            out.append("nondeterministic")
         if self.crash_after_requests is not None:
             out.append(f"crash-after-requests={self.crash_after_requests}")
         if self.hang_on_request is not None:

@@ -388,6 +388,16 @@ class HybridModel:
             st.s0, st.s, st.rows, st.conv = s0.clone(), s.clone(), rows.clone(), conv.clone()
         state.n_past = snap.n_past
 
+    def perturb(self, state: SeqState, seed: int, scale: float) -> None:
+        """Fault injection only (faults.py split-noise / nondeterministic): add noise drawn
+        from `seed`, `scale` times the state's mean magnitude, to every recurrent state."""
+        gen = torch.Generator().manual_seed(seed)
+        for st in state.layers:
+            if isinstance(st, GDNState):
+                noise = torch.randn(st.s.shape, generator=gen, dtype=F64).to(st.s.device)
+                delta = scale * st.s.abs().mean() * noise
+                st.s, st.s0 = st.s + delta, st.s0 + delta
+
     def save_kv(self, state: SeqState, n_tokens: int) -> KVPrefix:
         if n_tokens > state.n_kv:
             raise ValueError(f"KV holds {state.n_kv} tokens, asked to save {n_tokens}")

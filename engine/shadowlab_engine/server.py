@@ -88,6 +88,25 @@ def _bool_field(body: dict, key: str, default: bool) -> bool:
     return value
 
 
+def _split_points(value: Any, n_prompt: int) -> tuple[int, ...] | None:
+    """`split_points`: strictly increasing positions 0 < p < prompt length where the prefill's
+    batches break (checkpoints.Slot.prefill); absent or null keeps the engine's own schedule."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise RequestError(400, "'split_points' must be an array of positions")
+    previous = 0
+    for i, p in enumerate(value):
+        if isinstance(p, bool) or not isinstance(p, int) or not previous < p < n_prompt:
+            raise RequestError(
+                400,
+                f"'split_points'[{i}] must be an integer above {previous} and below the prompt "
+                f"length {n_prompt}, strictly increasing",
+            )
+        previous = p
+    return tuple(value)
+
+
 def _float_field(body: dict, key: str, default: float) -> float:
     value = body.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -105,6 +124,7 @@ class Generation:
     cache_prompt: bool
     id_slot: int
     conversation: str | None  # `prompt_cache_key`: what affinity routes by
+    split_points: tuple[int, ...] | None = None  # /completion only: an explicit batch schedule
 
 
 @dataclass
@@ -229,6 +249,7 @@ class Engine:
     def complete(self, body: dict) -> dict:
         prompt = self._prompt(body.get("prompt"))
         gen = self._generation(body, n_predict_keys=("n_predict",))
+        gen = dataclasses.replace(gen, split_points=_split_points(body.get("split_points"), len(prompt)))
         result = self._run_task(prompt, gen, user_starts=())
         return {
             "index": 0,
@@ -368,7 +389,7 @@ class Engine:
     def _process(self, slot: Slot, task: int, prompt: list[int], gen: Generation, user_starts) -> dict:
         t0 = time.perf_counter()
         reuse = slot.begin(task, prompt, cache_prompt=gen.cache_prompt)
-        logits = slot.prefill(task, prompt, reuse, user_starts)
+        logits = slot.prefill(task, prompt, reuse, user_starts, gen.split_points)
         t1 = time.perf_counter()
         out = self._generate(slot, logits, gen)
         n_decoded = out.n_decoded

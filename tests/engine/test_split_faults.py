@@ -1,0 +1,102 @@
+"""Explicit split points and the numerics faults (issue 16), on real engine processes.
+
+The case study's append probe: A (4,560 tokens), then EXT = A + 206 tokens, which restores
+A's checkpoint at 4,556 and so is prefilled through another batch schedule than a cold EXT.
+With `split-noise` that schedule change alone changes the output; a fresh process told the
+warm turn's split points reproduces the warm output exactly. `nondeterministic` makes two
+cold runs differ. A healthy engine gives one output for every schedule.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine_process import fields, running, tiny_model
+from shadowlab_engine.checkpoints import batch_ends
+
+pytestmark = pytest.mark.slow
+
+UB = 512
+FLAGS = ["-b", "2048", "-ub", str(UB), "--ctx-checkpoints", "64", "-cram", "0", "-np", "1", "-lv", "4"]
+N_PREDICT, N_PROBS = 16, 4
+
+_rng = random.Random(20261020)  # the prompts of tests/engine/test_case_study.py
+A = [_rng.randrange(256) for _ in range(4560)]
+_C = [_rng.randrange(256) for _ in range(4947 - 2532)]
+B = [_rng.randrange(256) for _ in range(99)]
+EXT = A + [_rng.randrange(256) for _ in range(206)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def _out(response: dict) -> tuple:
+    return response["tokens"], response["completion_probabilities"]
+
+
+def _complete(engine, prompt, **extra) -> dict:
+    return engine.complete(prompt, n_predict=N_PREDICT, n_probs=N_PROBS, **extra)
+
+
+def _created(engine, task: int) -> set[int]:
+    return {fields(line)["n_tokens"] for line in engine.task_lines(task, "created context checkpoint")}
+
+
+def warm_schedule(engine) -> tuple[list[int], int]:
+    """The split points of the warm EXT (task 1) as the log shows them: A's batches (-ub and
+    its checkpoint breaks) up to the restored checkpoint, then EXT's own from there."""
+    (restored,) = engine.task_lines(1, "restored context checkpoint")
+    re_entry = fields(restored)["n_past"]
+    prefix = [e for e in batch_ends(0, _created(engine, 0) | {len(A)}, UB) if e <= re_entry]
+    suffix = batch_ends(re_entry, _created(engine, 1) | {len(EXT)}, UB)
+    return [*prefix, *suffix][:-1], re_entry
+
+
+def _append_probe(model, tmp_path, fault: list[str], name: str) -> dict:
+    with running(model, [*FLAGS, *fault], tmp_path, name=f"{name}-warm") as warm:
+        _complete(warm, A)
+        warm_out = _out(_complete(warm, EXT))
+        schedule, re_entry = warm_schedule(warm)
+    with running(model, [*FLAGS, *fault], tmp_path, name=f"{name}-cold") as cold:
+        cold_out = _out(_complete(cold, EXT))
+        control_out = _out(_complete(cold, EXT, cache_prompt=False, split_points=schedule))
+        assert cold.task_lines(1, "cached n_tokens = 0")  # the control computed all of EXT
+    return {"warm": warm_out, "cold": cold_out, "control": control_out,
+            "schedule": schedule, "re_entry": re_entry}
+
+
+def test_batch_ends():
+    assert batch_ends(0, {4044, 4556, 4560}, 512)[-4:] == [3584, 4044, 4556, 4560]
+    assert batch_ends(4556, {4762, 4766}, 512) == [4762, 4766]
+    assert batch_ends(10, {5, 10}, 4) == []
+
+
+def test_split_noise_warm_differs_from_cold_and_equals_its_split_control(model, tmp_path):
+    r = _append_probe(model, tmp_path, ["--fault", "split-noise"], "split-noise")
+    assert r["re_entry"] == 4556 and 4044 in r["schedule"] and 4556 in r["schedule"]
+    assert r["warm"][0] != r["cold"][0], "split-noise must flip greedy tokens of the append probe"
+    assert r["control"] == r["warm"]
+
+
+def test_healthy_engine_one_output_for_every_schedule(model, tmp_path):
+    r = _append_probe(model, tmp_path, [], "healthy")
+    assert r["warm"] == r["cold"] == r["control"]
+
+
+def test_nondeterministic_cold_runs_differ(model, tmp_path):
+    with running(model, [*FLAGS, "--fault", "nondeterministic"], tmp_path, name="nondet") as e:
+        first, second = (_out(_complete(e, EXT, cache_prompt=False)) for _ in range(2))
+    assert first[0] != second[0], "the nondeterministic fault must flip greedy tokens"
+
+
+def test_split_points_refused_when_not_increasing_positions_inside_the_prompt(model, tmp_path):
+    with running(model, FLAGS, tmp_path, name="bad-splits") as e:
+        for bad in ([0], [5, 5], [4, 3], [len(B)], ["1"], [True], 7):
+            r = e.post("/completion", {"prompt": B, "n_predict": 1, "split_points": bad})
+            assert r.status_code == 400, (bad, r.text)
+            assert "split_points" in r.json()["error"]["message"]
+        assert e.complete(B, n_predict=1, split_points=[1, 50])["tokens"] is not None
