@@ -111,19 +111,25 @@ class Comparison:
 
 def cell_figures(cell: CellVerdict, startup_ms: float | None) -> Figures:
     turns = cell.turns
-    created = [c for t in turns for c in t.created]
-    return Figures({
+    figures: dict[str, float | None] = {
         "processed_tokens": _sum(t.processed_tokens for t in turns),
         "reused_tokens": _sum(t.reused_tokens for t in turns),
         "prefill_ms": _sum(t.prefill_ms for t in turns),
-        "created": float(len(created)),
-        "restored": float(sum(t.restored is not None for t in turns)),
-        "erased": float(sum(len(t.erased_cascade) + len(t.erased_other) for t in turns)),
-        "checkpoint_mib": _sum(c.size_mib for c in created),
-        "create_ms": _sum(c.took_ms for c in created),
-        "restore_ms": _sum((t.restore_ms or 0.0) if t.restored is not None else 0.0 for t in turns),
         "startup_ms": startup_ms,
-    }, turns=len(turns))
+    }
+    # Checkpoints are known only from engine.log: without it (a run reduced to its records, an
+    # engine without a parsable log) none seen is not none made, so they are unknown, not 0.
+    if cell.reuse_source == "api+log":
+        created = [c for t in turns for c in t.created]
+        figures |= {
+            "created": float(len(created)),
+            "restored": float(sum(t.restored is not None for t in turns)),
+            "erased": float(sum(len(t.erased_cascade) + len(t.erased_other) for t in turns)),
+            "checkpoint_mib": _sum(c.size_mib for c in created),
+            "create_ms": _sum(c.took_ms for c in created),
+            "restore_ms": _sum((t.restore_ms or 0.0) if t.restored is not None else 0.0 for t in turns),
+        }
+    return Figures(figures, turns=len(turns))
 
 
 def _sum(values: Iterable[float | None]) -> float | None:
@@ -147,7 +153,7 @@ def add(figures: Sequence[Figures]) -> Figures:
 
 def judge(metric: Metric, base: Sequence[float | None], cand: Sequence[float | None]) -> Delta:
     if not base or not cand or any(v is None for v in (*base, *cand)):
-        return Delta(metric.name, None, None, None, None, "unknown")
+        return Delta(metric.name, _median(base), _median(cand), None, None, "unknown")
     b, c = [float(v) for v in base], [float(v) for v in cand]  # type: ignore[arg-type]
     mb, mc = statistics.median(b), statistics.median(c)
     delta = mc - mb
@@ -163,6 +169,11 @@ def judge(metric: Metric, base: Sequence[float | None], cand: Sequence[float | N
         return Delta(metric.name, mb, mc, delta, band, "same")
     better = delta < 0 if metric.better == "lower" else delta > 0
     return Delta(metric.name, mb, mc, delta, band, "gain" if better else "loss")
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """The side's own figure for display, when every repeat of it is known."""
+    return statistics.median(values) if values and None not in values else None  # type: ignore[type-var]
 
 
 # ---------------------------------------------------------------- matching and identity

@@ -126,3 +126,12 @@ def test_runs_of_different_engine_builds_are_refused_naming_the_engine():
 def test_an_unknown_allow_is_a_usage_error(reduced, capsys):
     assert cli.main(["compare", str(reduced), str(reduced), "--allow", "everything"]) == 2
     assert "--allow 'everything'" in capsys.readouterr().err
+
+
+def test_checkpoints_of_a_cell_without_its_log_are_unknown_not_zero(reduced):
+    verdict = ckpt_verdict()
+    cell = next(c for c in verdict.cells if c.cell_id == "reference.policy0.A-C")
+    figures = compare.cell_figures(dataclasses.replace(cell, reuse_source="api"), None)
+    assert figures.value(CREATED) is None
+    assert figures.value(PREFILL) == compare.cell_figures(cell, None).value(PREFILL)
+    assert compare.cell_figures(cell, None).value(CREATED) == 3.5
