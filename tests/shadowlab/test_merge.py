@@ -31,34 +31,15 @@ from shadowlab.records import CellStatus
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
+import test_run  # noqa: E402
 from test_restructure_equivalence import _first_difference, normalize  # noqa: E402
 
-MATRIX = """\
-version: 1
-name: {name}
-engines:
-  reference:
-    kind: reference
-    model: {{preset: tiny, seed: 0}}
-    flags: [-c, 1024, -b, 64, -ub, 32, --ctx-checkpoints, 8, -cram, 0, -np, 1]
-    threads: 1
-configurations:
-{configurations}
-prompts:
-  A: {{kind: random, tokens: 120, seed: 1}}
-  C: {{kind: diverge, from: A, shared: 70, tokens: 130, seed: 2}}
-sequences:
-  A-C: [A, C]
-generation: {{n_predict: 4, temperature: 0}}
-isolation: {{cores_per_cell: 1}}
-identity: {{control: {control}}}
-"""
 THREE = "  defaults: {}\n  policy0: {env: {PXA_CKPT_PROMPT_POLICY: 0}}\n  prompt_end: {env: {PXA_CKPT_PROMPT_END: 1}}"
 
 
 def write_matrix(path: Path, name: str = "shards", configurations: str = THREE, control: bool = True) -> Path:
-    path.write_text(MATRIX.format(name=name, configurations=configurations, control=str(control).lower()))
-    return path
+    """test_run's small matrix: A (120 tokens) then C (diverges at 70), per configuration."""
+    return test_run.write_matrix(path, name=name, configurations=configurations, control=control)
 
 
 def shadowlab(*args: str) -> list[str]:
