@@ -37,7 +37,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from shadowlab.matrix import Expectation, Matrix
-from shadowlab.verdicts import CellVerdict, IdentityCheck, IdentityStatus, Outcome, RunVerdict, TurnVerdict
+from shadowlab.verdicts import (CellVerdict, IdentityCheck, IdentityStatus, Outcome, RunVerdict, TurnVerdict,
+                                traffic_summary)
 
 WARM = "warm"
 CONTROL = "control"
@@ -290,9 +291,11 @@ def _expectation_on_cell(x: Expectation, cell: CellVerdict, source: str) -> list
     out = []
     if x.max_forced is not None:
         out.append(_max_forced(x, cell, turns, source))
+    if x.min_recovered_share is not None:
+        out.append(_min_recovered(x, cell, turns, source))
     for turn in turns:
         for name in checks:
-            if name != "max_forced":
+            if name not in ("max_forced", "min_recovered_share"):
                 out.append(_turn_check(name, x, cell, turn, source))
     return out
 
@@ -300,7 +303,7 @@ def _expectation_on_cell(x: Expectation, cell: CellVerdict, source: str) -> list
 def _declared_checks(x: Expectation) -> list[str]:
     """The checks an expectation declares; `identity: false` / `cascade: false` only waive."""
     names = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at", "identity",
-             "cascade")
+             "cascade", "min_recovered_share")
     return [n for n in names if getattr(x, n) is not None and getattr(x, n) is not False]
 
 
@@ -403,6 +406,23 @@ def _max_forced(x: Expectation, cell: CellVerdict, turns: list[TurnVerdict], sou
                        turn_index, x.description)
 
 
+def _min_recovered(x: Expectation, cell: CellVerdict, turns: list[TurnVerdict], source: str) -> CheckResult:
+    """Σ reused / Σ ideal over the turns (traffic): a cell without ideals cannot pass."""
+    _, ideal, reused, share = traffic_summary(replace(cell, turns=tuple(turns)))
+    limit = x.min_recovered_share or 0.0
+    turn_index = turns[0].index if x.turn is not None and turns else None
+    subject = _subject(cell, turns[0] if turn_index is not None else None)
+    if not any(t.ideal_tokens is not None for t in turns):
+        return CheckResult("min_recovered_share", CheckStatus.FAIL, subject, f"≥ {_pct(limit)}", "no ideal",
+                           "not a traffic cell: no turn has an ideal to recover", source, cell.cell_id,
+                           turn_index, x.description)
+    passed = (share if share is not None else 0.0) >= limit or (ideal == 0 and limit == 0)
+    actual = "no reusable prefix" if share is None else _pct(share)
+    return CheckResult("min_recovered_share", CheckStatus.PASS if passed else CheckStatus.FAIL, subject,
+                       f"≥ {_pct(limit)}", actual, f"recovered {reused:,} of {ideal:,} reusable prefix tokens",
+                       source, cell.cell_id, turn_index, x.description)
+
+
 # ---------------------------------------------------------------- identity
 
 
@@ -473,6 +493,8 @@ def _expected_text(x: Expectation, name: str) -> str:
         return "pos_max ⊇ [" + ", ".join(map(str, x.checkpoints_created_at or ())) + "]"
     if name == "cascade":
         return CASCADE_EXPECTED
+    if name == "min_recovered_share":
+        return f"≥ {_pct(x.min_recovered_share or 0.0)}"
     return "identical to cold"
 
 

@@ -140,6 +140,10 @@ class TurnVerdict:
     identity: IdentityCheck | None = None
     error: str | None = None
     notes: tuple[str, ...] = ()
+    # Traffic turns (optional in schema 3): the longest prefix shared with any earlier request,
+    # and with the previous request of the same conversation (shadowlab.traffic.ideals).
+    ideal_tokens: int | None = None
+    consecutive_ideal_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,7 @@ def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
     patterns = _extra_patterns(run)
     cells = [_cell_verdict(run, meta, patterns) for meta in run.metas.values()]
     cells, controls, noisy = _attach_identity(cells, run.metas)
+    cells = [_with_ideals(c, run) for c in cells]
     verdict = RunVerdict(
         run_id=run.run_id,
         cells=tuple(cells),
@@ -294,6 +299,32 @@ def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
     if write:
         records.write_json_atomic(run.root / rundir.VERDICTS_NAME, verdict.to_dict())
     return verdict
+
+
+def _with_ideals(cell: CellVerdict, run: "RunDir") -> CellVerdict:
+    """A warm traffic cell's turns get their ideals (traffic.ideals over the sequence's requests:
+    the longest prefix shared with any earlier request, and with the conversation's previous one)."""
+    sequences = getattr(run.matrix, "sequences", None) or {}
+    seq = sequences.get(cell.sequence) if cell.kind == "warm" else None
+    requests = getattr(seq, "requests", None)
+    if not requests:
+        return cell
+    from shadowlab import traffic
+
+    ideal = list(traffic.ideals(requests))
+    turns = tuple(dataclasses.replace(t, ideal_tokens=ideal[t.index][0],
+                                      consecutive_ideal_tokens=ideal[t.index][1])
+                  if t.index < len(ideal) else t for t in cell.turns)
+    return dataclasses.replace(cell, turns=turns)
+
+
+def traffic_summary(cell: CellVerdict) -> tuple[int, int, int, float | None]:
+    """(prompt tokens, ideal, reused, recovered share = reused / ideal) over a cell's turns."""
+    turns = [t for t in cell.turns if t.ideal_tokens is not None]
+    prompt = sum(t.prompt_tokens or 0 for t in turns)
+    ideal = sum(t.ideal_tokens or 0 for t in turns)
+    reused = sum(min(t.reused_tokens or 0, t.ideal_tokens or 0) for t in turns)
+    return prompt, ideal, reused, (reused / ideal if ideal else None)
 
 
 def read(run_dir: str | Path) -> RunVerdict:
