@@ -499,6 +499,13 @@ def _configuration(name: str, body: Any, at: _At) -> ConfigurationSpec:
     return ConfigurationSpec(name, **{key: read[key](*f[key]) for key in f})
 
 
+def _fraction(value: Any, at: _At) -> float:
+    x = _number(value, at)
+    if not 0 <= x <= 1:
+        at.fail(f"expected a fraction between 0 and 1, got {x:g}", "70% is written 0.7")
+    return x
+
+
 def _pin_slots(value: Any, at: _At) -> int:
     n = _int(value, at, minimum=0, maximum=4096)
     if n == 1:
