@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--out", type=Path, required=True, help="the merged run directory (new or empty)")
     logs = sub.add_parser("logs", help="read production llama-server logs: lifecycle counts, shared prefixes, trace")
     importlib.import_module("shadowlab.logs").add_arguments(logs)
+    simulate = sub.add_parser("simulate", help="predict what each cache policy would reuse on a traffic (no engine)")
+    importlib.import_module("shadowlab.simulate").add_arguments(simulate)
     compare = sub.add_parser("compare", help="baseline vs candidate run: deltas with their noise band",
                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     importlib.import_module("shadowlab.compare").add_arguments(compare)
@@ -163,6 +165,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _report(args.run_dir)
         if args.command == "logs":
             return int(importlib.import_module("shadowlab.logs").run(args))
+        if args.command == "simulate":
+            return int(importlib.import_module("shadowlab.simulate").run(args))
         if args.command == "merge":
             return _merge(args.parts, args.out)
         if args.command == "compare":

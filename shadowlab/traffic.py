@@ -691,7 +691,7 @@ def sniff(path: Path) -> str:
             return "shape"  # YAML
         if isinstance(doc, dict) and doc.get("format") == "shadowlab-trace":
             return "trace"
-        if isinstance(doc, dict) and ("hash_ids" in doc or "input_length" in doc):
+        if isinstance(doc, dict) and set(doc) & MOONCAKE_KEYS:
             return "mooncake"
         return "shape"
     raise TrafficError("empty file", file=str(path))
