@@ -1,9 +1,9 @@
-"""Isolation of one engine process: cores, port, GPU visibility, process group.
+"""Isolation of one engine process: cores, port, GPU devices, process group.
 
 Every shadowlab process on a machine shares one lock directory
-(``$SHADOWLAB_LOCK_DIR``, default ``/tmp/shadowlab-locks``). A core or a port is
-*leased* by holding an exclusive ``flock`` on ``core-<n>.lock`` / ``port-<n>.lock``
-in it. The kernel drops a flock when its holder dies, so a crashed or killed
+(``$SHADOWLAB_LOCK_DIR``, default ``/tmp/shadowlab-locks``). A core, a GPU device or a port
+is *leased* by holding an exclusive ``flock`` on ``core-<n>.lock`` / ``gpu-<n>.lock`` /
+``port-<n>.lock`` in it. The kernel drops a flock when its holder dies, so a crashed or killed
 shadowlab never leaves a stale lease behind, and two shadowlab runs started at
 once on one machine can never hand the same core or port to two engines.
 
@@ -100,8 +100,12 @@ def usable_cores() -> list[int]:
 
 @dataclass
 class CoreLease:
+    """A cell's cores, and the GPU devices it leased with them (None: every GPU hidden)."""
+
     cores: tuple[int, ...]
     _leases: list[_Lease] = field(default_factory=list, repr=False)
+    devices: tuple[int, ...] | None = None
+    _device_leases: list[_Lease] = field(default_factory=list, repr=False)
 
     def claim(self, pid: int) -> None:
         """Note which engine runs on these cores (see reap_orphans)."""
@@ -119,9 +123,10 @@ class CoreLease:
     def release(self) -> None:
         for core in self.cores if self._leases else ():
             _claim_path(core).unlink(missing_ok=True)
-        for lease in self._leases:
+        for lease in [*self._leases, *self._device_leases]:
             lease.release()
         self._leases.clear()
+        self._device_leases.clear()
 
 
 def _claim_path(core: int) -> Path:
@@ -192,11 +197,44 @@ def lease_cores(count: int, candidates: Sequence[int] | None = None) -> CoreLeas
     raise LeaseUnavailable(f"fewer than {count} free cores among {pool}")
 
 
-def wait_for_cores(count: int, deadline: float, stop: threading.Event | None = None) -> CoreLease:
-    """Poll lease_cores until it succeeds, the monotonic deadline passes, or stop is set."""
+def lease_cell(cores: int, devices: int = 0, pool: Sequence[int] | None = None) -> CoreLease:
+    """``cores`` cores and, with a device ``pool``, ``devices`` of its GPU devices, all or none:
+    a cell never starts on a device another cell (of any shadowlab on the host) holds.
+    LeaseUnavailable when either is all held now; ValueError when the pool is too small."""
+    lease = lease_cores(cores)
+    if pool is None:
+        return lease
+    try:
+        lease.devices, lease._device_leases = _lease_devices(devices, pool)
+    except BaseException:
+        lease.release()
+        raise
+    return lease
+
+
+def _lease_devices(count: int, pool: Sequence[int]) -> tuple[tuple[int, ...], list[_Lease]]:
+    if count < 1 or count > len(pool):
+        raise ValueError(f"cannot lease {count} GPU devices from the {len(pool)} of isolation.gpu ({list(pool)})")
+    held: list[_Lease] = []
+    chosen: list[int] = []
+    for device in pool:
+        lease = _Lease(lock_dir() / f"gpu-{device}.lock")
+        if lease.try_acquire():
+            held.append(lease)
+            chosen.append(device)
+            if len(held) == count:
+                return tuple(chosen), held
+    for lease in held:
+        lease.release()
+    raise LeaseUnavailable(f"fewer than {count} free GPU devices among {list(pool)}")
+
+
+def wait_for_cores(count: int, deadline: float, stop: threading.Event | None = None,
+                   devices: int = 0, pool: Sequence[int] | None = None) -> CoreLease:
+    """Poll lease_cell until it succeeds, the monotonic deadline passes, or stop is set."""
     while True:
         try:
-            return lease_cores(count)
+            return lease_cell(count, devices, pool)
         except LeaseUnavailable:
             if time.monotonic() >= deadline:
                 raise
@@ -267,9 +305,14 @@ def lease_port(host: str = "127.0.0.1", exclude: Iterable[int] = ()) -> PortLeas
 # ---------------------------------------------------------------------------- GPU
 
 
-def gpu_env(device: int | None) -> dict[str, str]:
-    """Visibility variables: all empty (no GPU) or naming one device index."""
-    value = "" if device is None else str(device)
+def gpu_env(devices: int | Sequence[int] | None) -> dict[str, str]:
+    """Visibility variables: all empty (no GPU) or naming the cell's device indices ("0,1")."""
+    if devices is None:
+        value = ""
+    elif isinstance(devices, int):
+        value = str(devices)
+    else:
+        value = ",".join(map(str, devices))
     return {name: value for name in GPU_VISIBILITY_VARS}
 
 

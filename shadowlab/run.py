@@ -492,10 +492,16 @@ class RunContext:
 
     # -- resources -----------------------------------------------------------------------
 
+    @property
+    def device_request(self) -> tuple[int, tuple[int, ...] | None]:
+        """(devices per cell, the pool) every engine process of this run leases with its cores."""
+        return self.matrix.isolation.gpus_per_cell, self.matrix.isolation.devices
+
     @contextlib.contextmanager
     def cores(self, count: int) -> Iterator[isolation.CoreLease]:
         try:
-            lease = isolation.wait_for_cores(count, time.monotonic() + 3600, self.stop)
+            lease = isolation.wait_for_cores(count, time.monotonic() + 3600, self.stop,
+                                             *self.device_request)
         except isolation.LeaseUnavailable as exc:
             if self.stop.is_set():
                 raise
@@ -568,10 +574,11 @@ def controlled_env_names(matrix: Matrix) -> set[str]:
 
 
 def cell_environment(ctx: RunContext, engine: PreparedEngine, cell_env: Mapping[str, str],
-                     threads: int) -> tuple[dict[str, str], dict[str, str]]:
-    """(full env, delta): shadowlab's env minus matrix-controlled names, plus the cell's delta."""
+                     threads: int, devices: Sequence[int] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """(full env, delta): shadowlab's env minus matrix-controlled names, plus the cell's delta
+    (the GPU devices its lease holds visible, no other)."""
     delta = engine.adapter.env(engine.spec, cell_env)
-    delta |= isolation.gpu_env(ctx.matrix.isolation.gpu) | isolation.thread_env(threads)
+    delta |= isolation.gpu_env(devices) | isolation.thread_env(threads)
     base = {k: v for k, v in os.environ.items() if k not in controlled_env_names(ctx.matrix)}
     return base | delta, delta
 
@@ -582,7 +589,7 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
     """Spawn pinned on ``cores`` and wait until ready; a port taken under us is retried."""
     threads = min(engine.spec.threads, len(cores.cores))
     flags = [*cell_flags, *engine.adapter.fault_flags(ctx.options.faults)]
-    env, delta = cell_environment(ctx, engine, cell_env, threads)
+    env, delta = cell_environment(ctx, engine, cell_env, threads, cores.devices)
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
             port = isolation.lease_port()
@@ -793,7 +800,7 @@ class CellScheduler:
                 self._record_skipped(cell, f"depends on cell {blocker}, which is {self.statuses[blocker].value}")
                 continue
             try:
-                cores = isolation.lease_cores(self.ctx.matrix.isolation.cores_per_cell)
+                cores = isolation.lease_cell(self.ctx.matrix.isolation.cores_per_cell, *self.ctx.device_request)
             except isolation.LeaseUnavailable:
                 return True
             except ValueError as exc:  # more cores per cell than this process may use
@@ -917,7 +924,7 @@ class CellRunner:
         threads = min(spec.threads, len(self.cores.cores))
         m.cores = records.Cores(self.ctx.matrix.isolation.cores_per_cell, list(self.cores.cores),
                                 live.proc.observed_affinity(), threads)
-        m.gpu = gpu_record(self.ctx.matrix.isolation.gpu, live)
+        m.gpu = gpu_record(self.cores.devices, live)
         m.engine = records.EngineRecord(
             name=spec.name, kind=spec.kind, log_family=spec.log_family,
             binary_path=identity.binary_path, binary_sha256=identity.binary_sha256,
@@ -1034,7 +1041,9 @@ class CellRunner:
                                     f"by SIG{report.signal_used} (a crash, not the stop signal)")
 
 
-def gpu_record(requested: int | None, live: LiveEngine) -> records.Gpu:
+def gpu_record(devices: int | Sequence[int] | None, live: LiveEngine) -> records.Gpu:
+    """`requested` is the first leased device (the record's field is one index); `env` names all."""
+    requested = devices[0] if isinstance(devices, Sequence) else devices
     reported = live.engine.adapter.reported_device(live.props)
     if reported is None:
         verified = None
@@ -1042,7 +1051,7 @@ def gpu_record(requested: int | None, live: LiveEngine) -> records.Gpu:
         verified = reported == "cpu"
     else:
         verified = reported != "cpu"
-    return records.Gpu(requested, isolation.gpu_env(requested), reported, verified)
+    return records.Gpu(requested, isolation.gpu_env(devices), reported, verified)
 
 
 # ================================================================ one turn

@@ -28,7 +28,7 @@ def matrix_to_dict(m: Matrix) -> dict[str, Any]:
             "exclude": [_selection_to_dict(s) for s in m.cells.exclude],
         },
         "generation": vars(m.generation).copy(),
-        "isolation": {**vars(m.isolation), "gpu": "none" if m.isolation.gpu is None else m.isolation.gpu},
+        "isolation": {**vars(m.isolation), "gpu": _gpu_to_yaml(m.isolation.gpu)},
         "identity": vars(m.identity).copy(),
         "expectations": [_expectation_to_dict(x) for x in m.expectations],
     }
@@ -57,6 +57,10 @@ def _engine_to_dict(e: EngineSpec) -> dict[str, Any]:
                log_family=e.log_family, log_patterns=list(e.log_patterns),
                verbosity_flags=list(e.verbosity_flags))
     return out
+
+
+def _gpu_to_yaml(gpu: int | tuple[int, ...] | None) -> Any:
+    return "none" if gpu is None else list(gpu) if isinstance(gpu, tuple) else gpu
 
 
 def _prompt_to_dict(p: Any) -> dict[str, Any]:  # a PromptSpec subclass, by its kind

@@ -225,7 +225,11 @@ SCHEMA: dict[str, Section] = {
     )),
     "isolation": Section("isolation", (
         Key("cores_per_cell", "int", 1, "Dedicated CPU cores per running cell (at most the machine's)."),
-        Key("gpu", "none | int", None, "`none` hides every GPU; an index gives that device.", shown="none"),
+        Key("gpu", "none | int | list of ints", None, "`none` hides every GPU; a device index, or a list "
+            "of them, is the pool each cell leases its devices from (a device serves one cell at a time, "
+            "machine-wide, shared with every shadowlab on the host).", shown="none"),
+        Key("gpus_per_cell", "int", 1, "Devices each cell leases from `gpu` (at most the pool's size; "
+            "unused with `gpu: none`)."),
         Key("keep_scratch", "bool", False, "Keep each cell's scratch directory after it ends."),
         Key("jobs", "int", 1, "Cells run at once (bounded by the free cores)."),
         Key("max_log_mib", "int", 1024, "Cap on each engine's engine.log (MiB): an engine whose log "

@@ -224,10 +224,16 @@ class Generation:
 @dataclass(frozen=True)
 class Isolation:
     cores_per_cell: int = default("isolation", "cores_per_cell")
-    gpu: int | None = default("isolation", "gpu")  # None: every GPU hidden
+    gpu: int | tuple[int, ...] | None = default("isolation", "gpu")  # None: every GPU hidden
+    gpus_per_cell: int = default("isolation", "gpus_per_cell")
     keep_scratch: bool = default("isolation", "keep_scratch")
     jobs: int = default("isolation", "jobs")
     max_log_mib: int = default("isolation", "max_log_mib")  # a log beyond it fails its cell (a flood)
+
+    @property
+    def devices(self) -> tuple[int, ...] | None:
+        """The device pool cells lease from (None: no GPU): `gpu` as a tuple."""
+        return (self.gpu,) if isinstance(self.gpu, int) else self.gpu
 
 
 @dataclass(frozen=True)

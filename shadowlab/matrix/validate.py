@@ -908,12 +908,17 @@ def _generation(value: Any, at: _At) -> Generation:
 def _isolation(value: Any, at: _At) -> Isolation:
     f = _fields(value, at, "isolation")
     positive = functools.partial(_int, minimum=1)
-    read = {"cores_per_cell": positive, "gpu": _gpu, "keep_scratch": _bool, "jobs": positive,
-            "max_log_mib": positive}
-    return Isolation(**{key: read[key](*f[key]) for key in f})
+    read = {"cores_per_cell": positive, "gpu": _gpu, "gpus_per_cell": positive, "keep_scratch": _bool,
+            "jobs": positive, "max_log_mib": positive}
+    isolation = Isolation(**{key: read[key](*f[key]) for key in f})
+    pool = isolation.devices
+    if pool is not None and isolation.gpus_per_cell > len(pool):
+        f["gpus_per_cell"][1].fail(f"{isolation.gpus_per_cell} devices per cell, but isolation.gpu names "
+                                   f"{len(pool)}", "name more devices in isolation.gpu, or lower gpus_per_cell")
+    return isolation
 
 
-def _gpu(raw: Any, at: _At) -> int | None:
+def _gpu(raw: Any, at: _At) -> int | tuple[int, ...] | None:
     if raw == "none":
         return None
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:

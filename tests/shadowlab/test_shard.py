@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from shadowlab import cli, isolation, matrix, plan, shard
+from shadowlab.errors import MatrixError
 from shadowlab.shard import ShardSpec, ShardUsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,3 +172,134 @@ def test_a_shard_record_from_another_machine_is_checked_field_by_field(tmp_path)
         shard.ShardRecord.from_dict(broken, source="s")
     with pytest.raises(Exception, match="shard_version 2"):
         shard.ShardRecord.from_dict({**record.to_dict(), "shard_version": 2}, source="s")
+
+
+# ---------------------------------------------------------------- GPU devices on one host
+# Fake device indices: nothing here starts GPU work; the leases are the machine-wide flocks.
+
+
+def test_cells_lease_disjoint_devices_and_wait_when_all_are_held(monkeypatch):
+    # Cores are not what runs out here (a 2-core machine would run out of them first).
+    monkeypatch.setattr(isolation, "lease_cores", lambda count, candidates=None: isolation.CoreLease((0,)))
+    a = isolation.lease_cell(1, 1, (6, 7))
+    b = isolation.lease_cell(1, 1, (6, 7))
+    try:
+        assert {a.devices, b.devices} == {(6,), (7,)}
+        with pytest.raises(isolation.LeaseUnavailable, match=r"fewer than 1 free GPU devices among \[6, 7\]"):
+            isolation.lease_cell(1, 1, (6, 7))
+        b.release()
+        c = isolation.lease_cell(1, 1, (6, 7))  # b's device is free again
+        assert c.devices == b.devices or c.devices == (7,)
+        c.release()
+    finally:
+        a.release()
+        b.release()
+
+
+def test_a_cell_that_gets_no_device_gives_its_cores_back():
+    held = isolation.lease_cell(1, 1, (5,))
+    try:
+        with pytest.raises(isolation.LeaseUnavailable):
+            isolation.lease_cell(1, 1, (5,))
+        # The refused lease released its core: every other core is still free.
+        free = isolation.lease_cores(len(isolation.usable_cores()) - 1)
+        assert not set(free.cores) & set(held.cores)
+        free.release()
+    finally:
+        held.release()
+
+
+def test_device_leases_are_shared_with_another_shadowlab_on_the_host(tmp_path):
+    """Another process (any shadowlab, same lock directory) holding device 3 keeps it from us."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from shadowlab import isolation; "
+         "lease = isolation.lease_cell(1, 1, (3,)); print(lease.devices, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "(3,)"
+        with pytest.raises(isolation.LeaseUnavailable):
+            isolation.lease_cell(1, 1, (3,))
+        mine = isolation.lease_cell(1, 1, (3, 4))
+        assert mine.devices == (4,)
+        mine.release()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    again = isolation.lease_cell(1, 1, (3,))  # the kernel dropped the holder's flock with it
+    assert again.devices == (3,)
+    again.release()
+
+
+def test_two_devices_per_cell_are_both_visible_to_the_engine():
+    lease = isolation.lease_cell(1, 2, (1, 2, 8))
+    try:
+        assert lease.devices == (1, 2)
+        assert isolation.gpu_env(lease.devices)["CUDA_VISIBLE_DEVICES"] == "1,2"
+    finally:
+        lease.release()
+    assert isolation.gpu_env(None)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def with_isolation(settings: dict) -> matrix.Matrix:
+    """The case study's matrix with other isolation settings."""
+    data = yaml.safe_load(CKPT.read_text())
+    data["isolation"] = {**data.get("isolation", {}), **settings}
+    return matrix.loads(yaml.safe_dump(data, sort_keys=False), file=str(CKPT), check_files=False)
+
+
+def test_the_scheduler_never_gives_one_device_to_two_running_cells(monkeypatch, tmp_path):
+    """jobs 3 over a pool of 2 fake devices: at most two cells at once, never on one device."""
+    import threading
+    from types import SimpleNamespace
+
+    from shadowlab import run
+    from shadowlab.records import CellStatus, RunLayout
+
+    m = with_isolation({"jobs": 3, "gpu": [4, 9]})
+    assert m.isolation.devices == (4, 9) and m.isolation.gpus_per_cell == 1
+    in_use: dict[int, str] = {}
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    lock = threading.Lock()
+
+    class FakeRunner:
+        def __init__(self, ctx, cell, cores):
+            self.cell, self.cores = cell, cores
+
+        def run(self):
+            with lock:
+                for device in self.cores.devices:
+                    assert device not in in_use, f"{self.cell.id} got device {device} of {in_use[device]}"
+                    in_use[device] = self.cell.id
+                seen.append((self.cell.id, self.cores.devices))
+            threading.Event().wait(0.02)
+            with lock:
+                for device in self.cores.devices:
+                    del in_use[device]
+            return CellStatus.OK
+
+    monkeypatch.setattr(run, "CellRunner", FakeRunner)
+    monkeypatch.setattr(isolation, "lease_cores", lambda count, candidates=None: isolation.CoreLease((0,)))
+    ctx = SimpleNamespace(options=SimpleNamespace(jobs=None, resume=False), matrix=m, layout=RunLayout(tmp_path),
+                          stop=threading.Event(), unavailable={}, say=lambda text: None,
+                          device_request=(1, m.isolation.devices), stop_all=lambda: None)
+    p = plan.build_plan(m)
+    statuses = run.CellScheduler(ctx, p).run()
+    assert set(statuses.values()) == {CellStatus.OK} and len(seen) == len(p.cells)
+    assert {d for _, devices in seen for d in devices} == {4, 9}
+
+
+def test_a_device_pool_in_the_matrix_is_checked():
+    def load(isolation_yaml: str) -> matrix.Matrix:
+        return with_isolation(yaml.safe_load(isolation_yaml))
+
+    assert load("{gpu: [0, 2]}").isolation.devices == (0, 2)
+    assert load("{gpu: 1}").isolation.devices == (1,)
+    assert load("{}").isolation.devices is None
+    for bad, message in (("{gpu: [0, 0]}", "distinct device indices"), ("{gpu: []}", "distinct device indices"),
+                         ("{gpu: [0, -1]}", "distinct device indices"),
+                         ("{gpu: [0], gpus_per_cell: 2}", "2 devices per cell, but isolation.gpu names 1")):
+        with pytest.raises(MatrixError, match=message):
+            load(bad)
+    resolved = load("{gpu: [0, 2], gpus_per_cell: 2}").to_dict()["isolation"]
+    assert resolved["gpu"] == [0, 2] and resolved["gpus_per_cell"] == 2
+
