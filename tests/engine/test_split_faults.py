@@ -13,7 +13,8 @@ import random
 
 import pytest
 
-from engine_process import fields, running, tiny_model
+from engine_process import running, tiny_model
+from shadowlab import logparse, splits
 from shadowlab.identity import Output, TriageClass, triage
 from shadowlab_engine.checkpoints import batch_ends
 
@@ -43,18 +44,12 @@ def _complete(engine, prompt, **extra) -> dict:
     return engine.complete(prompt, n_predict=N_PREDICT, n_probs=N_PROBS, **extra)
 
 
-def _created(engine, task: int) -> set[int]:
-    return {fields(line)["n_tokens"] for line in engine.task_lines(task, "created context checkpoint")}
-
-
 def warm_schedule(engine) -> tuple[list[int], int]:
-    """The split points of the warm EXT (task 1) as the log shows them: A's batches (-ub and
-    its checkpoint breaks) up to the restored checkpoint, then EXT's own from there."""
-    (restored,) = engine.task_lines(1, "restored context checkpoint")
-    re_entry = fields(restored)["n_past"]
-    prefix = [e for e in batch_ends(0, _created(engine, 0) | {len(A)}, UB) if e <= re_entry]
-    suffix = batch_ends(re_entry, _created(engine, 1) | {len(EXT)}, UB)
-    return [*prefix, *suffix][:-1], re_entry
+    """The split points of the warm EXT (task 1), derived from the live log by shadowlab's own
+    `splits.warm_schedule` (A's batches up to the restored checkpoint, then EXT's)."""
+    events = logparse.parse(engine.log_file, "reference").events
+    s = splits.warm_schedule(events, 0, 1, len(A), len(EXT), UB)
+    return list(s.split_points), s.re_entry
 
 
 def _append_probe(model, tmp_path, fault: list[str], name: str) -> dict:
