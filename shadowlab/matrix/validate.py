@@ -921,14 +921,14 @@ def _isolation(value: Any, at: _At) -> Isolation:
 def _gpu(raw: Any, at: _At) -> int | tuple[int, ...] | None:
     if raw == "none":
         return None
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        at.fail(f"expected none or a device index (0, 1, ...) or a list of them, got {_describe(raw)}")
-    return raw
     if isinstance(raw, list):
         if not raw or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in raw) \
                 or len(set(raw)) != len(raw):
             at.fail(f"expected a list of distinct device indices (0, 1, ...), got {_describe(raw)}")
         return tuple(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        at.fail(f"expected none or a device index (0, 1, ...) or a list of them, got {_describe(raw)}")
+    return raw
 
 
 def _identity(value: Any, at: _At) -> Identity:
