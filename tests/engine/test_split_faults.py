@@ -17,6 +17,7 @@ from engine_process import running, tiny_model
 from shadowlab import logparse, splits
 from shadowlab.identity import Output, TriageClass, triage
 from shadowlab_engine.checkpoints import batch_ends
+from shadowlab_engine.faults import FaultError, parse_faults
 
 pytestmark = pytest.mark.slow
 
@@ -61,9 +62,14 @@ def _append_probe(model, tmp_path, fault: list[str], name: str) -> dict:
         cold_out = _out(_complete(cold, EXT))
         control_out = _out(_complete(cold, EXT, cache_prompt=False, split_points=schedule))
         assert cold.task_lines(1, "cached n_tokens = 0")  # the control computed all of EXT
+        # split points on a warm slot (cache_prompt true): they apply above the re-entry point
+        _complete(cold, A)
+        warm_split_out = _out(_complete(cold, EXT, split_points=schedule))
+        assert cold.task_lines(3, "restored context checkpoint")
     with running(model, [*FLAGS, *fault], tmp_path, name=f"{name}-cold2") as cold2:
         cold2_out = _out(_complete(cold2, EXT))
     return {"warm": warm_out, "cold": cold_out, "control": control_out, "cold2": cold2_out,
+            "warm_split": warm_split_out,
             "schedule": schedule, "re_entry": re_entry}
 
 
@@ -78,6 +84,12 @@ def _triage(r: dict):
                   control=_output(r["cold2"]))
 
 
+def test_numerics_faults_parse():
+    assert parse_faults(["split-noise"], "nondeterministic").names() == ["split-noise", "nondeterministic"]
+    with pytest.raises(FaultError):
+        parse_faults(["split-noise=1"], None)
+
+
 def test_batch_ends():
     assert batch_ends(0, {4044, 4556, 4560}, 512)[-4:] == [3584, 4044, 4556, 4560]
     assert batch_ends(4556, {4762, 4766}, 512) == [4762, 4766]
@@ -88,7 +100,7 @@ def test_split_noise_warm_differs_from_cold_and_equals_its_split_control(model, 
     r = _append_probe(model, tmp_path, ["--fault", "split-noise"], "split-noise")
     assert r["re_entry"] == 4556 and 4044 in r["schedule"] and 4556 in r["schedule"]
     assert r["warm"][0] != r["cold"][0], "split-noise must flip greedy tokens of the append probe"
-    assert r["control"] == r["warm"]
+    assert r["control"] == r["warm"] == r["warm_split"]
     t = _triage(r)
     assert t.cls is TriageClass.SPLIT_SENSITIVITY, t.detail
 
@@ -109,7 +121,7 @@ def test_nondeterministic_engine_is_classed_nondeterminism(model, tmp_path):
 
 def test_healthy_engine_one_output_for_every_schedule(model, tmp_path):
     r = _append_probe(model, tmp_path, [], "healthy")
-    assert r["warm"] == r["cold"] == r["control"] == r["cold2"]
+    assert r["warm"] == r["cold"] == r["control"] == r["cold2"] == r["warm_split"]
     assert _triage(r) is None  # no mismatch, so no class at all
 
 
