@@ -37,7 +37,7 @@ def exactness_shape(seed: int) -> TrafficShape:
                         user_tokens=Dist("uniform", 10, 40), interloper_share=0.3,
                         interloper_tokens=Dist("uniform", 30, 400),
                         interloper_kinds=(("zero", 1.0), ("system", 1.0), ("near_duplicate", 1.0)),
-                        arrival="random", seed=seed)
+                        arrival="random", gap_s=111.0, seed=seed)  # 3,500 turns over ~4.5 days
 
 
 def test_traffic_for_the_engines_is_materialised_exactly():
@@ -162,9 +162,9 @@ def case_study_shape(seed: int = 0, scale: int = 1) -> TrafficShape:
         conversations=30 * scale, turns=50, concurrent=3,
         system_tokens=Dist("uniform", 3000, 6000), turn_tokens=Dist("lognormal", 450, 0.6, 50, 4000),
         volatile_tokens=Dist("uniform", 1500, 9000), user_tokens=Dist("uniform", 50, 400),
-        interloper_share=0.57, interloper_tokens=Dist("lognormal", 5500, 1.0, 99, 258_037),
+        interloper_share=0.57, interloper_tokens=Dist("lognormal", 8500, 1.0, 99, 258_037),
         interloper_kinds=(("zero", 0.8), ("system", 0.15), ("near_duplicate", 0.05)),
-        arrival="random", seed=seed)
+        arrival="random", gap_s=111.0, seed=seed)  # 3,500 turns over ~4.5 days
 
 
 @pytest.fixture(scope="module")
