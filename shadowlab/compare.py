@@ -89,6 +89,11 @@ class Row:
     name: str
     repeats: tuple[int, int]  # (baseline, candidate)
     deltas: tuple[Delta, ...]
+    key: tuple[str, ...] = ()  # a cell row's (engine, sequence, prompts[, configuration])
+    turns: int = 0  # turns of one repeat of the candidate side
+
+    def delta(self, metric: str) -> Delta:
+        return next(d for d in self.deltas if d.metric == metric)
 
 
 @dataclass(frozen=True)
@@ -254,13 +259,26 @@ def compare(base: rundir.RunDir, cand: rundir.RunDir, *, baseline_configuration:
     if (baseline_configuration is None) != (candidate_configuration is None):
         raise ShadowlabError("--baseline-config and --candidate-config go together",
                              hint="name the configuration of each side, or neither (configurations then match by name)")
-    bk = repeats_by_key(base, run_verdict(base), baseline_configuration)
-    ck = repeats_by_key(cand, run_verdict(cand), candidate_configuration)
+    return _compare(base, run_verdict(base), cand, run_verdict(cand), baseline_configuration,
+                    candidate_configuration, tuple(allow), allowed)
+
+
+def compare_configurations(run: rundir.RunDir, verdict: RunVerdict, baseline: str, candidate: str) -> Comparison:
+    """Two configurations of one run whose verdicts are already computed (the gate's budgets and
+    the report's decision section): one run has one build and one set of prompts."""
+    return _compare(run, verdict, run, verdict, baseline, candidate, (), ())
+
+
+def _compare(base: rundir.RunDir, bv: RunVerdict, cand: rundir.RunDir, cv: RunVerdict,
+             baseline_configuration: str | None, candidate_configuration: str | None,
+             allow: tuple[str, ...], allowed: tuple[str, ...]) -> Comparison:
+    bk = repeats_by_key(base, bv, baseline_configuration)
+    ck = repeats_by_key(cand, cv, candidate_configuration)
     keys = [k for k in bk if k in ck]
     if not keys:
         raise CompareRefused(["no warm cell of one run matches a cell of the other (engine, sequence, prompts)"],
                              hint="choose the configurations: --baseline-config NAME --candidate-config NAME")
-    rows = [_row("cell", _label(k), [f for _, f in bk[k]], [f for _, f in ck[k]]) for k in keys]
+    rows = [_row("cell", _label(k), [f for _, f in bk[k]], [f for _, f in ck[k]], key=k) for k in keys]
     kinds: dict[str, list[Key]] = {}
     for k in keys:
         kinds.setdefault(sequence_kind(base, k[1]), []).append(k)
@@ -268,16 +286,16 @@ def compare(base: rundir.RunDir, cand: rundir.RunDir, *, baseline_configuration:
     rows.append(_aggregate("overall", "overall", keys, bk, ck))
     unmatched = tuple(_label(k) for k in [*bk, *ck] if not (k in bk and k in ck))
     return Comparison(base.run_id, cand.run_id, baseline_configuration, candidate_configuration,
-                      tuple(allow), allowed, tuple(rows), unmatched)
+                      allow, allowed, tuple(rows), unmatched)
 
 
 def _label(key: Key) -> str:
     return ".".join((key[0], *key[3:], key[1])) + f" ({key[2]})"
 
 
-def _row(scope: str, name: str, base: Sequence[Figures], cand: Sequence[Figures]) -> Row:
+def _row(scope: str, name: str, base: Sequence[Figures], cand: Sequence[Figures], key: Key = ()) -> Row:
     deltas = tuple(judge(m, [f.value(m) for f in base], [f.value(m) for f in cand]) for m in METRICS)
-    return Row(scope, name, (len(base), len(cand)), deltas)
+    return Row(scope, name, (len(base), len(cand)), deltas, key, cand[0].turns if cand else 0)
 
 
 def _aggregate(scope: str, name: str, keys: Sequence[Key], bk: Mapping[Key, list[tuple[str, Figures]]],
@@ -357,4 +375,4 @@ def _path(text: str) -> Any:
 
 
 __all__ = ["ALLOWABLE", "Comparison", "Delta", "Figures", "METRICS", "Metric", "NO_BAND", "Row", "add",
-           "add_arguments", "cell_figures", "compare", "differences", "judge", "main", "render_text", "to_dict"]
+           "add_arguments", "cell_figures", "compare", "compare_configurations", "differences", "judge", "main", "render_text", "to_dict"]

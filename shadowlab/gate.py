@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from shadowlab import rundir, verdicts
+from shadowlab import budgets, rundir, verdicts
 from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.exitcodes import (
     EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE, GATE_HELP, write_traceback,
@@ -149,6 +149,7 @@ def evaluate(run_dir: str | Path) -> GateResult:
 def evaluate_inputs(inputs: RunInputs) -> GateResult:
     """The gate on an already loaded run (the report renders the same result it shows)."""
     checks = evaluate_checks(inputs.matrix, inputs.verdict, inputs.planned)
+    checks += tuple(budgets.checks(inputs.run, inputs.verdict))  # cost vs benefit against the baseline
     return GateResult(exit_code_for(checks), inputs.run_dir, checks, inputs=inputs)
 
 

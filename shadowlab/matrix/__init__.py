@@ -37,6 +37,7 @@ from shadowlab.matrix.schema import (
 from shadowlab.matrix.specs import (
     TOKEN_PROMPTS,
     AppendPrompt,
+    Budget,
     CellsSpec,
     ChatMessage,
     ChatPrompt,
@@ -51,6 +52,7 @@ from shadowlab.matrix.specs import (
     ModelSpec,
     PromptSpec,
     RandomPrompt,
+    Scale,
     Selection,
     SequenceSpec,
     TrafficSequence,
@@ -59,12 +61,12 @@ from shadowlab.matrix.specs import (
 from shadowlab.matrix.validate import check_machine, context_size, load, loads
 
 __all__ = [
-    "AppendPrompt", "CHAT_ROLES", "CHECK_KEYS", "COMMAND_PLACEHOLDERS", "CellsSpec", "ChatMessage",
+    "AppendPrompt", "Budget", "CHAT_ROLES", "CHECK_KEYS", "COMMAND_PLACEHOLDERS", "CellsSpec", "ChatMessage",
     "ChatPrompt", "ConfigurationSpec", "DOC_BEGIN", "DOC_END", "DivergePrompt",
     "ENDPOINTS", "EngineSpec", "Expectation", "Generation", "Identity", "Isolation",
     "Key", "LOG_FAMILIES", "MATRIX_VERSION", "MAX_MATRIX_BYTES", "MAX_NAME_CHARS", "MAX_PROMPT_TOKENS",
     "MAX_TEXT_CHARS", "Matrix", "ModelSpec", "OUTCOMES", "PROMPT_KINDS", "PromptSpec", "REQUIRED", "SEQUENCE_KINDS",
-    "RandomPrompt", "SCHEMA", "Section", "Selection", "SequenceSpec", "TOKEN_PROMPTS", "TrafficSequence",
+    "RandomPrompt", "SCHEMA", "Scale", "Section", "Selection", "SequenceSpec", "TOKEN_PROMPTS", "TrafficSequence",
     "UnrelatedPrompt", "check_machine", "context_size", "load", "loads", "reference_markdown",
     "write_reference",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shadowlab.matrix.schema import CHECK_KEYS
+from shadowlab.matrix.schema import BUDGET_KEYS, CHECK_KEYS
 
 if TYPE_CHECKING:
     from shadowlab.matrix.specs import EngineSpec, Expectation, Matrix, Selection
@@ -31,7 +31,23 @@ def matrix_to_dict(m: Matrix) -> dict[str, Any]:
         "isolation": {**vars(m.isolation), "gpu": _gpu_to_yaml(m.isolation.gpu)},
         "identity": vars(m.identity).copy(),
         "expectations": [_expectation_to_dict(x) for x in m.expectations],
+        **_comparison_to_dict(m),
     }
+
+
+def _comparison_to_dict(m: Matrix) -> dict[str, Any]:
+    """baseline, budgets, scale: written only when set (a resume compares matrix.yaml
+    as text, so a matrix without them dumps as before)."""
+    out: dict[str, Any] = {}
+    if m.baseline is not None:
+        out["baseline"] = m.baseline
+    if m.budgets:
+        out["budgets"] = [{**_selection_to_dict(b.selection), "description": b.description,
+                           **{k: getattr(b, k) for k in BUDGET_KEYS if getattr(b, k) is not None}}
+                          for b in m.budgets]
+    if m.scale is not None:
+        out["scale"] = {k: v for k, v in vars(m.scale).items() if v is not None}
+    return out
 
 
 def _configuration_to_dict(c: Any) -> dict[str, Any]:

@@ -114,6 +114,12 @@ SCHEMA: dict[str, Section] = {
         Key("isolation", "isolation", Derived("see below"), "Per-cell resources."),
         Key("identity", "identity", Derived("see below"), "Byte-identity checks against cold runs."),
         Key("expectations", "list of expectation", (), "Checks the gate enforces."),
+        Key("baseline", "configuration name", None, "The configuration the others are candidates "
+            "against (`shadowlab compare`, `budgets`, the report's decision section)."),
+        Key("budgets", "list of budget", (), "Costs a candidate configuration may have, and the benefit "
+            "it must bring, against `baseline` (gate checks; needs `baseline`)."),
+        Key("scale", "scale", None, "The production scale the budgets are judged at (extrapolated "
+            "from this run's figures); unset: as measured."),
     )),
     "engine": Section("engines.<name>", (
         Key("kind", "engine kind", REQUIRED,
@@ -262,7 +268,42 @@ SCHEMA: dict[str, Section] = {
             "start with `pos_max` above its re-entry point was erased (`erased invalidated`), none kept. "
             "Needs the engine's log (not log_family none)."),
     ), "At least one check (`outcome` … `cascade`) is required."),
+    "budget": Section("budgets[i]", (
+        Key("engine", "glob", "*", "Which cells: engine name or pattern."),
+        Key("configuration", "glob", "*", "Which configurations: name or pattern (the baseline itself "
+            "is judged against itself: no benefit, its own costs)."),
+        Key("sequence", "glob", "*", "Which sequences: name or pattern (each judged on its own)."),
+        Key("description", "str", "", "Why this budget (shown in the report)."),
+        Key("max_created_per_turn", "number", None, "At most this many checkpoints created per turn, "
+            "as measured (the median over repeats)."),
+        Key("max_checkpoint_mib_per_turn", "number", None, "At most this many MiB of checkpoints "
+            "created per turn, at `scale`."),
+        Key("max_checkpoint_ms_per_turn", "number", None, "At most this many ms creating checkpoints "
+            "per turn, at `scale`."),
+        Key("min_net_benefit_ms", "number", None, "Per turn at `scale`: prefill ms saved (tokens "
+            "reused beyond the baseline's × ms per token) minus checkpoint ms spent beyond the "
+            "baseline's must reach this (0: the change must pay for itself)."),
+    ), "At least one of the `max_*` / `min_*` keys is required."),
+    "scale": Section("scale", (
+        Key("name", "str", "production scale", "How the scale is named in the gate and report "
+            "(e.g. `35B`)."),
+        Key("checkpoint_mib", "number", None, "MiB of one checkpoint at scale (the case study: 62.9); "
+            "not with `checkpoint_mib_factor`."),
+        Key("checkpoint_ms", "number", None, "ms to create one checkpoint at scale (the case study: 63); "
+            "not with `checkpoint_ms_factor`."),
+        Key("checkpoint_mib_factor", "number", None, "Instead: the measured MiB of a checkpoint × this."),
+        Key("checkpoint_ms_factor", "number", None, "Instead: the measured create ms of a checkpoint × this."),
+        Key("prompt_length_factor", "number", 1, "Production prompt length ÷ this run's: tokens saved "
+            "and the checkpoints a candidate creates beyond the baseline's (mid-prompt, one per batch) "
+            "grow with it."),
+        Key("prefill_ms_per_token", "number", None, "Prefill cost of a token at scale (2,100 tok/s: "
+            "0.476); unset: the baseline's measured prefill ms ÷ tokens processed."),
+    ), "Unset keys are taken as measured (factor 1)."),
 }
+
+# The keys of a budget that are checks (the rest select cells and describe).
+BUDGET_KEYS = ("max_created_per_turn", "max_checkpoint_mib_per_turn", "max_checkpoint_ms_per_turn",
+               "min_net_benefit_ms")
 
 # The keys of an expectation that are checks (the rest select cells and describe).
 CHECK_KEYS = ("outcome", "min_reused", "min_saved_fraction", "max_forced", "checkpoints_created_at",

@@ -261,6 +261,34 @@ class Expectation:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """Costs the selected configurations may have against the matrix's `baseline`, and the net
+    benefit they must bring, per sequence (gate checks: shadowlab/budgets.py). Unset: no check."""
+
+    selection: Selection
+    max_created_per_turn: float | None = None
+    max_checkpoint_mib_per_turn: float | None = None
+    max_checkpoint_ms_per_turn: float | None = None
+    min_net_benefit_ms: float | None = None
+    description: str = default("budget", "description")
+    line: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The production scale a tiny-model run's costs are extrapolated to (shadowlab/budgets.py).
+    An explicit per-checkpoint figure wins over a factor on the measured one; unset: measured."""
+
+    name: str = default("scale", "name")
+    checkpoint_mib: float | None = None
+    checkpoint_ms: float | None = None
+    checkpoint_mib_factor: float | None = None
+    checkpoint_ms_factor: float | None = None
+    prompt_length_factor: float = default("scale", "prompt_length_factor")
+    prefill_ms_per_token: float | None = None
+
+
+@dataclass(frozen=True)
 class Matrix:
     path: Path
     version: int
@@ -275,6 +303,9 @@ class Matrix:
     isolation: Isolation
     identity: Identity
     expectations: tuple[Expectation, ...]
+    baseline: str | None = None  # the configuration the others are candidates against
+    budgets: tuple[Budget, ...] = ()
+    scale: Scale | None = None
     # Lines of the keys that checks made after loading point at (`check_machine`).
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from shadowlab.engines import EngineAdapter, get_adapter, known_kinds
 from shadowlab.errors import MatrixError
 from shadowlab.matrix.schema import (
+    BUDGET_KEYS,
     CHAT_ROLES,
     CHECK_KEYS,
     COMMAND_PLACEHOLDERS,
@@ -41,6 +42,7 @@ from shadowlab.matrix.schema import (
 )
 from shadowlab.matrix.specs import (
     AppendPrompt,
+    Budget,
     CellsSpec,
     ChatMessage,
     ChatPrompt,
@@ -55,6 +57,7 @@ from shadowlab.matrix.specs import (
     ModelSpec,
     PromptSpec,
     RandomPrompt,
+    Scale,
     Selection,
     SequenceSpec,
     TrafficSequence,
@@ -348,7 +351,7 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
         selected = matrix.selected()
         expectations = tuple(_expectation(v, a, matrix, selected) for v, a in _list(*f["expectations"]))
         matrix = replace(matrix, expectations=expectations)
-    return matrix
+    return _baseline_and_budgets(matrix, f)
 
 
 def _line_of(data: LineMap, section: str, key: str) -> int | None:
@@ -1006,3 +1009,57 @@ def _turn(value: Any, at: _At, matrix: Matrix, cells: list[tuple[str, str, str]]
         at.fail(f"turn {index} is past the end of sequence {short[0]!r}",
                 "turns are 0-based; narrow the selection or name the turn by prompt id")
     return index
+
+
+# ---------------------------------------------------------------- baseline, budgets, scale
+
+def _baseline_and_budgets(matrix: Matrix, f: dict[str, tuple[Any, _At]]) -> Matrix:
+    baseline = None
+    if "baseline" in f:
+        baseline = _str(*f["baseline"])
+        if baseline not in matrix.configurations:
+            f["baseline"][1].fail(f"unknown configuration {baseline!r}",
+                                  _closest_hint(baseline, matrix.configurations, "configurations"))
+    budgets: tuple[Budget, ...] = ()
+    if "budgets" in f:
+        if baseline is None:
+            f["budgets"][1].fail("budgets are judged against a baseline configuration, and none is named",
+                                 "add `baseline: <configuration>` (e.g. the production defaults)")
+        budgets = tuple(_budget(v, a, matrix) for v, a in _list(*f["budgets"]))
+    scale = _scale(*f["scale"]) if "scale" in f else None
+    return replace(matrix, baseline=baseline, budgets=budgets, scale=scale)
+
+
+def _budget(value: Any, at: _At, matrix: Matrix) -> Budget:
+    f = _fields(value, at, "budget")
+    names = {"engine": matrix.engines, "configuration": matrix.configurations, "sequence": matrix.sequences}
+    selection = _selection(f, names)
+    if not any(selection.matches(*c) for c in matrix.selected()):
+        at.fail("this budget selects no planned cell", "check its engine/configuration/sequence "
+                "against cells.include / cells.exclude", line=value.line)
+    if not any(k in f for k in BUDGET_KEYS):
+        at.fail("a budget needs at least one check", "add one of: " + ", ".join(BUDGET_KEYS), line=value.line)
+    limits = {k: _finite(*f[k], minimum=None if k == "min_net_benefit_ms" else 0.0) for k in BUDGET_KEYS if k in f}
+    return Budget(selection=selection, description=_given(f, "budget", "description", _text),
+                  line=value.line, **limits)
+
+
+def _scale(value: Any, at: _At) -> Scale:
+    f = _fields(value, at, "scale")
+    for explicit in ("checkpoint_mib", "checkpoint_ms"):
+        if explicit in f and f"{explicit}_factor" in f:
+            f[f"{explicit}_factor"][1].fail(f"{explicit} and {explicit}_factor both given",
+                                            f"give the figure at scale ({explicit}) or a factor on the measured one")
+    numbers = {k: _finite(*f[k], minimum=0.0) for k in f if k != "name"}
+    if numbers.get("prompt_length_factor") == 0:
+        f["prompt_length_factor"][1].fail("expected a factor above 0, got 0")
+    return Scale(name=_given(f, "scale", "name", _text), **numbers)
+
+
+def _finite(value: Any, at: _At, minimum: float | None) -> float:
+    x = _number(value, at)
+    if x != x or x in (float("inf"), float("-inf")):
+        at.fail(f"expected a finite number, got {x}")
+    if minimum is not None and x < minimum:
+        at.fail(f"expected a number ≥ {minimum:g}, got {x:g}")
+    return x

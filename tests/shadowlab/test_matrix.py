@@ -670,7 +670,7 @@ _EVERY_SECTION = {
     "version": 1, "name": "defaults",
     "engines": {"e": {"kind": "reference", "model": {"preset": "tiny"}},
                 "g": {"kind": "llama-server", "model": {"gguf": {"preset": "tiny"}}}},
-    "configurations": {"c": {}},
+    "configurations": {"default": {}},
     "prompts": {"R": {"kind": "random", "tokens": 8, "seed": 1},
                 "D": {"kind": "diverge", "from": "R", "shared": 4, "tokens": 8, "seed": 2},
                 "U": {"kind": "unrelated", "tokens": 8, "seed": 3},
@@ -681,16 +681,17 @@ _EVERY_SECTION = {
     "cells": {"include": [{}]},
     "generation": {}, "isolation": {}, "identity": {},
     "expectations": [{"turn": 0, "outcome": "cold"}],
+    "baseline": "default", "budgets": [{"max_created_per_turn": 2}], "scale": {},
 }
 _SECTION_AT = {
     "matrix": (), "engine": ("engines", "e"), "model": ("engines", "e", "model"),
-    "gguf": ("engines", "g", "model", "gguf"), "configuration": ("configurations", "c"),
+    "gguf": ("engines", "g", "model", "gguf"), "configuration": ("configurations", "default"),
     "prompt.random": ("prompts", "R"), "prompt.diverge": ("prompts", "D"),
     "prompt.unrelated": ("prompts", "U"), "prompt.append": ("prompts", "P"),
     "prompt.chat": ("prompts", "H"), "message": ("prompts", "H", "messages", 0),
     "sequence": ("sequences", "s"), "sequence.traffic": ("sequences", "t"), "cells": ("cells",), "selection": ("cells", "include", 0),
     "generation": ("generation",), "isolation": ("isolation",), "identity": ("identity",),
-    "expectation": ("expectations", 0),
+    "expectation": ("expectations", 0), "budget": ("budgets", 0), "scale": ("scale",),
 }
 
 
