@@ -1,7 +1,7 @@
 """`shadowlab simulate`: what each cache policy would reuse on a traffic, without an engine.
 
 A token-level model over segments (shadowlab/traffic.py; no token list is built) of the cache
-mechanics of the two engines shadowlab replays on, rule for rule (docs/DESIGN.md §8):
+mechanics of the two engines shadowlab replays on, rule for rule (docs/DESIGN.md §10):
 
 - the reference engine (engine/shadowlab_engine/checkpoints.py is the source of truth; its
   placement function `plan_checkpoints` and restore rule `newest_within` are imported, not
