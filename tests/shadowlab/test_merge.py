@@ -113,6 +113,8 @@ def per_run_values_hidden(report_md: str, run_dir: Path) -> str:
     """report.md without what differs between two runs of one matrix: run id, ports, times."""
     text = report_md.replace(run_dir.name, "RUN").replace(str(run_dir), "RUN")
     text = re.sub(r"--port \d+", "--port N", text)
+    # The shadowlab commit the footer names: the tree may get a commit between two runs here.
+    text = re.sub(r" @ [0-9a-f]{12}", " @ COMMIT", text)
     return re.sub(r"\d+(\.\d+)? ms", "T ms", text)
 
 
