@@ -6,6 +6,7 @@ import pytest
 
 from shadowlab import errors
 from shadowlab.errors import (
+    CompareRefused,
     EngineCrashError,
     EngineError,
     EngineStartError,
@@ -21,8 +22,8 @@ from shadowlab.errors import (
 
 
 def test_the_hierarchy_is_the_one_the_docstring_draws():
-    for cls in (MatrixError, RunDirError, LogSourceError, TrafficError, EngineError, InfrastructureError,
-                QualificationError):
+    for cls in (MatrixError, RunDirError, LogSourceError, TrafficError, CompareRefused, EngineError,
+                InfrastructureError, QualificationError):
         assert cls.__bases__ == (ShadowlabError,)
         assert cls.__name__ in errors.__doc__
     for cls in (EngineStartError, EngineCrashError, ProtocolError):
@@ -30,7 +31,7 @@ def test_the_hierarchy_is_the_one_the_docstring_draws():
     assert set(errors.__all__) == {"ShadowlabError", "MatrixError", "RunDirError", "EngineError",
                                    "EngineStartError", "EngineCrashError", "ProtocolError",
                                    "InfrastructureError", "QualificationError", "LogSourceError",
-                                   "TrafficError"}
+                                   "TrafficError", "CompareRefused"}
 
 
 def test_matrix_error_without_line_or_path():
