@@ -30,6 +30,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
+from shadowlab import decision
 from shadowlab import gate as gate_mod
 from shadowlab.escape import visible, xml_text
 from shadowlab.expectations import CheckResult, CheckStatus
@@ -421,7 +422,7 @@ def render_html(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellM
         outcome_class=OUTCOME_CLASS, identity_mark=IDENTITY_MARK, diff_split=diff_split,
         describe_turn=describe_turn, table_rows=turn_table_rows,
         Outcome=Outcome, IdentityStatus=IdentityStatus, CheckStatus=CheckStatus,
-        TL_BAR_H=TL_BAR_H,
+        TL_BAR_H=TL_BAR_H, decisions=decision.decisions(inputs, result),
     )
     return _environment().get_template("report.html.j2").render(**context)
 
@@ -493,6 +494,7 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
             lines.append(f"| {c.status.value} | {md_cell(c.check)} | {md_cell(c.subject)} | "
                          f"{md_cell(c.expected)} | {md_cell(c.actual)} | {md_cell(c.message)} |")
         lines.append("")
+    lines += decision.markdown(decision.decisions(inputs, result), md_cell)
     for grid in build_grids(inputs):
         lines += [f"### Matrix — engine `{md_cell(grid.engine)}`", "",
                   "| configuration | " + " | ".join(md_cell(s) for s in grid.sequences) + " |",
