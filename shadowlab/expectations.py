@@ -103,7 +103,30 @@ def evaluate(matrix: Matrix, run: RunVerdict, planned: Sequence[str] = ()) -> tu
     incomplete = any(cell_id not in recorded for cell_id in planned)
     for number, expectation in enumerate(matrix.expectations, start=1):
         results += evaluate_expectation(expectation, number, run, incomplete=incomplete)
-    return tuple(results)
+    return tuple(_with_triage(results, matrix, run))
+
+
+def _with_triage(results: list[CheckResult], matrix: Matrix, run: RunVerdict) -> list[CheckResult]:
+    """Issue 16: an identity mismatch says its triage class (DESIGN §6). corrupted_state and
+    undetermined fail as any mismatch; nondeterminism stays inconclusive; split_sensitivity
+    fails unless `identity.split_sensitivity` allows it for the engine, and then passes with
+    the class still in the message (reported, not hidden)."""
+    turns = {(c.cell_id, t.index): (c, t) for c in run.cells for t in c.turns if t.triage is not None}
+    out = []
+    for r in results:
+        found = turns.get((r.cell_id, r.turn)) if r.check == "identity" else None
+        if found is None or r.status is CheckStatus.PASS:
+            out.append(r)
+            continue
+        cell, turn = found
+        message = f"{r.message}; triage: {turn.triage.cls}: {turn.triage.detail}"
+        if turn.triage.cls == "split_sensitivity" and r.status is CheckStatus.FAIL \
+                and matrix.identity.allows_split_sensitivity(cell.engine):
+            out.append(replace(r, status=CheckStatus.PASS, actual="split_sensitivity",
+                               message=message + " (accepted: identity.split_sensitivity allows it)"))
+        else:
+            out.append(replace(r, actual=turn.triage.cls, message=message))
+    return out
 
 
 # ---------------------------------------------------------------- default rules

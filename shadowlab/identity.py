@@ -25,7 +25,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Difference", "IdentityCheck", "IdentityStatus", "Output", "Triage", "TriageClass", "compare", "compare_control", "difference", "first_difference", "mark_inconclusive", "missing_reference", "failed", "triage"]
+__all__ = ["Difference", "IdentityCheck", "IdentityStatus", "Output", "Triage", "TriageClass", "compare", "compare_control", "describe", "difference", "first_difference", "mark_inconclusive", "missing_reference", "failed", "triage"]
 
 
 class IdentityStatus(str, enum.Enum):
@@ -242,6 +242,17 @@ def _where(d: Difference) -> str:
     return f"byte {d.first_byte}"
 
 
+def describe(d: Difference | None) -> str | None:
+    """Where two outputs part, with the top logprobs there when both engines gave them."""
+    if d is None:
+        return None
+    top = d.top_logprobs_at
+    if all(t is not None for t in top):
+        shown = [", ".join(f"{i}: {p:.4f}" for i, p in t[:4]) for t in top]
+        return f"{_where(d)}; top logprobs [{shown[0]}] vs [{shown[1]}]"
+    return _where(d)
+
+
 def triage(
     warm: Output,
     cold: Output,
@@ -249,17 +260,21 @@ def triage(
     control: Output | None = None,
     *,
     no_split_control: str = "",
+    control_pair: tuple[Output, Output] | None = None,
 ) -> Triage | None:
     """Class a warm-vs-cold mismatch; None when warm and cold are the same output.
 
     `split_control`: the warm turn's prompt through the warm turn's batch schedule in a fresh
     process; when there is none, `no_split_control` says why (e.g. no request sequence
-    reproduces the schedule). `control`: the cold prompt again in another fresh process."""
+    reproduces the schedule). `control`: the cold prompt again in another fresh process; or
+    `control_pair`: (cold, control) of another prompt on the same engine and configuration
+    (the plan's one control cell), the same run-to-run evidence."""
     wc = difference(warm, cold)
     if wc is None:
         return None
     ws = difference(warm, split_control) if split_control is not None else None
-    cc = difference(cold, control) if control is not None else None
+    pair = (cold, control) if control is not None else control_pair
+    cc = difference(*pair) if pair is not None else None
     if cc is not None:
         return Triage(TriageClass.NONDETERMINISM, wc, ws, cc,
                       f"cold vs cold differs at {_where(cc)}: the engine is not deterministic run to run")
@@ -271,7 +286,7 @@ def triage(
         return Triage(TriageClass.SPLIT_SENSITIVITY, wc, None, cc,
                       f"warm differs from cold at {_where(wc)} but equals its split control: the "
                       "engine's numerics depend on the batch schedule, the restored state is right")
-    if control is None:
+    if pair is None:
         return Triage(TriageClass.UNDETERMINED, wc, ws, None,
                       f"warm differs from its split control at {_where(ws)}, but no cold-vs-cold "
                       "control was run: nondeterminism is not excluded")

@@ -33,6 +33,9 @@ class CellKind(str, Enum):
     WARM = "warm"  # a sequence in one process: the cache under test
     COLD = "cold"  # one prompt in a fresh process: the identity reference
     CONTROL = "control"  # a cold prompt again in another fresh process
+    # A restored warm turn's prompt in a fresh process through the warm turn's batch schedule
+    # (issue 16, DESIGN §5): planned by the run stage after the warm cells, never by build_plan.
+    SPLIT_CONTROL = "split_control"
 
     def __str__(self) -> str:
         return self.value
@@ -54,6 +57,7 @@ class Turn:
     reference: str = "cold"
     cache_prompt: bool = True
     slot: int | None = None  # id_slot to send (a configuration's pin_slots); None: none
+    split_points: tuple[int, ...] | None = None  # split controls: the batch schedule to send
 
     def to_dict(self) -> dict[str, Any]:
         out = {"index": self.index, "prompt_id": self.prompt_id, "endpoint": self.endpoint,
@@ -62,6 +66,8 @@ class Turn:
         for key, plain in (("cold_turn", 0), ("reference", "cold"), ("cache_prompt", True), ("slot", None)):
             if getattr(self, key) != plain:
                 out[key] = getattr(self, key)
+        if self.split_points is not None:
+            out["split_points"] = list(self.split_points)
         return out
 
     @classmethod
@@ -69,7 +75,8 @@ class Turn:
         """`conversation`: what a plan.json written before turns had one means (see Cell)."""
         return cls(data["index"], data["prompt_id"], data["endpoint"], data.get("cold_cell"),
                    data.get("conversation", conversation), data.get("cold_turn", 0),
-                   data.get("reference", "cold"), data.get("cache_prompt", True), data.get("slot"))
+                   data.get("reference", "cold"), data.get("cache_prompt", True), data.get("slot"),
+                   tuple(data["split_points"]) if data.get("split_points") is not None else None)
 
 
 @dataclass(frozen=True)
@@ -240,7 +247,8 @@ def _pinned_slots(seq: TrafficSequence, pin_slots: int) -> list[int | None]:
 
 def describe(plan: Plan) -> str:
     counts = {k: len(plan.of_kind(k)) for k in CellKind}
-    header = (f"{len(plan.cells)} cells: " + ", ".join(f"{n} {k.value}" for k, n in counts.items()))
+    header = (f"{len(plan.cells)} cells: " + ", ".join(f"{n} {k.value}" for k, n in counts.items()
+                                                      if n or k is not CellKind.SPLIT_CONTROL))
     rows = [("cell", "kind", "engine", "configuration", "turns", "delta")]
     for c in plan.cells:
         turns = " → ".join(t.prompt_id for t in c.turns)

@@ -555,7 +555,7 @@ def _md_grid_cell(cell: CellVerdict | None) -> str:
         if t.index > 0 and t.saved_fraction is not None:
             text += f" {_pct(t.saved_fraction)}"
         if t.identity is not None and t.identity.status is IdentityStatus.MISMATCH:
-            text += " ≠cold"
+            text += " ≠cold" + (f" ({md_cell(t.triage.cls)})" if t.triage is not None else "")
         parts.append(text)
     return " → ".join(parts)
 

@@ -51,6 +51,7 @@ from shadowlab import matrix as matrix_module
 from shadowlab import plan as plan_module
 from shadowlab import rundir
 from shadowlab import shard as shard_module
+from shadowlab import split_controls
 from shadowlab.engines import EngineAdapter, EngineIdentity, TurnRequest, get_adapter
 from shadowlab.errors import (
     EngineCrashError,
@@ -405,7 +406,22 @@ def materialize_prompts(ctx: RunContext) -> None:
 
 
 def run_cells(ctx: RunContext, plan: Plan) -> dict[str, CellStatus]:
-    return CellScheduler(ctx, plan).run()
+    statuses = CellScheduler(ctx, plan).run()
+    return {**statuses, **run_split_controls(ctx, plan)}
+
+
+def run_split_controls(ctx: RunContext, plan: Plan) -> dict[str, CellStatus]:
+    """Issue 16: the split controls the finished warm cells call for (DESIGN §5), appended to
+    plan.json before they start, so a resumed or loaded run directory knows them."""
+    extra = split_controls.plan_cells(ctx.layout.root, ctx.matrix, plan)
+    if not extra:
+        return {}
+    written = Plan.from_dict(records.read_json(ctx.layout.plan))
+    known = {c.id for c in written.cells}
+    cells = (*written.cells, *(c for c in extra if c.id not in known))
+    records.write_json_atomic(ctx.layout.plan, Plan(cells).to_dict())
+    ctx.say(f"shadowlab: {len(extra)} split control(s) for restored warm turns")
+    return CellScheduler(ctx, Plan(tuple(extra))).run()
 
 
 # ================================================================ run context
@@ -1095,6 +1111,8 @@ class TurnExchange:
             return self._traffic_request()
         extra = {"message_delimiters": [dict(d) for d in prompts.CHATML_MESSAGE_DELIMITERS]} \
             if spec.message_delimiters else {}
+        if self.turn.split_points is not None:  # a split control (DESIGN §5): the warm schedule
+            extra = {**extra, "split_points": list(self.turn.split_points), "cache_prompt": False}
         index, pid = self.turn.index, self.turn.prompt_id
         if isinstance(spec, ChatPrompt) and self.turn.endpoint == "chat":
             messages = prompts.chat_messages(spec, self.replies)

@@ -62,7 +62,8 @@ from shadowlab.records import to_jsonable as _to_json
 if typing.TYPE_CHECKING:
     from shadowlab.rundir import RunDir
 
-VERDICTS_SCHEMA_VERSION = 3  # 2: TurnVerdict.cascade_checked; 3: implausible, divergence_lower_bound
+VERDICTS_SCHEMA_VERSION = 4  # 2: TurnVerdict.cascade_checked; 3: implausible, divergence_lower_bound;
+# 4: TurnVerdict.triage (issue 16; an older file has none: None)
 # (older files are upgraded on read)
 
 
@@ -89,6 +90,18 @@ class CheckpointRef:
     created_turn: int | None = None  # turn index of the cell that created it (None: unknown)
     task: int | None = None  # task id of the line
     line: int | None = None  # 1-based line number in engine.log
+
+
+@dataclass(frozen=True)
+class TriageVerdict:
+    """Why a warm turn differs from cold (identity.triage, DESIGN §5), as verdicts.json keeps it."""
+
+    cls: str  # identity.TriageClass value
+    detail: str  # one readable sentence: the class and its evidence
+    split_control_cell: str | None = None  # the split control compared (None: none ran; detail says why)
+    warm_vs_cold: str | None = None  # where warm and cold part (token index and ids, or byte)
+    warm_vs_split: str | None = None  # where warm and its split control part; None: equal or none
+    cold_vs_control: str | None = None  # where cold and a cold-vs-cold control part; None: equal or none
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,7 @@ class TurnVerdict:
     task_ids: tuple[int, ...] = ()
     log_complete: bool | None = None  # the turn's `prompt eval time` line was seen
     identity: IdentityCheck | None = None
+    triage: TriageVerdict | None = None  # a warm mismatch: why (schema 4; older files: None)
     error: str | None = None
     notes: tuple[str, ...] = ()
     # Traffic turns (optional in schema 3): the longest prefix shared with any earlier request,
@@ -202,8 +216,10 @@ class RunVerdict:
             data = _upgrade_v1(data)
         if version <= 2:
             data = _upgrade_v2(data)
+        # v3 -> v4: TurnVerdict.triage did not exist; a missing field reads as None (no triage)
         run = _from_json(cls, _implied_conversations(data))
-        return _judge_plausibility(run) if version <= 2 else run
+        run = _judge_plausibility(run) if version <= 2 else run
+        return dataclasses.replace(run, schema_version=VERDICTS_SCHEMA_VERSION)
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
@@ -272,7 +288,7 @@ def _add_json_methods(cls: type) -> None:
     cls.from_dict = classmethod(lambda c, data: _from_json(c, data))  # type: ignore[attr-defined]
 
 
-for _cls in (CheckpointRef, IdentityCheck, TurnVerdict, CellVerdict):
+for _cls in (CheckpointRef, IdentityCheck, TriageVerdict, TurnVerdict, CellVerdict):
     _add_json_methods(_cls)
 
 
@@ -289,6 +305,7 @@ def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
     patterns = _extra_patterns(run)
     cells = [_cell_verdict(run, meta, patterns) for meta in run.metas.values()]
     cells, controls, noisy = _attach_identity(cells, run.metas)
+    cells = _attach_triage(cells, run)
     cells = [_with_ideals(c, run) for c in cells]
     verdict = RunVerdict(
         run_id=run.run_id,
@@ -787,3 +804,62 @@ def _compare_turn(
         reference_cell=ref_id,
         reference_turn=ref_index,
     )
+
+
+# ---------------------------------------------------------------- triage (issue 16)
+
+
+def _attach_triage(cells: list[CellVerdict], run: "RunDir") -> list[CellVerdict]:
+    """Why each warm mismatch differs from cold (DESIGN §5): its split control, the cold-vs-cold
+    control of its engine and configuration, or the reason a split control is missing."""
+    controls = {(c.engine, c.configuration): c.control for c in cells if c.kind == "control" and c.control}
+    out = []
+    for c in cells:
+        if c.kind != "warm" or not any(_mismatch(t) for t in c.turns):
+            out.append(c)
+            continue
+        meta = run.metas[c.cell_id]
+        family = meta.engine.log_family if meta.engine else "none"
+        parsed = run.parse_log(c.cell_id, family, ()) if family != "none" and run.has_log(c.cell_id) else None
+        events = parsed.events if parsed is not None else ()
+        turns = tuple(dataclasses.replace(t, triage=_triage_turn(c, t, meta, events, run.metas,
+                                                                 controls.get((c.engine, c.configuration))))
+                      if _mismatch(t) else t for t in c.turns)
+        out.append(dataclasses.replace(c, turns=turns))
+    return out
+
+
+def _mismatch(turn: TurnVerdict) -> bool:
+    return turn.identity is not None and turn.identity.status is IdentityStatus.MISMATCH
+
+
+def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, metas: Any,
+                 control: IdentityCheck | None) -> TriageVerdict:
+    from shadowlab import split_controls
+
+    check = turn.identity
+    warm = identity.Output(check.text or "", check.tokens)
+    cold = identity.Output(check.reference_text or "", check.reference_tokens)
+    split_id = split_controls.cell_id(cell.cell_id, turn.index)
+    split_meta = metas.get(split_id)
+    split_out, why = None, ""
+    record = next((t for t in split_meta.turns if t.index == 0), None) if split_meta else None
+    if record is not None and _turn_ok(record):
+        split_out = identity.Output(record.completion.text, record.completion.tokens)
+    elif split_meta is not None:
+        why = f"split control {split_id} did not run ({split_meta.reason or split_meta.status.value})"
+    else:
+        planned = next((pt for pt in (meta.cell or {}).get("turns", []) if pt.get("index") == turn.index), {})
+        schedule = split_controls.turn_schedule(meta, events, turn.index)
+        why = (split_controls.no_control_reason(meta, schedule, planned.get("endpoint", "completion"))
+               or f"split control {split_id} has no record (not run)")
+    pair = None
+    if control is not None and control.status in (IdentityStatus.IDENTICAL, IdentityStatus.MISMATCH):
+        pair = (identity.Output(control.reference_text or "", control.reference_tokens),
+                identity.Output(control.text or "", control.tokens))
+    t = identity.triage(warm, cold, split_out, no_split_control=why, control_pair=pair)
+    if t is None:  # cannot happen for a MISMATCH check; kept total for a hand-made record
+        return TriageVerdict("undetermined", "warm equals cold on re-comparison")
+    return TriageVerdict(t.cls.value, t.detail, split_id if split_out is not None else None,
+                         identity.describe(t.warm_vs_cold), identity.describe(t.warm_vs_split),
+                         identity.describe(t.cold_vs_control))

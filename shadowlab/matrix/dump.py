@@ -29,10 +29,22 @@ def matrix_to_dict(m: Matrix) -> dict[str, Any]:
         },
         "generation": vars(m.generation).copy(),
         "isolation": {**vars(m.isolation), "gpu": _gpu_to_yaml(m.isolation.gpu)},
-        "identity": vars(m.identity).copy(),
+        "identity": _identity_to_dict(m.identity),
         "expectations": [_expectation_to_dict(x) for x in m.expectations],
         **_comparison_to_dict(m),
     }
+
+
+def _identity_to_dict(identity: Any) -> dict[str, Any]:
+    """The split-control keys (issue 16) only when set: a matrix without them dumps as before
+    (a resume compares matrix.yaml as text)."""
+    out = {"required": identity.required, "control": identity.control}
+    if identity.split_controls != "mismatch":
+        out["split_controls"] = identity.split_controls
+    if identity.split_sensitivity != "fail":
+        allowed = identity.split_sensitivity
+        out["split_sensitivity"] = list(allowed) if isinstance(allowed, tuple) else allowed
+    return out
 
 
 def _comparison_to_dict(m: Matrix) -> dict[str, Any]:

@@ -244,6 +244,13 @@ SCHEMA: dict[str, Section] = {
     "identity": Section("identity", (
         Key("required", "bool", True, "A warm turn whose output differs from its cold run fails the gate."),
         Key("control", "bool", True, "Plan one cold-vs-cold control cell per engine × configuration."),
+        Key("split_controls", "mismatch | all", "mismatch",
+            "Which restored warm turns get a split control (a fresh process computing the turn's "
+            "prompt through its batch schedule, DESIGN §5): those whose output differs from cold, "
+            "or every one."),
+        Key("split_sensitivity", "fail | allow | list of engine names", "fail",
+            "A mismatch triaged as split sensitivity (warm equals its split control) fails the gate, "
+            "or is accepted (and still reported) for every engine or for the engines listed."),
     )),
     "expectation": Section("expectations[i]", (
         Key("engine", "glob", "*", "Which cells: engine name or pattern."),

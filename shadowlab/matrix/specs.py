@@ -240,6 +240,12 @@ class Isolation:
 class Identity:
     required: bool = default("identity", "required")
     control: bool = default("identity", "control")
+    split_controls: str = default("identity", "split_controls")
+    split_sensitivity: str | tuple[str, ...] = default("identity", "split_sensitivity")
+
+    def allows_split_sensitivity(self, engine: str) -> bool:
+        allowed = self.split_sensitivity
+        return allowed == "allow" or (isinstance(allowed, tuple) and engine in allowed)
 
 
 @dataclass(frozen=True)

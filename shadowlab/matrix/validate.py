@@ -336,7 +336,7 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
         cells=cells,
         generation=_generation(*f["generation"]) if "generation" in f else Generation(),
         isolation=isolation,
-        identity=_identity(*f["identity"]) if "identity" in f else Identity(),
+        identity=_identity(*f["identity"], engines) if "identity" in f else Identity(),
         expectations=default("matrix", "expectations"),
         lines={"isolation.cores_per_cell": _line_of(data, "isolation", "cores_per_cell")},
     )
@@ -934,9 +934,22 @@ def _gpu(raw: Any, at: _At) -> int | tuple[int, ...] | None:
     return raw
 
 
-def _identity(value: Any, at: _At) -> Identity:
+def _identity(value: Any, at: _At, engines: Any = None) -> Identity:
     f = _fields(value, at, "identity")
-    return Identity(**{key: _bool(*f[key]) for key in f})
+    out: dict[str, Any] = {key: _bool(*f[key]) for key in ("required", "control") if key in f}
+    if "split_controls" in f:
+        out["split_controls"] = _choice(*f["split_controls"], ("mismatch", "all"))
+    if "split_sensitivity" in f:
+        raw, s_at = f["split_sensitivity"]
+        if isinstance(raw, list):
+            names = tuple(_str(v, a) for v, a in _list(raw, s_at))
+            unknown = [n for n in names if engines is not None and n not in engines]
+            if unknown:
+                s_at.fail(f"split_sensitivity names no engine of this matrix: {', '.join(unknown)}")
+            out["split_sensitivity"] = names
+        else:
+            out["split_sensitivity"] = _choice(raw, s_at, ("fail", "allow"))
+    return Identity(**out)
 
 
 def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, str, str]]) -> Expectation:

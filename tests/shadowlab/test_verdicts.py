@@ -199,11 +199,28 @@ def test_verdicts_json_is_written_and_reads_back_equal(tmp_path):
     verdict = compute(run)
     assert read(run) == verdict
     data = json.loads((run / "verdicts.json").read_text())
-    assert data["schema_version"] == 3
+    assert data["schema_version"] == 4
     (warm,) = [c for c in data["cells"] if c["cell_id"] == "reference.policy0.warm"]
     assert warm["turns"][1]["outcome"] == "restored"
     with pytest.raises(ValueError):
         RunVerdict.from_dict({**data, "schema_version": 99})
+
+
+def test_a_v3_verdicts_json_reads_with_no_triage(tmp_path):
+    """v3 files have no `triage` (issue 16): every turn reads as None, the rest unchanged."""
+    run = policy0_run(tmp_path)
+    verdict = compute(run)
+    data = json.loads((run / "verdicts.json").read_text())
+    for cell in data["cells"]:
+        for turn in cell["turns"]:
+            turn["triage"] = {"cls": "corrupted_state", "detail": "x"}
+    assert RunVerdict.from_dict(data) != verdict  # the field is read when present
+    for cell in data["cells"]:
+        for turn in cell["turns"]:
+            del turn["triage"]
+    old = RunVerdict.from_dict({**data, "schema_version": 3})
+    assert old == verdict and old.schema_version == 4
+    assert all(t.triage is None for c in old.cells for t in c.turns)
 
 
 def test_a_v1_verdicts_json_is_upgraded_with_the_cascade_judgement_compute_makes(tmp_path):

@@ -1,0 +1,123 @@
+"""Split-control cells (issue 16, docs/DESIGN.md §5): which restored warm turns get one, and how.
+
+A split control is a fresh process that computes a restored warm turn's prompt through the warm
+turn's batch schedule (`splits.warm_schedule`), without any restore. The run stage plans them
+after the warm cells, from the warm and cold records (a mismatch can only be seen then), so
+`build_plan` never does: a healthy run gets none and its plan.json is unchanged. The plan is a
+pure function of the records, so `--resume` plans the same cells again and keeps those that ran.
+
+The verdicts ask the same questions (`turn_schedule`, `no_control_reason`) of the same records,
+so the reason a turn has no split control is computed in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from shadowlab import identity, logparse, records, splits
+from shadowlab.matrix import Matrix
+from shadowlab.plan import Cell, CellKind, Plan, Turn
+
+__all__ = ["cell_id", "no_control_reason", "plan_cells", "turn_schedule"]
+
+DEFAULT_BATCH, DEFAULT_UBATCH = 2048, 512  # llama-server's and the reference engine's -b / -ub
+_FLAGS = {"-b": "b", "--batch-size": "b", "-ub": "ub", "--ubatch-size": "ub"}
+
+
+def cell_id(warm_id: str, index: int) -> str:
+    return f"{warm_id}.split.{index}"
+
+
+def batch_sizes(command: Sequence[str]) -> tuple[int, int]:
+    """(-b, -ub) as the engine was started (the last occurrence wins, as in llama-server)."""
+    found = {"b": DEFAULT_BATCH, "ub": DEFAULT_UBATCH}
+    for flag, value in zip(command, command[1:]):
+        if flag in _FLAGS and value.isdigit():
+            found[_FLAGS[flag]] = int(value)
+    return found["b"], found["ub"]
+
+
+def turn_schedule(meta: records.CellMeta, events: Sequence[logparse.Event], index: int) -> splits.Schedule | None:
+    """The batch schedule of warm turn `index`, None when it restored nothing. The prefix is the
+    earlier turn whose task created the restored checkpoint (else the previous turn), computed
+    from 0 as that turn logged it."""
+    turns = {t.index: t for t in meta.turns}
+    warm, earlier = turns.get(index), turns.get(index - 1)
+    if warm is None or earlier is None or not warm.task_ids or not earlier.task_ids:
+        return None
+    warm_task = warm.task_ids[-1]
+    restored = [e for e in events if e.kind == "restored" and e.task == warm_task]
+    if not restored:
+        return None
+    creators = {e.task for e in events if e.kind == "created" and e.n_tokens == restored[-1].n_tokens}
+    prefix = next((turns[j] for j in range(index - 1, -1, -1)
+                   if j in turns and turns[j].task_ids and turns[j].task_ids[-1] in creators), earlier)
+    if prefix.prompt_tokens is None or warm.prompt_tokens is None:
+        return None
+    _, n_ubatch = batch_sizes(meta.command)
+    return splits.warm_schedule(events, prefix.task_ids[-1], warm_task, prefix.prompt_tokens,
+                                warm.prompt_tokens, n_ubatch)
+
+
+def no_control_reason(meta: records.CellMeta, schedule: splits.Schedule | None, endpoint: str) -> str:
+    """Why this restored turn cannot have a split control; "" when it can (reference engine)."""
+    if schedule is None:
+        return "the warm turn's log shows no restore to replay (or no task ids / prompt lengths)"
+    if endpoint != "completion":
+        return "a chat turn cannot be sent with split points"
+    kind = meta.engine.kind if meta.engine else "?"
+    if kind == "reference":
+        return ""
+    if kind != "llama-server":
+        return f"a {kind} engine takes no split points and its batch placement is unknown"
+    n_batch, n_ubatch = batch_sizes(meta.command)
+    lengths, why = splits.request_sequence(schedule, n_batch, n_ubatch)
+    if lengths is None:
+        return why
+    return (f"the request sequence {' then '.join(map(str, lengths))} tokens would reproduce the "
+            "schedule, but the runner does not send request sequences yet")
+
+
+def plan_cells(root: Path, matrix: Matrix, plan: Plan) -> list[Cell]:
+    """The split-control cells the finished warm cells call for, in plan order."""
+    every = matrix.identity.split_controls == "all"
+    out: list[Cell] = []
+    for cell in plan.of_kind(CellKind.WARM):
+        meta = _ok_meta(root, cell.id)
+        if meta is None or meta.engine is None or meta.engine.log_family == "none":
+            continue
+        log = root / "cells" / cell.id / "engine.log"
+        events = logparse.parse(log, meta.engine.log_family).events if log.is_file() else ()
+        for turn in cell.turns[1:]:
+            if turn.cold_cell is None or turn.reference != "cold":
+                continue  # traffic replays are compared turn by turn elsewhere; no schedule here
+            schedule = turn_schedule(meta, events, turn.index)
+            if schedule is None or no_control_reason(meta, schedule, turn.endpoint):
+                continue
+            if every or _mismatches(root, meta, turn):
+                out.append(Cell(
+                    id=cell_id(cell.id, turn.index), kind=CellKind.SPLIT_CONTROL, engine=cell.engine,
+                    configuration=cell.configuration, sequence=cell.sequence,
+                    turns=(Turn(0, turn.prompt_id, turn.endpoint, split_points=schedule.split_points),),
+                    flags=cell.flags, env=dict(cell.env), control_of=cell.id))
+    return out
+
+
+def _ok_meta(root: Path, cid: str) -> records.CellMeta | None:
+    try:
+        meta = records.read_meta(root / "cells" / cid / "meta.json")
+    except (OSError, ValueError, TypeError, records.RunDirError):
+        return None
+    return meta if meta.status is records.CellStatus.OK else None
+
+
+def _mismatches(root: Path, meta: records.CellMeta, turn: Turn) -> bool:
+    cold = _ok_meta(root, turn.cold_cell or "")
+    warm = next((t for t in meta.turns if t.index == turn.index), None)
+    ref = next((t for t in cold.turns if t.index == turn.cold_turn), None) if cold else None
+    if warm is None or ref is None or warm.completion is None or ref.completion is None:
+        return False
+    check = identity.compare(warm.completion.text, warm.completion.tokens, ref.completion.text,
+                             ref.completion.tokens, reused_tokens=warm.reused_tokens)
+    return check.status is identity.IdentityStatus.MISMATCH

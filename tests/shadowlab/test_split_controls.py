@@ -1,0 +1,101 @@
+"""Split controls through `shadowlab run` on live reference engines (issue 16, DESIGN §5).
+
+The append probe of tests/engine/test_split_faults.py, small: A, then EXT = A + 26 tokens,
+which restores A's checkpoint near its end and so is prefilled through another batch
+schedule than a cold EXT. A mismatch gets a split control cell (`<warm>.split.<turn>`) and a
+triage class in verdicts.json, report.md and the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import test_run  # noqa: E402
+from shadowlab import gate
+from shadowlab.cli import main
+from shadowlab.gate import EXIT_CHECK_FAILED, EXIT_QUALIFIED
+
+pytestmark = pytest.mark.slow
+
+# test_run's small matrix, with C (a divergence) replaced by EXT (an append) and longer outputs,
+# so that a perturbed prefill shows in the greedy tokens.
+_C = "  C: {kind: diverge, from: A, shared: 70, tokens: 130, seed: 2}"
+_EXT = "  EXT: {kind: append, from: A, extra: 26, seed: 2}"
+
+
+def _matrix(path: Path, extra: str) -> Path:
+    path = test_run.write_matrix(path, name="split", sequences="  append: [A, EXT]", control=True)
+    text = path.read_text()
+    for old, new in ((_C, _EXT), ("n_predict: 4", "n_predict: 24"), ("{control: true}", f"{{control: true{extra}}}")):
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
+WARM = "reference.defaults.append"
+SPLIT = f"{WARM}.split.1"
+
+
+def _run(tmp_path: Path, *faults: str, extra: str = "") -> tuple[int, Path]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    matrix = _matrix(tmp_path / "m.yaml", extra)
+    out = tmp_path / "run"
+    args = ["run", str(matrix), "--out", str(out)]
+    for fault in faults:
+        args += ["--fault", fault]
+    return main(args), out
+
+
+def _ext(out: Path) -> dict:
+    verdicts = json.loads((out / "verdicts.json").read_text())
+    cell = next(c for c in verdicts["cells"] if c["cell_id"] == WARM)
+    return cell["turns"][1]
+
+
+def _planned(out: Path) -> list[str]:
+    return [c["id"] for c in json.loads((out / "plan.json").read_text())["cells"]]
+
+
+def test_stale_restore_is_corrupted_state_and_fails(tmp_path):
+    code, out = _run(tmp_path, "stale-restore")
+    turn = _ext(out)
+    assert turn["identity"]["status"] == "mismatch"
+    assert turn["triage"]["cls"] == "corrupted_state", turn["triage"]
+    assert turn["triage"]["split_control_cell"] == SPLIT and turn["triage"]["warm_vs_split"]
+    assert SPLIT in _planned(out) and (out / "cells" / SPLIT / "meta.json").is_file()
+    assert code == EXIT_CHECK_FAILED
+    assert "corrupted_state" in (out / "report.md").read_text()
+
+
+def test_split_noise_is_split_sensitivity_and_fails_unless_allowed(tmp_path):
+    code, out = _run(tmp_path / "a", "split-noise")
+    turn = _ext(out)
+    assert turn["triage"]["cls"] == "split_sensitivity", turn["triage"]
+    assert turn["triage"]["warm_vs_split"] is None and turn["triage"]["warm_vs_cold"]
+    assert code == EXIT_CHECK_FAILED
+    code, out = _run(tmp_path / "b", "split-noise", extra=", split_sensitivity: allow")
+    assert _ext(out)["triage"]["cls"] == "split_sensitivity"
+    assert code == EXIT_QUALIFIED, gate.evaluate(out).summary()
+    assert "split_sensitivity" in (out / "report.md").read_text()  # accepted, still reported
+
+
+def test_nondeterministic_engine_is_nondeterminism(tmp_path):
+    code, out = _run(tmp_path, "nondeterministic")
+    turn = _ext(out)
+    assert turn["identity"]["status"] == "mismatch"
+    assert turn["triage"]["cls"] == "nondeterminism", turn["triage"]
+    assert code == EXIT_CHECK_FAILED  # inconclusive counts as a failure, as before
+
+
+def test_healthy_engine_no_mismatch_no_class_no_split_control(tmp_path):
+    code, out = _run(tmp_path)
+    turn = _ext(out)
+    assert turn["identity"]["status"] == "identical" and turn["triage"] is None
+    assert not any(".split." in c for c in _planned(out))
+    assert code == EXIT_QUALIFIED, gate.evaluate(out).summary()
