@@ -1,5 +1,6 @@
-"""`shadowlab simulate` speed: the case study's shape (~3,500 turns, ~55M prompt tokens) under five
-policies, and the same shape with 10x the conversations (10x the turns and tokens).
+"""`shadowlab simulate` speed: the case study's shape (`TrafficShape.case_study()`: ~3,500 turns,
+~61M prompt tokens) under five policies, and the same shape at 10x (10x the conversations and
+jobs, so 10x the turns and tokens).
 
     python benchmarks/bench_simulate.py [--scale 10] [--repeat 3]
 
@@ -11,21 +12,16 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "shadowlab"))
-
-from shadowlab import simulate, traffic  # noqa: E402
-from test_simulate import case_study_shape  # noqa: E402 - one definition of the shape
+from shadowlab import simulate, traffic
 
 POLICIES = ("baseline", "policy0", "affinity+policy0", "retention+policy0", "llama-defaults")
 
 
 def measure(scale: int) -> dict[str, float]:
     t0 = time.process_time()
-    requests = traffic.generate(case_study_shape(scale=scale))
+    requests = traffic.generate(traffic.TrafficShape.case_study(scale=scale))
     t1 = time.process_time()
     loaded = traffic.Loaded(tuple(requests), (), "bench", "shape")
     doc = simulate.run_policies(loaded, [simulate.parse_policy(p) for p in POLICIES], 2200.0, per_turn=False)

@@ -216,6 +216,9 @@ class TrafficShape:
     `interloper_kinds` (zero overlap; the system block of a live conversation, then new text;
     a near-duplicate: a live conversation's last prompt cut at `near_duplicate_cut` of it, then
     new text).
+    `preamble` (length -> weight) starts every prompt with the first n tokens of ONE header block
+    shared by all requests, n drawn per conversation and per interloper: the template header and
+    BOS that make "unrelated" prompts share 1, 3 or 32 tokens in the case study.
     """
 
     conversations: int = 4
@@ -234,9 +237,38 @@ class TrafficShape:
     output_tokens: int = 1
     gap_s: float = 1.0
     seed: int = 0
+    preamble: tuple[tuple[int, float], ...] = ()
 
     KINDS = ("zero", "system", "near_duplicate")
     ARRIVALS = ("round_robin", "random", "bursts")
+
+    @classmethod
+    def case_study(cls, seed: int = 0, scale: int = 1) -> TrafficShape:
+        """The case study's production lane (seed 000; `CASE_STUDY` lists what it measured and
+        tests/shadowlab/test_simulate.py holds `realised_shape` of this to it): one slot's worth
+        of interleaved traffic, ~3,500 requests and ~62M prompt tokens at scale 1. Conversations
+        (20 turns each, a heavy-tailed system prompt and pasted turns) re-render a block before
+        the new user message, so a turn diverges from its predecessor deep in the prompt; a third
+        of the requests are unrelated jobs that share only the template header (1, 3 or 32
+        tokens) with anything. `scale` multiplies conversations and jobs alike."""
+        return cls(
+            conversations=119 * scale, turns=20, concurrent=1,
+            preamble=((32, 0.55), (3, 0.4), (1, 0.05)),
+            system_tokens=Dist("lognormal", 1000, 1.4, 300, 150_000),
+            turn_tokens=Dist("lognormal", 55, 2.3, 5, 150_000),
+            volatile_tokens=Dist("lognormal", 1700, 1.0, 600, 60_000), user_tokens=Dist("uniform", 20, 300),
+            interloper_share=0.32, interloper_tokens=Dist("lognormal", 4000, 2.6, 700, 258_037),
+            interloper_kinds=(("zero", 1.0),), arrival="random", gap_s=111.0, seed=seed)  # ~4.5 days
+
+
+# What the case study measured on its lane (seeds/000: 3,292 partial-reuse turns of ~3,500; the
+# prefix each request shared with the slot's cached prompt, i.e. the request before it).
+CASE_STUDY = {
+    "requests": 3500, "prompt_tokens": 66_230_000,
+    "prompt_size": {"median": 6552, "max": 258_037},
+    "shared_with_previous": {"min": 1, "p10": 3, "p25": 3, "median": 32, "p75": 3734, "p90": 9923, "max": 155_259},
+    "share_near_zero_overlap": 0.57, "share_4096_or_more": 0.24, "reusable_share": 12.39 / 66.23,
+}
 
 
 SHAPE_KEYS = {f for f in TrafficShape.__dataclass_fields__}
@@ -259,6 +291,13 @@ def shape_from_dict(doc: Any, where: str = "<shape>") -> TrafficShape:
             if not isinstance(value, dict):
                 raise TrafficError(f"{where}: interloper_kinds is a mapping kind -> weight")
             kw[key] = tuple((str(k), float(v)) for k, v in value.items())
+        elif key == "preamble":
+            if not isinstance(value, dict):
+                raise TrafficError(f"{where}: preamble is a mapping header length -> weight")
+            try:
+                kw[key] = tuple((int(k), float(v)) for k, v in value.items())
+            except (TypeError, ValueError):
+                raise TrafficError(f"{where}: preamble maps whole header lengths to weights, got {value!r}") from None
         else:
             kw[key] = value
     shape = TrafficShape(**kw)
@@ -278,6 +317,8 @@ def _check_shape(s: TrafficShape, where: str) -> None:
     bad = [k for k, _ in s.interloper_kinds if k not in TrafficShape.KINDS]
     if bad or not any(w > 0 for _, w in s.interloper_kinds):
         raise TrafficError(f"{where}: interloper_kinds: kinds are {TrafficShape.KINDS} with a positive weight")
+    if s.preamble and (any(n < 1 or w < 0 for n, w in s.preamble) or not any(w > 0 for _, w in s.preamble)):
+        raise TrafficError(f"{where}: preamble: header lengths >= 1 with weights >= 0, one of them positive")
 
 
 class _Blocks:
@@ -298,6 +339,21 @@ class _Conversation:
     history: list[Segment] = field(default_factory=list)
     turns_left: int = 0
     last: tuple[Segment, ...] = ()
+    preamble: tuple[Segment, ...] = ()
+
+
+class _Preamble:
+    """The header block every prompt starts with (none when the shape has no preamble)."""
+
+    def __init__(self, shape: TrafficShape, blocks: _Blocks) -> None:
+        self.weights = shape.preamble
+        self.block = blocks.new(max(n for n, _ in self.weights)).block if self.weights else 0
+
+    def draw(self, rng: random.Random) -> tuple[Segment, ...]:
+        if not self.weights:
+            return ()
+        n = rng.choices([n for n, _ in self.weights], weights=[w for _, w in self.weights])[0]
+        return (Segment(self.block, 0, n),)
 
 
 def generate(shape: TrafficShape) -> list[Request]:
@@ -305,6 +361,7 @@ def generate(shape: TrafficShape) -> list[Request]:
     _check_shape(shape, "<shape>")
     rng = random.Random(f"shadowlab-traffic:{shape.seed}")
     blocks = _Blocks()
+    header = _Preamble(shape, blocks)
     order = _arrival_order(shape, rng)
     n_conv_turns = len(order)
     n_total = round(n_conv_turns / (1 - shape.interloper_share)) if shape.interloper_share else n_conv_turns
@@ -315,12 +372,13 @@ def generate(shape: TrafficShape) -> list[Request]:
     for i in range(n_total):
         t = i * shape.gap_s
         if i in inter_at:
-            out.append(_interloper(shape, rng, blocks, list(live.values()), t))
+            out.append(_interloper(shape, rng, blocks, list(live.values()), t, header))
             continue
         c = next(it)
         conv = live.get(c)
         if conv is None:
-            conv = live[c] = _Conversation(f"c{c}", blocks.new(shape.system_tokens.draw(rng)), turns_left=shape.turns)
+            conv = live[c] = _Conversation(f"c{c}", blocks.new(shape.system_tokens.draw(rng)), turns_left=shape.turns,
+                                           preamble=header.draw(rng))
         out.append(_turn(shape, rng, blocks, conv, t))
         conv.turns_left -= 1
         if conv.turns_left == 0:
@@ -354,7 +412,7 @@ def _arrival_order(shape: TrafficShape, rng: random.Random) -> list[int]:
 
 
 def _turn(shape: TrafficShape, rng: random.Random, blocks: _Blocks, conv: _Conversation, t: float) -> Request:
-    history = [conv.system, *conv.history]
+    history = [*conv.preamble, conv.system, *conv.history]
     volatile = shape.volatile_tokens.draw(rng)
     segments = list(history)
     if volatile:
@@ -362,7 +420,7 @@ def _turn(shape: TrafficShape, rng: random.Random, blocks: _Blocks, conv: _Conve
     user = blocks.new(max(1, shape.user_tokens.draw(rng)))
     user_start = sum(s.length for s in segments)
     segments.append(user)
-    starts, pos = [], conv.system.length
+    starts, pos = [], sum(s.length for s in conv.preamble) + conv.system.length
     for h in conv.history:  # each history block starts with a user message
         starts.append(pos)
         pos += h.length
@@ -372,13 +430,13 @@ def _turn(shape: TrafficShape, rng: random.Random, blocks: _Blocks, conv: _Conve
 
 
 def _interloper(shape: TrafficShape, rng: random.Random, blocks: _Blocks, live: list[_Conversation],
-                t: float) -> Request:
+                t: float, header: _Preamble) -> Request:
     kinds = [k for k, _ in shape.interloper_kinds]
     kind = rng.choices(kinds, weights=[w for _, w in shape.interloper_kinds])[0]
     size = max(1, shape.interloper_tokens.draw(rng))
     donors = [c for c in live if c.last] if kind == "near_duplicate" else live
     if kind == "zero" or not donors:
-        return Request(t, None, (blocks.new(size),), shape.output_tokens, (), "zero")
+        return Request(t, None, (*header.draw(rng), blocks.new(size)), shape.output_tokens, (), "zero")
     donor = rng.choice(donors)
     if kind == "system":
         return Request(t, None, (donor.system, blocks.new(size)), shape.output_tokens, (), "system")

@@ -154,59 +154,112 @@ def test_a_broken_engine_disagrees_with_the_simulator(model, tmp_path):
 # --------------------------------------------------------------------------- the case study's shape
 
 
-def case_study_shape(seed: int = 0, scale: int = 1) -> TrafficShape:
-    """~3,500 turns, ~66M prompt tokens, one shared lane: long-lived conversations with a
-    re-rendered block deep in the prompt, and low-overlap interloper jobs (57 % of turns share
-    < 512 tokens with the request before them in the case study)."""
-    return TrafficShape(
-        conversations=30 * scale, turns=50, concurrent=3,
-        system_tokens=Dist("uniform", 3000, 6000), turn_tokens=Dist("lognormal", 450, 0.6, 50, 4000),
-        volatile_tokens=Dist("uniform", 1500, 9000), user_tokens=Dist("uniform", 50, 400),
-        interloper_share=0.57, interloper_tokens=Dist("lognormal", 8500, 1.0, 99, 258_037),
-        interloper_kinds=(("zero", 0.8), ("system", 0.15), ("near_duplicate", 0.05)),
-        arrival="random", gap_s=111.0, seed=seed)  # 3,500 turns over ~4.5 days
+def shape_misses(realised: dict) -> list[str]:
+    """Where a realised shape (traffic.realised_shape) is off the case study's measured one
+    (traffic.CASE_STUDY), beyond the tolerance stated here: sizes within 10-15 %, the low mode
+    of the shared prefix (min, p10, p25, median: the template header) exact, p75 / p90 within
+    25 %, the largest shared prefix (one sample) within a factor of 2, the shares within 3
+    points and the reusable share within 2."""
+    want, misses = traffic.CASE_STUDY, []
+
+    def near(name: str, got: float, target: float, rel: float = 0.0, points: float = 0.0, factor: float = 0.0):
+        ok = (target / factor <= got <= target * factor) if factor else abs(got - target) <= rel * target + points
+        if not ok:
+            misses.append(f"{name}: {got:,.3f} vs {target:,.3f}")
+
+    near("requests", realised["requests"], want["requests"], rel=0.10)
+    near("prompt_tokens", realised["prompt_tokens"], want["prompt_tokens"], rel=0.15)
+    near("prompt median", realised["prompt_size"]["median"], want["prompt_size"]["median"], rel=0.15)
+    near("prompt max", realised["prompt_size"]["max"], want["prompt_size"]["max"], rel=0.05)
+    shared, target = realised["shared_with_previous"], want["shared_with_previous"]
+    for key in ("min", "p10", "p25", "median"):
+        near(f"shared {key}", shared[key], target[key])
+    for key in ("p75", "p90"):
+        near(f"shared {key}", shared[key], target[key], rel=0.25)
+    near("shared max", shared["max"], target["max"], factor=2.0)
+    near("share < 512", realised["share_near_zero_overlap"], want["share_near_zero_overlap"], points=0.03)
+    near("share 4,096+", realised["share_4096_or_more"], want["share_4096_or_more"], points=0.03)
+    near("reusable share", realised["reusable_with_previous"] / realised["prompt_tokens"], want["reusable_share"],
+         points=0.02)
+    return misses
+
+
+CASE_POLICIES = ("baseline", "policy0", "affinity", "affinity+policy0", "retention+policy0")
 
 
 @pytest.fixture(scope="module")
-def case_study() -> dict:
-    requests = traffic.generate(case_study_shape())
+def case_study() -> tuple[list[Request], dict]:
+    requests = traffic.generate(TrafficShape.case_study())
     loaded = traffic.Loaded(tuple(requests), (), "case-study", "shape")
-    policies = [parse_policy(p) for p in ("baseline", "policy0", "affinity", "affinity+policy0", "retention+policy0")]
-    return simulate.run_policies(loaded, policies, 2200.0, per_turn=False)
+    return requests, simulate.run_policies(loaded, [parse_policy(p) for p in CASE_POLICIES], 2200.0)
 
 
 def test_the_case_study_shape_is_realised(case_study):
-    s = case_study["shape"]
-    assert 3300 <= s["requests"] <= 3700
-    assert 50e6 <= s["prompt_tokens"] <= 80e6
-    assert s["share_near_zero_overlap"] >= 0.5  # bimodal: most turns near zero ...
-    assert s["share_4096_or_more"] >= 0.05  # ... and a heavy upper mode
-    assert s["shared_with_previous"]["p90"] >= 2048
+    _, doc = case_study
+    assert shape_misses(doc["shape"]) == []
+    assert doc["shape"]["divergence_depth"]["median"] >= 2048  # a conversation diverges deep in its prompt
+
+
+def test_a_shape_off_the_case_study_misses():
+    """The tolerance can fail: the earlier preset (interlopers sharing system prompts, no template
+    header) realised 89 % of turns under 512 tokens and no 3-token low mode."""
+    off = TrafficShape(conversations=30, turns=50, concurrent=3, system_tokens=Dist("uniform", 3000, 6000),
+                       turn_tokens=Dist("lognormal", 450, 0.6, 50, 4000), volatile_tokens=Dist("uniform", 1500, 9000),
+                       user_tokens=Dist("uniform", 50, 400), interloper_share=0.57,
+                       interloper_tokens=Dist("lognormal", 8500, 1.0, 99, 258_037),
+                       interloper_kinds=(("zero", 0.8), ("system", 0.15), ("near_duplicate", 0.05)), arrival="random")
+    misses = shape_misses(traffic.realised_shape(traffic.generate(off)))
+    assert any(m.startswith("share < 512") for m in misses) and any(m.startswith("shared p25") for m in misses)
+
+
+def test_a_preamble_reads_from_a_shape_file():
+    shape = traffic.shape_from_dict({"preamble": {32: 0.55, 3: 0.4, 1: 0.05}, "seed": 3})
+    requests = traffic.generate(shape)
+    assert {r.segments[0].length for r in requests} <= {1, 3, 32}
+    assert len({r.segments[0].block for r in requests}) == 1  # one header block shared by all
+    for bad in ({"preamble": [32]}, {"preamble": {0: 1.0}}, {"preamble": {"x": 1.0}}, {"preamble": {8: 0.0}}):
+        with pytest.raises(traffic.TrafficError, match="preamble"):
+            traffic.shape_from_dict(bad)
 
 
 def test_the_case_study_conclusion(case_study):
-    """POLICY=0 alone recovers near zero; affinity (with POLICY=0, the pre-validated companion)
-    recovers most of the reusable share; POLICY=0's cost is reported. Thresholds from the
-    mechanism: with one slot, a turn can reuse at most what it shares with the request before
-    it, so POLICY=0's reuse is bounded by the shape's prefix shared with the previous request;
-    with affinity and a slot per live conversation, each conversation turn loses at most one
-    -b batch (2,048 tokens) below its divergence point."""
-    s = case_study["shape"]
-    by = {p["policy"]: p for p in case_study["policies"]}
+    """What the mechanism says on the case study's shape, each bound derived, not fitted:
+
+    - one slot: a turn can reuse at most what it shares with the request before it, so POLICY=0
+      reuses at most `reusable_with_previous`, and on a conversation turn that follows an
+      interloper at most what it shares with that interloper (the template header, <= 32 tokens):
+      under interleaving POLICY=0 recovers near zero (below 1 % of those turns' ceiling);
+    - but where a turn follows its own conversation's previous turn, POLICY=0 keeps a checkpoint
+      every -b batch (2,048 tokens), so it loses at most 2,047 tokens of that shared prefix: on
+      the case study's OWN prefix statistics (24 % of turns sharing 4,096+ with the request
+      before them) POLICY=0 alone recovers most of the reusable share, not zero;
+    - affinity (+POLICY=0), a slot per live conversation, loses at most one batch per turn of the
+      whole consecutive-turn ideal, interleaved turns included;
+    - POLICY=0's cost: one checkpoint per -b batch processed, two or three at the tail."""
+    requests, doc = case_study
+    s = doc["shape"]
+    by = {p["policy"]: p for p in doc["policies"]}
     base, p0, aff0 = by["baseline"], by["policy0"], by["affinity+policy0"]
+    consecutive = doc["ideal"]["consecutive"]
+    reused = p0["turns"]["reused"]
     assert p0["reused_tokens"] <= s["reusable_with_previous"]
-    # the shape interleaves: what a turn shares with the request before it is a small part of
-    # what it shares with its own conversation's previous turn
-    assert s["reusable_with_previous"] < 0.25 * s["consecutive_ideal_tokens"]
-    assert p0["share_of_consecutive_ideal"] < 0.25
+    interleaved = [i for i in range(1, len(requests))
+                   if requests[i].conversation is not None and requests[i - 1].conversation is None]
+    with_interloper = sum(traffic.common_prefix(requests[i - 1].segments, requests[i].segments) for i in interleaved)
+    assert sum(reused[i] for i in interleaved) <= with_interloper <= 32 * len(interleaved)
+    lost_to_interleaving = sum(consecutive[i] for i in interleaved)
+    assert with_interloper < 0.01 * lost_to_interleaving
+    followers = [i for i in range(1, len(requests))
+                 if requests[i].conversation is not None and requests[i].conversation == requests[i - 1].conversation]
+    assert all(reused[i] >= consecutive[i] - 2047 for i in followers)
+    assert p0["reused_tokens"] > 0.5 * s["reusable_with_previous"]  # most of it, as derived above
+    assert base["reused_tokens"] < 0.01 * s["reusable_with_previous"]  # tail-only: the case study's forced turns
     n_conv_turns = s["requests"] - s["interlopers"]
-    floor = s["consecutive_ideal_tokens"] - 2048 * n_conv_turns
-    assert aff0["reused_tokens"] >= floor
-    assert aff0["share_of_consecutive_ideal"] > 0.5  # most of it
-    assert aff0["share_of_consecutive_ideal"] > 4 * p0["share_of_consecutive_ideal"]
-    # the cost side: POLICY=0 creates a checkpoint per -b batch, tail-only about two per turn
+    assert aff0["reused_tokens"] >= s["consecutive_ideal_tokens"] - 2048 * n_conv_turns
+    assert aff0["share_of_consecutive_ideal"] > p0["share_of_consecutive_ideal"] + 0.2
+    batches = p0["processed_tokens"] / s["requests"] / 2048
+    assert batches <= p0["creations_per_turn"] <= batches + 3
     assert p0["creations_per_turn"] > 3 * base["creations_per_turn"]
-    assert p0["checkpoint_ms_per_turn"] > base["checkpoint_ms_per_turn"]
 
 
 # --------------------------------------------------------------------------- the command
