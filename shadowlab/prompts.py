@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import string
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -296,18 +297,23 @@ def materialize_chat(prompt: ChatPrompt, replies: Mapping[int, str], tokenize: T
 # Traffic turns.
 
 
+_PRINTABLE = string.ascii_letters + string.digits + string.punctuation + " "
+
+
 def materialize_traffic(sequence: TrafficSequence, tokenize: Tokenize) -> dict[str, MaterializedPrompt]:
     """Every request of a traffic sequence as exact token ids (traffic.Materialiser over a
     vocabulary of the engine's own tokens of seeded text), checked: each pair of prompts shares
     exactly the prefix their segments say (traffic.check_materialised)."""
-    vocabulary = sorted(set(tokenize(seeded_text(0, 4096))))
+    # Printable ASCII besides the seeded text: a byte tokenizer then gives ~95 tokens, so as many
+    # requests may part ways at one point (traffic.Materialiser's one limit).
+    vocabulary = sorted(set(tokenize(seeded_text(0, 4096) + _PRINTABLE)))
     materialiser = traffic.Materialiser(vocabulary, seed=0)
-    built = [materialiser.prompt(r) for r in sequence.requests]
     try:
+        built = [materialiser.prompt(r) for r in sequence.requests]
         traffic.check_materialised(sequence.requests, built)
     except ShadowlabError as exc:
         raise ShadowlabError(f"traffic {sequence.name!r}: {exc.message}",
-                             hint=f"the engine's tokenizer gave {len(vocabulary)} distinct tokens; more "
-                                  "distinct blocks start at the same point than that") from None
+                             hint=f"the engine's tokenizer gave {len(vocabulary)} distinct tokens to start "
+                                  "the continuations of one prefix with") from None
     return {pid: MaterializedPrompt.of(pid, "traffic", tokens, None)
             for pid, tokens in zip(sequence.prompts, built)}

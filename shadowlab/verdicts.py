@@ -517,10 +517,11 @@ def _turn_verdicts(
         ring = rings.setdefault(slot, _Ring())
         notes_before = len(ring.notes)
         # Slot selection and the prompt-cache save/load come before the restore decision: the
-        # checkpoints the decision can use are those alive after them.
+        # checkpoints the decision can use are those alive after them. Retention prints its
+        # save/load after `new prompt` (which changes no ring), -cram before it.
         own = [(i, ev) for i, (ev, turn) in enumerate(assigned) if turn == t.index]
         lead = 0
-        while lead < len(own) and own[lead][1].kind in lifecycle.HELD_KINDS:
+        while lead < len(own) and (own[lead][1].kind in lifecycle.HELD_KINDS or own[lead][1].kind == "new_prompt"):
             apply(own[lead][0], own[lead][1], t.index)
             lead += 1
         alive = ring.alive
@@ -534,7 +535,8 @@ def _turn_verdicts(
         turn_cache, cache_note = _slot_cache_for_turn(mine, cache, saved_tokens)
         prompt_ids = t.prompt_token_ids if t.prompt_token_ids is not None else engine_prompts.get(t.prompt_id)
         tail_unknown = not fresh and turn_cache is cache and open_tail.get(slot, False)
-        tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None, fresh, tail_unknown)
+        tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None, fresh, tail_unknown,
+                         from_entry=turn_cache is not cache)
         extra_notes = tuple(ring.notes[notes_before:]) + cache_note
         if fresh and t.index > 0:
             extra_notes += (f"ran on slot {slot}, which no earlier turn of this cell used",)
@@ -558,6 +560,7 @@ def _judge_turn(
     has_log: bool,
     fresh: bool,
     tail_unknown: bool = False,
+    from_entry: bool = False,
 ) -> TurnVerdict:
     prompt_len = len(prompt_ids) if prompt_ids is not None else t.prompt_tokens
     if fresh:
@@ -582,6 +585,10 @@ def _judge_turn(
     # The previous completion's token ids are unknown and this prompt holds all of the previous
     # prompt: the slot LCP may run on into the completion, so `divergence` is only a lower bound.
     lower_bound = tail_unknown and divergence is not None and cache is not None and divergence == len(cache)
+    # The cache is a prompt-cache entry the log names only by its length: a re-entry above the
+    # divergence from it is the engine loading another prefix's state (a wrong-entry bug that the
+    # identity check judges), not a figure no engine could report.
+    entry_mismatch = from_entry and divergence is not None and re_entry is not None and re_entry > divergence
     reused = reused_api if reused_api is not None else reused_log
     processed = processed_api if processed_api is not None else processed_log
 
@@ -597,6 +604,12 @@ def _judge_turn(
             f"divergence point {divergence} is a lower bound: the engine returned the previous completion "
             "without token ids, and this prompt holds all of the previous prompt"
         )
+    if entry_mismatch:
+        notes.append(
+            f"divergence point {divergence} is a lower bound: it is measured against the prompt-cache entry the "
+            f"log names by its length, and the engine re-entered at {re_entry}: it loaded another prefix's state"
+        )
+        lower_bound = True
     if divergence is None and not fresh:
         notes.append("divergence point unknown: no prompt token ids recorded (chat turn) or the slot's cache is unknown")
 
