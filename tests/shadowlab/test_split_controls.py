@@ -9,6 +9,7 @@ triage class in verdicts.json, report.md and the gate.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -99,3 +100,28 @@ def test_healthy_engine_no_mismatch_no_class_no_split_control(tmp_path):
     assert turn["identity"]["status"] == "identical" and turn["triage"] is None
     assert not any(".split." in c for c in _planned(out))
     assert code == EXIT_QUALIFIED, gate.evaluate(out).summary()
+
+
+def test_split_controls_all_runs_one_for_every_restored_turn_of_a_healthy_engine(tmp_path):
+    code, out = _run(tmp_path, extra=", split_controls: all")
+    assert _planned(out).count(SPLIT) == 1 and _ext(out)["triage"] is None
+    split = json.loads((out / "cells" / SPLIT / "meta.json").read_text())
+    warm = json.loads((out / "cells" / WARM / "meta.json").read_text())
+    assert split["cell"]["kind"] == "split_control" and split["cell"]["turns"][0]["split_points"]
+    assert split["turns"][0]["reused_tokens"] == 0  # computed in full, through the warm schedule
+    assert split["turns"][0]["completion"]["tokens"] == warm["turns"][1]["completion"]["tokens"]
+    assert code == EXIT_QUALIFIED
+
+
+def test_resume_plans_a_missing_split_control_again_once(tmp_path):
+    code, out = _run(tmp_path, "stale-restore")
+    shutil.rmtree(out / "cells" / SPLIT)  # as if the run stopped before the split control ran
+    plan = json.loads((out / "plan.json").read_text())
+    plan["cells"] = [c for c in plan["cells"] if c["id"] != SPLIT]
+    (out / "plan.json").write_text(json.dumps(plan))
+    matrix = tmp_path / "m.yaml"
+    assert main(["run", str(matrix), "--out", str(out), "--resume", "--fault", "stale-restore"]) == code
+    assert _planned(out).count(SPLIT) == 1 and (out / "cells" / SPLIT / "meta.json").is_file()
+    assert _ext(out)["triage"]["cls"] == "corrupted_state"
+    assert main(["run", str(matrix), "--out", str(out), "--resume", "--fault", "stale-restore"]) == code
+    assert _planned(out).count(SPLIT) == 1  # a finished run resumed plans nothing twice
