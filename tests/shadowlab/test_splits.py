@@ -55,3 +55,21 @@ def test_a_prefix_request_that_breaks_where_the_earlier_one_did_reproduces_the_s
 def test_no_restore_no_schedule():
     events = logparse.parse(IK / "ik.cram0.cold.A_append" / "engine.log", "ik_llama.cpp").events
     assert warm_schedule(events, 1, 1, 4766, 4766, 512) is None
+
+
+def test_ik_append_verdict_carries_the_undetermined_triage_and_why(tmp_path):
+    """The captured run directory through verdicts.compute: the append mismatch is classed,
+    with the reason no split control could run and where the outputs part (schema 4)."""
+    import shutil
+
+    from shadowlab import rundir, verdicts
+
+    shutil.copytree(IK.parent, tmp_path / "run")
+    v = verdicts.compute(rundir.load(tmp_path / "run", need_matrix=False), write=False)
+    classed = {(c.cell_id, t.index): t.triage for c in v.cells for t in c.turns if t.triage}
+    t = classed.pop(("ik.cram0.append", 1))
+    assert t.cls == "undetermined" and t.split_control_cell is None and t.warm_vs_cold == "byte 0"
+    assert "re-entered at 4555" in t.detail and "no request sequence reproduces" in t.detail
+    assert all(c.cls for c in classed.values())  # every other mismatch is classed too
+    assert all(t.triage is None for c in v.cells for t in c.turns
+               if t.identity is None or t.identity.status.value != "mismatch")

@@ -55,3 +55,34 @@ def test_text_only_outputs_are_compared_by_bytes():
     t = triage(Output(":jgP;"), Output(":jgQ;"), control=Output(":jgQ;"))
     assert t.warm_vs_cold.first_token is None and t.warm_vs_cold.first_byte == 3
     assert "byte 3" in t.detail and t.cls is TriageClass.UNDETERMINED
+
+
+_MATRIX = """\
+version: 1
+name: t
+engines:
+  ref: {kind: reference, model: {preset: tiny, seed: 0}}
+prompts:
+  A: {kind: random, tokens: 40, seed: 1}
+  B: {kind: append, from: A, extra: 8, seed: 2}
+sequences:
+  s: [A, B]
+"""
+
+
+@pytest.mark.parametrize("value, allowed", [("fail", False), ("allow", True), ("[ref]", True), ("[]", False)])
+def test_identity_split_sensitivity_per_engine_or_global(value, allowed):
+    from shadowlab import matrix
+
+    m = matrix.loads(_MATRIX + f"identity: {{split_sensitivity: {value}, split_controls: all}}\n")
+    assert m.identity.allows_split_sensitivity("ref") is allowed and m.identity.split_controls == "all"
+    assert matrix.loads(_MATRIX).identity.split_controls == "mismatch"
+
+
+@pytest.mark.parametrize("bad", ["split_sensitivity: maybe", "split_sensitivity: [other]", "split_controls: some"])
+def test_identity_split_keys_refuse_bad_values_by_name(bad):
+    from shadowlab import matrix
+    from shadowlab.errors import ShadowlabError
+
+    with pytest.raises(ShadowlabError, match=bad.split(":")[0]):
+        matrix.loads(_MATRIX + f"identity: {{{bad}}}\n")
