@@ -30,7 +30,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from shadowlab import decision
+from shadowlab import decision, report_traffic
 from shadowlab import gate as gate_mod
 from shadowlab.escape import visible, xml_text
 from shadowlab.expectations import CheckResult, CheckStatus
@@ -413,6 +413,7 @@ def render_html(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellM
         inputs=inputs, matrix=inputs.matrix, run=run, result=result, metas=metas,
         env=inputs.environment, grids=build_grids(inputs), warm=warm,
         timelines=[build_timeline(c) for c in warm if c.turns],
+        traffic=report_traffic.build(run, _traffic_sequences(inputs)),
         identity_rows=identity_rows(run), controls=[c for c in run.cells if c.kind == "control"],
         expectation_checks=[c for c in result.checks if c.source != "default"],
         default_checks=[c for c in result.checks if c.source == "default"],
@@ -523,6 +524,7 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
             lines.append(f"| {'pass' if c.passed else '**' + c.status.value + '**'} | {md_cell(c.check)} | "
                          f"{md_cell(c.subject)} | {md_cell(c.expected)} | {md_cell(c.actual)} |")
         lines.append("")
+    lines += report_traffic.markdown(report_traffic.build(run, _traffic_sequences(inputs)), md_cell)
     lines += _md_processes(engine_processes(metas or {}))
     env = inputs.environment
     sl = env.get("shadowlab", {}) if isinstance(env.get("shadowlab"), dict) else {}
@@ -530,6 +532,11 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
                  f"{' (dirty)' if sl.get('dirty') else ''} · host {md_cell(env.get('host'))} · "
                  f"full report: report.html</sub>")
     return "\n".join(lines) + "\n"
+
+
+def _traffic_sequences(inputs: RunInputs) -> list[str]:
+    """The matrix's traffic sequences, in matrix order (the report's traffic section)."""
+    return [name for name, seq in inputs.matrix.sequences.items() if getattr(seq, "kind", None) == "traffic"]
 
 
 def _md_processes(processes: Sequence[EngineProcess]) -> list[str]:

@@ -131,7 +131,7 @@ def _traffic_to_dict(s: Any) -> dict[str, Any]:
         return out
     shape = {}
     for name, value in dataclasses.asdict(src).items():
-        if name in ("interloper_kinds",):
+        if name in ("interloper_kinds", "preamble"):  # (key, weight) pairs: a mapping in YAML
             value = {k: w for k, w in value}
         elif isinstance(value, dict):  # a Dist
             value = dict(value)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import cli, gate, prompts, rundir, traffic
+from shadowlab import cli, gate, prompts, report_traffic, traffic
 from shadowlab.identity import IdentityStatus
 from shadowlab.matrix import load as load_matrix
 from shadowlab.verdicts import traffic_summary
@@ -261,3 +261,25 @@ def test_materialiser_limit_is_continuations_of_one_prefix_not_blocks():
     wrong[3][5] = wrong[2][5] ^ 1  # request 3 no longer shares request 2's second block
     with pytest.raises(traffic.TrafficError):
         traffic.check_materialised(chain, wrong)
+
+
+def test_report_shows_recovered_shares_and_who_erased_whose_checkpoints(healthy):
+    _, result, _ = healthy
+    md = (result.run_dir / "report.md").read_text()
+    html = (result.run_dir / "report.html").read_text()
+    assert "### Traffic `traffic` — engine `reference`" in md and "prefill processed vs the ideal" in html
+    for configuration in CONFIGURATIONS:
+        prompt, ideal, reused, share = traffic_summary(_cell(result, configuration))
+        assert f"| {configuration} | {prompt:,} | {prompt - ideal:,} | {prompt - reused:,} | {share:.1%} |" in md
+    baseline = report_traffic.erasures(_cell(result, "baseline"))
+    # One slot: every conversation turn after an interloper finds its checkpoints erased by it.
+    assert any(e.by is None for e in baseline)
+    assert any(e.text() in md for e in baseline)
+    # Affinity keeps interlopers on the slot no conversation owns: they erase nobody's checkpoints.
+    assert not [e for e in report_traffic.erasures(_cell(result, "affinity")) if e.by is None]
+
+
+def test_erasure_text_names_turn_interloper_and_positions():
+    text = report_traffic.Erasure("c2", 7, None, (2047, 4095)).text()
+    assert text == "turn 7 (interloper) erased conversation c2's checkpoints at 2,047 and 4,095"
+    assert report_traffic.Erasure("c1", 3, "c0", (511,)).text().endswith("(conversation c0) erased conversation c1's checkpoints at 511")
