@@ -6,9 +6,9 @@
 Cells are matched by engine, sequence and prompts (the configuration is the point of the
 comparison; choose one per side with ``baseline_configuration`` / ``candidate_configuration``).
 Cells repeated in fresh processes (same key) are the repeats of one figure. A difference counts
-only outside the run-to-run noise (asv compare, pyperf): the delta's noise band is
-[min(candidate) - max(baseline), max(candidate) - min(baseline)] over the repeats; a band that
-holds 0 is "not significant", and with one repeat of a timed figure there is no band at all
+only outside the run-to-run noise (asv compare, pyperf): the delta's noise band is the 99 %
+confidence interval of the difference of the means over the repeats (`noise_band`, Welch); a
+band that holds 0 is "not significant", and with one repeat of a timed figure there is no band at all
 ("no noise band: repeat N=1"). Counts (tokens, checkpoints, MiB) of a deterministic engine are
 exact and are judged without a band.
 
@@ -76,7 +76,7 @@ class Figures:
 @dataclass(frozen=True)
 class Delta:
     metric: str
-    baseline: float | None  # median over the repeats
+    baseline: float | None  # mean over the repeats
     candidate: float | None
     delta: float | None
     band: tuple[float, float] | None  # the delta's noise band; None: none (see judgement)
@@ -158,16 +158,16 @@ def add(figures: Sequence[Figures]) -> Figures:
 
 def judge(metric: Metric, base: Sequence[float | None], cand: Sequence[float | None]) -> Delta:
     if not base or not cand or any(v is None for v in (*base, *cand)):
-        return Delta(metric.name, _median(base), _median(cand), None, None, "unknown")
+        return Delta(metric.name, _mean(base), _mean(cand), None, None, "unknown")
     b, c = [float(v) for v in base], [float(v) for v in cand]  # type: ignore[arg-type]
-    mb, mc = statistics.median(b), statistics.median(c)
+    mb, mc = statistics.mean(b), statistics.mean(c)
     delta = mc - mb
     if len(b) < 2 or len(c) < 2:
         if not metric.exact:
             return Delta(metric.name, mb, mc, delta, None, NO_BAND)
         band = None
     else:
-        band = (min(c) - max(b), max(c) - min(b))
+        band = noise_band(b, c)
         if band[0] <= 0 <= band[1] and band != (0.0, 0.0):
             return Delta(metric.name, mb, mc, delta, band, "not significant")
     if delta == 0:
@@ -176,9 +176,29 @@ def judge(metric: Metric, base: Sequence[float | None], cand: Sequence[float | N
     return Delta(metric.name, mb, mc, delta, band, "gain" if better else "loss")
 
 
-def _median(values: Sequence[float | None]) -> float | None:
+def _mean(values: Sequence[float | None]) -> float | None:
     """The side's own figure for display, when every repeat of it is known."""
-    return statistics.median(values) if values and None not in values else None  # type: ignore[type-var]
+    return statistics.mean(values) if values and None not in values else None  # type: ignore[arg-type]
+
+
+# Two-sided 99 % quantiles of Student's t for 1..30 degrees of freedom (beyond: 30's, which is
+# wider than the true one, so never a gain the data do not carry).
+_T99 = (63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169, 3.106, 3.055, 3.012,
+        2.977, 2.947, 2.921, 2.898, 2.878, 2.861, 2.845, 2.831, 2.819, 2.807, 2.797, 2.787, 2.779,
+        2.771, 2.763, 2.756, 2.750)
+
+
+def noise_band(base: Sequence[float], cand: Sequence[float]) -> tuple[float, float]:
+    """The 99 % confidence interval of mean(cand) − mean(base) (Welch: unequal variances), from at
+    least two repeats a side. It narrows as 1/√N with the repeats, as a band of a run-to-run noise
+    should; repeats that agree exactly give the delta itself."""
+    vb, vc = statistics.variance(base) / len(base), statistics.variance(cand) / len(cand)
+    delta = statistics.mean(cand) - statistics.mean(base)
+    if vb + vc == 0:
+        return (delta, delta)
+    df = (vb + vc) ** 2 / (vb ** 2 / (len(base) - 1) + vc ** 2 / (len(cand) - 1))
+    half = _T99[min(max(int(df), 1), len(_T99)) - 1] * (vb + vc) ** 0.5
+    return (delta - half, delta + half)
 
 
 # ---------------------------------------------------------------- matching and identity

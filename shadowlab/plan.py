@@ -20,7 +20,7 @@ characters), so an id is one safe directory name of at most 203 bytes, never `..
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -163,7 +163,23 @@ def build_plan(matrix: Matrix) -> Plan:
             sequences = [s for e, c, s in selected if e == engine and c == configuration]
             if sequences:
                 cells.extend(_group(matrix, engine, configuration, sequences))
-    return Plan(tuple(cells))
+    return Plan(tuple(_repeated(cells, matrix.repeat)))
+
+
+def _repeated(cells: list[Cell], repeat: int) -> list[Cell]:
+    """Each warm cell `repeat` times, `<id>.r1` … (ids unchanged for 1, so a plan without repeats
+    reads as before); the cold references and controls stay one: they are what every repeat is
+    compared with. A cell depending on a warm cell's replies takes them from its first repeat."""
+    if repeat == 1:
+        return cells
+    first = {c.id: f"{c.id}.r1" for c in cells if c.kind is CellKind.WARM}
+    out: list[Cell] = []
+    for c in cells:
+        if c.kind is CellKind.WARM:
+            out += [replace(c, id=f"{c.id}.r{k}") for k in range(1, repeat + 1)]
+        else:
+            out.append(replace(c, depends_on=first.get(c.depends_on, c.depends_on)))
+    return out
 
 
 def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]) -> list[Cell]:

@@ -59,6 +59,8 @@ def _comparison_to_dict(m: Matrix) -> dict[str, Any]:
                           for b in m.budgets]
     if m.scale is not None:
         out["scale"] = {k: v for k, v in vars(m.scale).items() if v is not None}
+    if m.repeat != 1:
+        out["repeat"] = m.repeat
     return out
 
 

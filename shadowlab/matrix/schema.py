@@ -120,6 +120,8 @@ SCHEMA: dict[str, Section] = {
             "it must bring, against `baseline` (gate checks; needs `baseline`)."),
         Key("scale", "scale", None, "The production scale the budgets are judged at (extrapolated "
             "from this run's figures); unset: as measured."),
+        Key("repeat", "int", 1, "Each warm cell runs this many times, each in a fresh process (ids "
+            "`<cell>.r<k>` only when above 1): the repeats give `shadowlab compare` its noise band."),
     )),
     "engine": Section("engines.<name>", (
         Key("kind", "engine kind", REQUIRED,

@@ -312,6 +312,7 @@ class Matrix:
     baseline: str | None = None  # the configuration the others are candidates against
     budgets: tuple[Budget, ...] = ()
     scale: Scale | None = None
+    repeat: int = default("matrix", "repeat")  # warm cells run this many times, in fresh processes
     # Lines of the keys that checks made after loading point at (`check_machine`).
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 

@@ -1040,7 +1040,11 @@ def _baseline_and_budgets(matrix: Matrix, f: dict[str, tuple[Any, _At]]) -> Matr
                                  "add `baseline: <configuration>` (e.g. the production defaults)")
         budgets = tuple(_budget(v, a, matrix) for v, a in _list(*f["budgets"]))
     scale = _scale(*f["scale"]) if "scale" in f else None
-    return replace(matrix, baseline=baseline, budgets=budgets, scale=scale)
+    repeat = _given(f, "matrix", "repeat", functools.partial(_int, minimum=1, maximum=_MAX_REPEAT))
+    return replace(matrix, baseline=baseline, budgets=budgets, scale=scale, repeat=repeat)
+
+
+_MAX_REPEAT = 100  # a fresh process per repeat of every warm cell: more is a typo, not a plan
 
 
 def _budget(value: Any, at: _At, matrix: Matrix) -> Budget:

@@ -22,13 +22,40 @@ CREATED = next(m for m in compare.METRICS if m.name == "created")
 
 def test_a_delta_inside_the_noise_band_is_not_significant():
     d = compare.judge(PREFILL, [100.0, 140.0, 120.0], [90.0, 130.0, 110.0])
-    assert d.delta == -10.0 and d.band == (-50.0, 30.0)
+    # Welch: standard error √(400/3 + 400/3) = 16.33 with 4 degrees of freedom, t(99 %) = 4.604
+    assert d.delta == -10.0 and d.band == pytest.approx((-10 - 75.19, -10 + 75.19), abs=0.01)
     assert d.judgement == "not significant"
 
 
+def test_a_delta_inside_the_band_is_never_a_gain_or_a_loss_whatever_its_size():
+    for shift in (-30.0, -10.0, 0.5, 25.0):
+        base = [100.0, 140.0, 120.0, 95.0]
+        cand = [v + shift for v in (130.0, 90.0, 125.0, 100.0)]
+        d = compare.judge(PREFILL, base, cand)
+        assert d.band[0] <= 0 <= d.band[1] and d.delta != 0
+        assert d.judgement == "not significant"
+
+
+def test_the_band_narrows_as_the_repeats_grow():
+    """The same noise (a repeating ±10 % pattern) around a 5 % saving: the band shrinks as 1/√N,
+    and only enough repeats make the saving a gain."""
+    pattern = (1.10, 0.90, 1.05, 0.95, 1.0)
+    widths, judgements = [], []
+    for n in (2, 3, 5, 10, 40):
+        base = [100.0 * pattern[i % 5] for i in range(n)]
+        cand = [95.0 * pattern[(i + 2) % 5] for i in range(n)]
+        d = compare.judge(PREFILL, base, cand)
+        widths.append(d.band[1] - d.band[0])
+        judgements.append(d.judgement)
+    assert widths == sorted(widths, reverse=True) and widths[-1] < widths[0] / 10
+    assert judgements[0] == "not significant" and judgements[-1] == "gain"
+
+
 def test_a_delta_outside_the_noise_band_is_a_gain_or_a_loss():
-    assert compare.judge(PREFILL, [100.0, 102.0], [50.0, 51.0]).judgement == "gain"
-    assert compare.judge(PREFILL, [50.0, 51.0], [100.0, 102.0]).judgement == "loss"
+    assert compare.judge(PREFILL, [100.0, 102.0, 101.0], [50.0, 51.0, 50.5]).judgement == "gain"
+    assert compare.judge(PREFILL, [50.0, 51.0, 50.5], [100.0, 102.0, 101.0]).judgement == "loss"
+    # two repeats a side leave one degree of freedom (t = 63.7): the same halving is not yet shown
+    assert compare.judge(PREFILL, [100.0, 102.0], [50.0, 51.0]).judgement == "not significant"
 
 
 def test_one_repeat_of_a_timed_figure_has_no_noise_band():
