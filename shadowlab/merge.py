@@ -73,7 +73,8 @@ def load_part(root: Path) -> Part:
     if options.get("shard") != str(shard.spec):
         raise RunDirError(f"options.json says shard {options.get('shard')!r}, shard.json {shard.spec}",
                           path=str(root))
-    if tuple(run.planned) != shard.cells or any(shard.owners.get(c) != shard.index for c in shard.cells):
+    planned = tuple(c for c in run.planned if c not in _split_controls(run.plan, shard.cells))
+    if planned != shard.cells or any(shard.owners.get(c) != shard.index for c in shard.cells):
         raise RunDirError(f"plan.json's cells are not the cells shard.json says shard {shard.spec} owns",
                           path=str(root))
     part = Part(root, run, shard, {k: v for k, v in options.items() if k not in RESULT_OPTIONS_OF_A_PART},
@@ -148,7 +149,8 @@ def check_recorded(parts: Sequence[Part]) -> None:
     """Every cell a part owns recorded there and finished (not aborted); no other cell there."""
     for part in parts:
         metas = part.run.metas
-        extra = [c for c in metas if c not in part.shard.cells]
+        extra = [c for c in metas if c not in part.shard.cells
+                 and c not in _split_controls(part.run.plan, part.shard.cells)]
         if extra:
             raise RunDirError(f"{part.name} holds cells it does not own: {', '.join(extra)}",
                               path=str(part.root))
@@ -214,7 +216,16 @@ def merged_plan(parts: Sequence[Part]) -> dict[str, Any]:
     if records.sha256_json(plan) != first.shard.plan_sha256:
         raise RunDirError("the parts' cells do not add up to the plan their shard.json records",
                           path=str(first.root), hint="merge parts written by one shadowlab version")
-    return plan
+    # Split controls (DESIGN §5) are planned by a part after its warm cells: after the plan.
+    splits = [c for p in parts for c in p.run.plan.get("cells", ())
+              if c["id"] in _split_controls(p.run.plan, p.shard.cells)]
+    return {**plan, "cells": [*plan["cells"], *splits]}
+
+
+def _split_controls(plan: dict[str, Any], owned: Sequence[str]) -> set[str]:
+    """The split-control cells a part planned for warm cells it owns (issue 16)."""
+    return {c["id"] for c in plan.get("cells", ()) if isinstance(c, dict)
+            and c.get("kind") == "split_control" and c.get("control_of") in owned}
 
 
 def _copy_tree(source: Path, target: Path) -> None:

@@ -125,3 +125,20 @@ def test_resume_plans_a_missing_split_control_again_once(tmp_path):
     assert _ext(out)["triage"]["cls"] == "corrupted_state"
     assert main(["run", str(matrix), "--out", str(out), "--resume", "--fault", "stale-restore"]) == code
     assert _planned(out).count(SPLIT) == 1  # a finished run resumed plans nothing twice
+
+
+def test_a_part_with_a_split_control_merges_into_the_whole_run(tmp_path):
+    """A shard plans the split controls of the warm cells it owns; merge keeps them after the
+    plan (every identity comparison of a warm cell is on one shard, so its split control is too)."""
+    matrix = _matrix(tmp_path / "m.yaml", "")
+    matrix.write_text(matrix.read_text().replace("  defaults: {}", "  defaults: {}\n  again: {}"))  # a unit each
+    parts = [tmp_path / f"part{i}" for i in (1, 2)]
+    for i, part in enumerate(parts, start=1):
+        main(["run", str(matrix), "--shard", f"{i}/2", "--out", str(part), "--no-report", "--fault", "stale-restore"])
+    out = tmp_path / "merged"
+    assert main(["merge", *map(str, parts), "--out", str(out)]) == 0
+    assert main(["gate", str(out)]) == EXIT_CHECK_FAILED
+    again = SPLIT.replace(".defaults.", ".again.")
+    assert _planned(out).count(SPLIT) == _planned(out).count(again) == 1
+    assert (out / "cells" / SPLIT / "meta.json").is_file() and (out / "cells" / again / "meta.json").is_file()
+    assert gate.load_run(out).verdict.cell(WARM).turns[1].triage.cls == "corrupted_state"
