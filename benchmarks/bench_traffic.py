@@ -1,0 +1,80 @@
+"""Traffic replay benchmark (issue 12): shadowlab's time per turn beyond the engine's own, and the
+wall time of matrices/traffic.yaml.
+
+    python benchmarks/bench_traffic.py [--matrix matrices/traffic.yaml] [--jobs 2] [--run-dir DIR]
+
+Runs ``shadowlab run`` on the matrix as a user would (a subprocess, report and gate included),
+times it, then reads every cell's meta.json. Per cell:
+
+    cell        lease → engine stopped (meta.json elapsed_ms)
+    start-up    spawn → ready (startup_ms), stop (stop.stop_ms)
+    turns       client-side time of the turns' HTTP requests (Σ response_ms): the engine's share
+    harness     (cell − start-up − stop − turns) / turns: building each request, writing its
+                response and record, waiting for its log span, the liveness and loopback checks
+                after it. An upper bound per turn: the ready probe and lease bookkeeping (once
+                per cell) are in it too.
+    http        per turn, response_ms − the engine's own prompt_ms + predicted_ms (timings): the
+                HTTP and JSON of both sides, reported apart (it is not shadowlab's alone)
+
+With ``--run-dir`` it only analyses an existing run directory. Target (issue 12): harness < 5 ms
+per turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_runner: the shared matrix runner
+from bench_runner import machine_line, run_matrix  # noqa: E402
+
+from shadowlab import records, rundir  # noqa: E402
+
+HARNESS_TARGET_MS = 5.0
+
+
+def per_turn(run_dir: Path) -> list[tuple[str, int, float, float]]:
+    """(cell, turns, harness ms per turn, median http ms per turn) of every cell that ran."""
+    rows = []
+    for cell_id, meta in rundir.read_cell_metas(run_dir).items():
+        if meta.status is not records.CellStatus.OK or not meta.turns:
+            continue
+        turns_ms = sum(t.response_ms or 0.0 for t in meta.turns)
+        stop_ms = meta.stop.stop_ms if meta.stop else 0.0
+        rest = (meta.elapsed_ms or 0.0) - (meta.startup_ms or 0.0) - stop_ms - turns_ms
+        http = [t.response_ms - (t.timings.get("prompt_ms", 0.0) + t.timings.get("predicted_ms", 0.0))
+                for t in meta.turns if t.response_ms is not None and isinstance(t.timings, dict)]
+        rows.append((cell_id, len(meta.turns), rest / len(meta.turns), statistics.median(http) if http else 0.0))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--matrix", type=Path, default=Path("matrices/traffic.yaml"))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--run-dir", type=Path, help="analyse this run directory instead of running")
+    args = parser.parse_args()
+    print(machine_line())
+    if args.run_dir is None:
+        out = Path(tempfile.mkdtemp(prefix="bench-traffic-")) / "run"
+        wall, code = run_matrix(args.matrix, args.jobs, out)
+        print(f"shadowlab run {args.matrix} --jobs {args.jobs}: {wall:.1f} s wall, exit {code}")
+        run_dir = out
+    else:
+        run_dir = args.run_dir
+    rows = per_turn(run_dir)
+    print(f"{'cell':<40} {'turns':>5} {'harness ms/turn':>16} {'http ms/turn':>13}")
+    for cell, n, harness, http in rows:
+        print(f"{cell:<40} {n:>5} {harness:>16.2f} {http:>13.2f}")
+    weighted = sum(n * h for _, n, h, _ in rows) / sum(n for _, n, _, _ in rows)
+    worst = max(h for _, _, h, _ in rows)
+    print(f"harness per turn: {weighted:.2f} ms over all turns, worst cell {worst:.2f} ms "
+          f"(target < {HARNESS_TARGET_MS:.0f} ms: {'met' if worst < HARNESS_TARGET_MS else 'NOT met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
