@@ -269,7 +269,7 @@ def differences(base: rundir.RunDir, cand: rundir.RunDir) -> list[tuple[str, str
 
 def compare(base: rundir.RunDir, cand: rundir.RunDir, *, baseline_configuration: str | None = None,
             candidate_configuration: str | None = None, allow: Sequence[str] = ()) -> Comparison:
-    from shadowlab.gate import judge as run_verdict  # verdicts from records, else verdicts.json
+    from shadowlab.verdicts import judge as run_verdict  # verdicts from records, else verdicts.json
 
     refused = [text for kind, text in differences(base, cand) if kind not in allow]
     if refused:

@@ -184,22 +184,7 @@ def load_run(run_dir: str | Path, *, write_verdicts: bool = False) -> RunInputs:
     return RunInputs(run, judge(run, write=write_verdicts))
 
 
-def judge(run: rundir.RunDir, *, write: bool = False) -> verdicts.RunVerdict:
-    """Recompute from the cell records when they are there; else read verdicts.json."""
-    if run.has_cells:
-        return verdicts.compute(run, write=write)
-    if run.saved_verdicts is not None:
-        try:
-            return verdicts.RunVerdict.from_dict(dict(run.saved_verdicts))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise RunDirError(f"verdicts.json cannot be read: {type(exc).__name__}: {exc}",
-                              path=str(run.root / rundir.VERDICTS_NAME)) from None
-    if run.planned:
-        # Planned, yet not one cell left a record (e.g. the engine could not be prepared):
-        # every planned cell is then judged "never ran", an infrastructure failure.
-        return verdicts.RunVerdict(run_id=run.run_id)
-    raise RunDirError("no cells/ and no verdicts.json: nothing to judge", path=str(run.root),
-                      hint="did `shadowlab run` finish writing this directory?")
+judge = verdicts.judge  # public here too: gate callers judge a loaded run
 
 
 __all__ = [

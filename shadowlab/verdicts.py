@@ -876,3 +876,26 @@ def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, m
     return TriageVerdict(t.cls.value, t.detail, split_id if split_out is not None else None,
                          identity.describe(t.warm_vs_cold), identity.describe(t.warm_vs_split),
                          identity.describe(t.cold_vs_control))
+
+
+def judge(run: Any, *, write: bool = False) -> RunVerdict:
+    """A loaded run's verdict: recomputed from the cell records when they are there, else read
+    from its verdicts.json (a run directory reduced to its records). Gate and compare both ask
+    this, so a verdict is derived the same way wherever it is needed."""
+    from shadowlab import rundir
+    from shadowlab.errors import RunDirError
+
+    if run.has_cells:
+        return compute(run, write=write)
+    if run.saved_verdicts is not None:
+        try:
+            return RunVerdict.from_dict(dict(run.saved_verdicts))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise RunDirError(f"verdicts.json cannot be read: {type(exc).__name__}: {exc}",
+                              path=str(run.root / rundir.VERDICTS_NAME)) from None
+    if run.planned:
+        # Planned, yet not one cell left a record (e.g. the engine could not be prepared):
+        # every planned cell is then judged "never ran", an infrastructure failure.
+        return RunVerdict(run_id=run.run_id)
+    raise RunDirError("no cells/ and no verdicts.json: nothing to judge", path=str(run.root),
+                      hint="did `shadowlab run` finish writing this directory?")
