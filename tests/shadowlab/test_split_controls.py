@@ -72,6 +72,7 @@ def test_stale_restore_is_corrupted_state_and_fails(tmp_path):
     assert SPLIT in _planned(out) and (out / "cells" / SPLIT / "meta.json").is_file()
     assert code == EXIT_CHECK_FAILED
     assert "corrupted_state" in (out / "report.md").read_text()
+    assert "triage: <b>corrupted_state</b>" in (out / "report.html").read_text()
 
 
 def test_split_noise_is_split_sensitivity_and_fails_unless_allowed(tmp_path):
