@@ -50,7 +50,7 @@ def turn_problems(turn: "TurnVerdict", timings: Mapping[str, Any] | None = None)
         *_times(turn),
         *_cold_reuse(turn),
         *_positions(turn),
-        *_checkpoints(turn),
+        *_checkpoints(turn, timings),
     ]
     return tuple(dict.fromkeys(found))  # one rule may restate another's figure: say it once
 
@@ -135,7 +135,7 @@ def _positions(turn: "TurnVerdict") -> Iterator[str]:
                    f"{divergence:,}: it holds state of tokens that differ")
 
 
-def _checkpoints(turn: "TurnVerdict") -> Iterator[str]:
+def _checkpoints(turn: "TurnVerdict", timings: Mapping[str, Any] | None) -> Iterator[str]:
     refs: list[tuple[str, CheckpointRef]] = [("created", c) for c in turn.created]
     refs += [("restored", turn.restored)] if turn.restored else []
     refs += [("erased", c) for c in (*turn.erased_cascade, *turn.erased_other)]
@@ -146,10 +146,17 @@ def _checkpoints(turn: "TurnVerdict") -> Iterator[str]:
     prompt = turn.prompt_tokens
     if prompt is None:
         return
+    # A checkpoint may also cover what the turn generated: ik_llama.cpp checkpoints during
+    # generation (its captures: pos_max 4,567 after a 4,560-token prompt and 9 new tokens).
+    # Without the raw timings (an upgraded verdicts.json) the generated count is unknown.
+    generated = timings.get("predicted_n") if isinstance(timings, Mapping) else None
+    if timings is None:
+        return
+    limit = prompt + (generated if _is_count(generated) else 0)
     for c in turn.created:
-        if c.n_tokens > prompt or c.pos_max >= prompt:
+        if c.n_tokens > limit or c.pos_max >= limit:
             yield (f"checkpoint created at pos_max {c.pos_max:,} (n_tokens {c.n_tokens:,}) lies beyond the "
-                   f"{prompt:,}-token prompt")
+                   f"{prompt:,}-token prompt" + (f" and its {generated:,} generated tokens" if limit > prompt else ""))
 
 
 def _is_count(value: Any) -> bool:

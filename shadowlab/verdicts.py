@@ -873,9 +873,22 @@ def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, m
     t = identity.triage(warm, cold, split_out, no_split_control=why, control_pair=pair)
     if t is None:  # cannot happen for a MISMATCH check; kept total for a hand-made record
         return TriageVerdict("undetermined", "warm equals cold on re-comparison")
-    return TriageVerdict(t.cls.value, t.detail, split_id if split_out is not None else None,
+    detail = t.detail
+    if t.cls.value == "undetermined":
+        detail += _missing_evidence(warm, cold, pair)
+    return TriageVerdict(t.cls.value, detail, split_id if split_out is not None else None,
                          identity.describe(t.warm_vs_cold), identity.describe(t.warm_vs_split),
                          identity.describe(t.cold_vs_control))
+
+
+def _missing_evidence(warm: Any, cold: Any, control_pair: Any) -> str:
+    """What a live run would add to an undetermined mismatch (said, so nobody guesses)."""
+    missing = []
+    if warm.tokens is None or cold.tokens is None:
+        missing.append("the completion token ids (this record holds text only)")
+    if control_pair is None:
+        missing.append("a cold-vs-cold control (run-to-run noise)")
+    return f"; a live run would add {' and '.join(missing)}" if missing else ""
 
 
 def judge(run: Any, *, write: bool = False) -> RunVerdict:

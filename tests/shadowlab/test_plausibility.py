@@ -4,6 +4,7 @@ figures of real engines (the case study's turns, llama.cpp's shapes) pass."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -118,3 +119,29 @@ def test_each_figure_is_said_once():
     turn = dataclasses.replace(HONEST, re_entry_point=2600, restored=None)
     problems = turn_problems(turn, TIMINGS)
     assert len(problems) == len(set(problems)) == 1
+
+
+def test_a_checkpoint_may_cover_the_generated_tokens_but_no_more():
+    # ik_llama.cpp checkpoints during generation: pos_max 4,961 after a 4,947-token prompt and
+    # 16 generated tokens (tests/fixtures/runs/ik_llama.cpp-0.1.5); one more is impossible.
+    timings = {**TIMINGS, "predicted_n": 16}
+    inside = dataclasses.replace(HONEST, created=(ck(4947 + 16),))
+    assert turn_problems(inside, timings) == ()
+    beyond = dataclasses.replace(HONEST, created=(ck(4947 + 17),))
+    assert any("beyond the 4,947-token prompt and its 16 generated tokens" in p
+               for p in turn_problems(beyond, timings))
+
+
+def test_every_captured_real_engine_run_is_plausible(tmp_path):
+    # Real llama.cpp and ik_llama.cpp captures: a rule that flags them is a false accusation.
+    import shutil
+
+    from shadowlab import verdicts
+
+    runs = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
+    for name in ("llama.cpp-b9093", "ik_llama.cpp-0.1.5"):
+        copy = tmp_path / name
+        shutil.copytree(runs / name, copy)
+        run = verdicts.compute(copy)
+        flagged = [(c.cell_id, t.index, t.implausible) for c in run.cells for t in c.turns if t.implausible]
+        assert not flagged, (name, flagged)
