@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from shadowlab.verdicts import VERDICTS_SCHEMA_VERSION
+
 HOSTILE = Path(__file__).resolve().parents[1] / "shadowlab" / "hostile_engine.py"
 BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
@@ -73,7 +75,7 @@ def gate(out: Path) -> tuple[int, str]:
 
 def implausible(out: Path) -> list[str]:
     data = json.loads((out / "verdicts.json").read_text(encoding="utf-8"))
-    assert data["schema_version"] == 3
+    assert data["schema_version"] == VERDICTS_SCHEMA_VERSION  # `implausible` since version 3
     return [p for c in data["cells"] for t in c["turns"] for p in t["implausible"]]
 
 
