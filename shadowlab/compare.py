@@ -10,7 +10,9 @@ only outside the run-to-run noise (asv compare, pyperf): the delta's noise band 
 confidence interval of the difference of the means over the repeats (`noise_band`, Welch); a
 band that holds 0 is "not significant", and with one repeat of a timed figure there is no band at all
 ("no noise band: repeat N=1"). Counts (tokens, checkpoints, MiB) of a deterministic engine are
-exact and are judged without a band.
+exact and are judged without a band. Traffic cells add the recovered share of the ideal
+(verdicts.traffic_summary: Σ reused / Σ ideal, the report's own figure), a ratio of two totals,
+so an aggregate's share weighs each cell by its ideal.
 
 Runs whose prompts (sha256 of the records, else the matrix's prompt specs) or engine builds
 (binary / model sha256 of the records) differ are refused (CompareRefused, exit 2) unless that
@@ -28,7 +30,7 @@ from typing import Any
 
 from shadowlab import rundir
 from shadowlab.errors import CompareRefused, ShadowlabError
-from shadowlab.verdicts import CellVerdict, RunVerdict
+from shadowlab.verdicts import CellVerdict, RunVerdict, traffic_summary
 
 ALLOWABLE = ("engine", "prompts", "unverified")
 NO_BAND = "no noise band: repeat N=1"
@@ -38,9 +40,10 @@ NO_BAND = "no noise band: repeat N=1"
 class Metric:
     name: str
     label: str
-    unit: str  # "total" (summed over turns), "per_turn", "per_cell"
+    unit: str  # "total" (summed over turns), "per_turn", "per_cell", "share" (total ÷ total `of`)
     better: str  # "lower" | "higher"
     exact: bool  # a count a deterministic engine repeats exactly (judged without a band)
+    of: str | None = None  # a share's denominator: the name of another total
 
 
 METRICS = (
@@ -54,6 +57,8 @@ METRICS = (
     Metric("create_ms", "checkpoint create ms / turn", "per_turn", "lower", False),
     Metric("restore_ms", "checkpoint restore ms / turn", "per_turn", "lower", False),
     Metric("startup_ms", "start-up ms", "per_cell", "lower", False),
+    # Traffic cells only; its total is the reused tokens that count against the ideal.
+    Metric("recovered_share", "recovered share of the ideal", "share", "higher", True, of="ideal_tokens"),
 )
 
 
@@ -69,6 +74,9 @@ class Figures:
         total = self.totals.get(metric.name)
         if total is None:
             return None
+        if metric.of is not None:
+            whole = self.totals.get(metric.of)
+            return total / whole if whole else None
         divisor = {"total": 1, "per_turn": self.turns, "per_cell": self.cells}[metric.unit]
         return total / divisor if divisor else None
 
@@ -122,6 +130,9 @@ def cell_figures(cell: CellVerdict, startup_ms: float | None) -> Figures:
         "prefill_ms": _sum(t.prefill_ms for t in turns),
         "startup_ms": startup_ms,
     }
+    if any(t.ideal_tokens is not None for t in turns):  # a traffic cell: the report's own share
+        _, ideal, recovered, _ = traffic_summary(cell)
+        figures |= {"recovered_share": float(recovered), "ideal_tokens": float(ideal)}
     # Checkpoints are known only from engine.log: without it (a run reduced to its records, an
     # engine without a parsable log) none seen is not none made, so they are unknown, not 0.
     if cell.reuse_source == "api+log":
@@ -340,13 +351,18 @@ def render_text(c: Comparison) -> str:
     lines = [f"baseline  {c.baseline}" + (f" [{c.baseline_configuration}]" if c.baseline_configuration else ""),
              f"candidate {c.candidate}" + (f" [{c.candidate_configuration}]" if c.candidate_configuration else "")]
     lines += [f"allowed difference: {d}" for d in c.differences]
-    labels = {m.name: m.label for m in METRICS}
+    metrics = {m.name: m for m in METRICS}
     for row in c.rows:
         lines.append("")
         lines.append(f"{row.scope}: {row.name}   repeats {row.repeats[0]} vs {row.repeats[1]}")
         for d in row.deltas:
-            lines.append(f"  {labels[d.metric]:<31} {_num(d.baseline):>10} → {_num(d.candidate):>10}  "
-                         f"{_signed(d.delta):>10}  {_band(d.band):<22} {d.judgement}")
+            m = metrics[d.metric]
+            if m.of is not None and d.baseline is None and d.candidate is None:
+                continue  # a share no side has (not a traffic row): noise, not an unknown
+            num, signed = (_pct, _pp) if m.unit == "share" else (_num, _signed)
+            band = "" if d.band is None else f"band [{signed(d.band[0])}, {signed(d.band[1])}]"
+            lines.append(f"  {m.label:<31} {num(d.baseline):>10} → {num(d.candidate):>10}  "
+                         f"{signed(d.delta):>10}  {band:<22} {d.judgement}")
     lines += ["", *(f"unmatched: {u}" for u in c.unmatched)] if c.unmatched else []
     return "\n".join(lines)
 
@@ -359,8 +375,13 @@ def _signed(v: float | None) -> str:
     return "?" if v is None else ("+" if v > 0 else "") + _num(v)
 
 
-def _band(band: tuple[float, float] | None) -> str:
-    return "" if band is None else f"band [{_signed(band[0])}, {_signed(band[1])}]"
+def _pct(v: float | None) -> str:
+    return "?" if v is None else f"{v:.1%}"
+
+
+def _pp(v: float | None) -> str:
+    """A difference of two shares, in percentage points."""
+    return "?" if v is None else f"{'+' if v > 0 else ''}{v * 100:.1f} pp"
 
 
 def main(args: Any) -> int:
