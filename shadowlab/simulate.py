@@ -484,6 +484,48 @@ def timing_dependent(requests: Sequence[Request], turns: Sequence[Turn], policy:
     return out
 
 
+TURN_CLASSES = ("after_own_turn", "after_other_request", "interloper")
+
+
+def turn_class(requests: Sequence[Request], i: int) -> str:
+    """Where a request stands in the lane: a conversation turn right after its own conversation's
+    previous request (the A→C pair), a conversation turn after some other request (A→B→C: the
+    erase cascade's victim), or an interloper."""
+    r = requests[i]
+    if r.conversation is None:
+        return "interloper"
+    if i > 0 and requests[i - 1].conversation == r.conversation:
+        return "after_own_turn"
+    return "after_other_request"
+
+
+def by_turn_class(requests: Sequence[Request], turns: Sequence[Turn],
+                  ideal: Sequence[tuple[int, int]]) -> dict[str, dict[str, Any]]:
+    """Reuse and the consecutive-turn ideal per `turn_class`: which turns a policy's reuse came
+    from (POLICY=0 on one slot can only reach the first class; affinity and retention the second)."""
+    out = {c: {"turns": 0, "reused_tokens": 0, "consecutive_ideal_tokens": 0} for c in TURN_CLASSES}
+    for i, (t, (_, consecutive)) in enumerate(zip(turns, ideal)):
+        row = out[turn_class(requests, i)]
+        row["turns"] += 1
+        row["reused_tokens"] += t.reused
+        row["consecutive_ideal_tokens"] += consecutive
+    for row in out.values():
+        c = row["consecutive_ideal_tokens"]
+        row["share_of_consecutive_ideal"] = row["reused_tokens"] / c if c else None
+    return out
+
+
+def versus(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """The case study's weighing of `other` against `first` (the first policy listed): prefill
+    saved per turn against checkpoint time spent per turn, both at the policy's stated costs."""
+    n = other["requests"]
+    saved = (first["prefill_s"] - other["prefill_s"]) * 1000.0 / n if n else 0.0
+    spent = (other["checkpoint_ms_per_turn"] or 0.0) - (first["checkpoint_ms_per_turn"] or 0.0)
+    return {"policy": first["policy"], "prefill_ms_saved_per_turn": saved,
+            "checkpoint_ms_more_per_turn": spent, "net_ms_per_turn": saved - spent,
+            "creations_more_per_turn": (other["creations_per_turn"] or 0.0) - (first["creations_per_turn"] or 0.0)}
+
+
 def summarise(requests: Sequence[Request], turns: Sequence[Turn], ideal: Sequence[tuple[int, int]],
               policy: Policy, prefill_tps: float) -> dict[str, Any]:
     n = len(turns)
@@ -519,6 +561,7 @@ def summarise(requests: Sequence[Request], turns: Sequence[Turn], ideal: Sequenc
         "prefill_s": (prompt - reused) / prefill_tps,
         "avoidable_prefill_s": (ideal_sum - reused) / prefill_tps if ideal_sum >= reused else 0.0,
         "timing_dependent_turns": late,
+        "by_turn_class": by_turn_class(requests, turns, ideal),
     }
 
 
@@ -534,6 +577,8 @@ def run_policies(loaded: traffic.Loaded, policies: Sequence[Policy], prefill_tps
             doc["turns"] = {"reused": [t.reused for t in turns], "outcome": [t.outcome for t in turns],
                             "slot": [t.slot for t in turns], "created": [t.created for t in turns]}
         results.append(doc)
+    for doc in results:
+        doc["versus_first"] = versus(results[0], doc)
     return {
         "version": JSON_VERSION,
         "source": loaded.source,
@@ -570,7 +615,7 @@ def summary(doc: dict[str, Any]) -> str:
              f"{s['shared_with_previous']['median']}, under 512 {_pc(s['share_near_zero_overlap'])}",
              ""]
     head = ("policy", "reused", "of ideal", "of consec.", "processed", "forced", "silent", "restored",
-            "ckpt/turn", "MiB/turn", "ms/turn", "prefill s", "avoidable s", "timing-dep.")
+            "ckpt/turn", "MiB/turn", "ms/turn", "prefill s", "avoidable s", "net ms/turn", "timing-dep.")
     rows = [head]
     for p in doc["policies"]:
         rows.append((p["policy"], f"{p['reused_tokens']:,}", _pc(p["share_of_ideal"]),
@@ -578,12 +623,20 @@ def summary(doc: dict[str, Any]) -> str:
                      str(p["silent"]), str(p["restored"]), f"{p['creations_per_turn']:.2f}",
                      f"{p['checkpoint_mib_per_turn']:.1f}", f"{p['checkpoint_ms_per_turn']:.1f}",
                      f"{p['prefill_s']:,.1f}", f"{p['avoidable_prefill_s']:,.1f}",
-                     str(len(p["timing_dependent_turns"]))))
+                     f"{p['versus_first']['net_ms_per_turn']:+,.0f}", str(len(p["timing_dependent_turns"]))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
         lines.append("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    first = doc["policies"][0]["policy"]
     lines.append(f"  (prefill seconds at {doc['prefill_tps']:,.0f} tokens/s; cost per created checkpoint and "
-                 "restore from each policy's parameters)")
+                 f"restore from each policy's parameters; net ms/turn: prefill saved minus checkpoint time "
+                 f"spent, against {first})")
+    classes = doc["policies"][0]["by_turn_class"]
+    lines.append("  reused tokens by turn (of the consecutive-turn ideal): "
+                 + "; ".join(f"{CLASS_LABELS[c]} ({classes[c]['turns']:,})" for c in TURN_CLASSES if classes[c]["turns"]))
+    for p in doc["policies"]:
+        cls = p["by_turn_class"]
+        lines.append(f"    {p['policy']}: " + "; ".join(_class_cell(cls[c]) for c in TURN_CLASSES if cls[c]["turns"]))
     for p in doc["policies"]:
         late = p["timing_dependent_turns"]
         if late:
@@ -592,6 +645,16 @@ def summary(doc: dict[str, Any]) -> str:
     lines += [f"  note: {n}" for n in doc["notes"]]
     lines += [f"  skipped: {s}" for s in doc["skipped"][:20]]
     return "\n".join(lines) + "\n"
+
+
+CLASS_LABELS = {"after_own_turn": "after its own previous turn", "after_other_request": "after another request",
+                "interloper": "interlopers"}
+
+
+def _class_cell(row: dict[str, Any]) -> str:
+    if not row["consecutive_ideal_tokens"]:
+        return f"{row['reused_tokens']:,}"
+    return f"{row['reused_tokens']:,} of {row['consecutive_ideal_tokens']:,} ({_pc(row['share_of_consecutive_ideal'])})"
 
 
 def _pc(v: float | None) -> str:
@@ -610,7 +673,8 @@ def render_html(doc: dict[str, Any]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", type=Path, metavar="SOURCE",
-                   help="a Mooncake JSON-lines trace, a `shadowlab logs --trace` file, or a traffic shape (YAML/JSON)")
+                   help="a Mooncake JSON-lines trace, a `shadowlab logs --trace` file, a traffic shape (YAML/JSON), "
+                        "or a named shape: " + ", ".join(f"shape:{n}[:seed]" for n in traffic.PRESETS))
     p.add_argument("--policy", action="append", default=[], metavar="NAME[:key=value,...]",
                    help="a preset (" + ", ".join(PRESETS) + ") with optional parameters; repeatable "
                         "(default: baseline, policy0, prompt-end, affinity, retention)")

@@ -234,6 +234,7 @@ class TrafficShape:
     near_duplicate_cut: Dist = Dist("uniform", 0.5, 0.95, 0, 1)
     arrival: str = "round_robin"  # "round_robin" | "random" | "bursts"
     burst: int = 3
+    interloper_placement: str = "random"  # "random" | "before_turns"
     output_tokens: int = 1
     gap_s: float = 1.0
     seed: int = 0
@@ -241,6 +242,7 @@ class TrafficShape:
 
     KINDS = ("zero", "system", "near_duplicate")
     ARRIVALS = ("round_robin", "random", "bursts")
+    PLACEMENTS = ("random", "before_turns")
 
     @classmethod
     def case_study(cls, seed: int = 0, scale: int = 1) -> TrafficShape:
@@ -259,6 +261,27 @@ class TrafficShape:
             volatile_tokens=Dist("lognormal", 1700, 1.0, 600, 60_000), user_tokens=Dist("uniform", 20, 300),
             interloper_share=0.32, interloper_tokens=Dist("lognormal", 4000, 2.6, 700, 258_037),
             interloper_kinds=(("zero", 1.0),), arrival="random", gap_s=111.0, seed=seed)  # ~4.5 days
+
+    @classmethod
+    def case_study_interleaved(cls, seed: int = 0, scale: int = 1) -> TrafficShape:
+        """The lane the case study's mechanism describes (seeds/000: "every low-overlap interloper
+        erases the checkpoints the next conversation turn would need"): the same conversations
+        and jobs at the same scale (~3,500 requests, ~64M prompt tokens), but a job sits in front
+        of every turn that continues a conversation, as a memory-worker job after each turn
+        would. A fifth of the jobs run on a live conversation's template and system prompt (the
+        upper mode of the shared prefix), the rest share only the header. The request before a
+        conversation turn is then never its own previous turn. It does NOT match the case study's
+        measured shared-prefix percentiles (only ~3 % of requests share 4,096+ with the one
+        before, not 24 %): no one-slot traffic can show those and leave POLICY=0 near zero
+        (docs/DESIGN.md §10, "The case study's conclusion, checked")."""
+        return replace(
+            cls.case_study(seed, scale), conversations=88 * scale, interloper_share=0.497,
+            interloper_placement="before_turns", interloper_kinds=(("zero", 0.8), ("system", 0.2)),
+            volatile_tokens=Dist("lognormal", 1300, 1.0, 600, 60_000),
+            interloper_tokens=Dist("lognormal", 2500, 2.6, 700, 258_037))
+
+
+PRESETS = {"case-study": TrafficShape.case_study, "case-study-interleaved": TrafficShape.case_study_interleaved}
 
 
 # What the case study measured on its lane (seeds/000: 3,292 partial-reuse turns of ~3,500; the
@@ -314,6 +337,9 @@ def _check_shape(s: TrafficShape, where: str) -> None:
         raise TrafficError(f"{where}: interloper_share must be in [0, 1), got {s.interloper_share!r}")
     if s.arrival not in TrafficShape.ARRIVALS:
         raise TrafficError(f"{where}: arrival must be one of {TrafficShape.ARRIVALS}, got {s.arrival!r}")
+    if s.interloper_placement not in TrafficShape.PLACEMENTS:
+        raise TrafficError(f"{where}: interloper_placement must be one of {TrafficShape.PLACEMENTS}, "
+                           f"got {s.interloper_placement!r}")
     bad = [k for k, _ in s.interloper_kinds if k not in TrafficShape.KINDS]
     if bad or not any(w > 0 for _, w in s.interloper_kinds):
         raise TrafficError(f"{where}: interloper_kinds: kinds are {TrafficShape.KINDS} with a positive weight")
@@ -365,7 +391,7 @@ def generate(shape: TrafficShape) -> list[Request]:
     order = _arrival_order(shape, rng)
     n_conv_turns = len(order)
     n_total = round(n_conv_turns / (1 - shape.interloper_share)) if shape.interloper_share else n_conv_turns
-    inter_at = set(rng.sample(range(n_total), n_total - n_conv_turns)) if n_total > n_conv_turns else set()
+    inter_at = _interloper_positions(shape, rng, order, n_total)
     live: dict[int, _Conversation] = {}
     out: list[Request] = []
     it = iter(order)
@@ -384,6 +410,29 @@ def generate(shape: TrafficShape) -> list[Request]:
         if conv.turns_left == 0:
             del live[c]
     return out
+
+
+def _interloper_positions(shape: TrafficShape, rng: random.Random, order: list[int], n_total: int) -> set[int]:
+    """Where in the request sequence the interlopers go. `random`: anywhere. `before_turns`: first
+    in front of turns that continue their conversation (so the request before such a turn is not
+    its own previous turn: the case study's interleaved lane), any left over anywhere."""
+    n_inter = n_total - len(order)
+    if n_inter <= 0:
+        return set()
+    if shape.interloper_placement == "random":
+        return set(rng.sample(range(n_total), n_inter))
+    continuing = [k for k in range(1, len(order)) if order[k] == order[k - 1]]
+    before = sorted(rng.sample(continuing, min(n_inter, len(continuing))))
+    extra = sorted(rng.sample(range(len(order) + 1), n_inter - len(before)))
+    # Conversation turn k gets `ahead[k]` interlopers in front of it (k == len(order): at the end).
+    ahead = [0] * (len(order) + 1)
+    for k in (*before, *extra):
+        ahead[k] += 1
+    positions, i = set(), 0
+    for k, n in enumerate(ahead):
+        positions.update(range(i, i + n))
+        i += n + 1
+    return positions
 
 
 def _arrival_order(shape: TrafficShape, rng: random.Random) -> list[int]:
@@ -439,7 +488,8 @@ def _interloper(shape: TrafficShape, rng: random.Random, blocks: _Blocks, live: 
         return Request(t, None, (*header.draw(rng), blocks.new(size)), shape.output_tokens, (), "zero")
     donor = rng.choice(donors)
     if kind == "system":
-        return Request(t, None, (donor.system, blocks.new(size)), shape.output_tokens, (), "system")
+        # A job on the same template and system prompt as a live conversation: header included.
+        return Request(t, None, (*donor.preamble, donor.system, blocks.new(size)), shape.output_tokens, (), "system")
     total = sum(s.length for s in donor.last)
     keep = max(1, min(total - 1, int(total * rng.uniform(shape.near_duplicate_cut.a, shape.near_duplicate_cut.b))))
     return Request(t, None, (*truncate(donor.last, keep), blocks.new(size)), shape.output_tokens, (), "near_duplicate")
@@ -856,6 +906,8 @@ def read_shape(path: Path) -> TrafficShape:
 
 def load(path: Path | str) -> Loaded:
     """Any traffic source by its content: a logs trace, a Mooncake file, or a shape file."""
+    if str(path).startswith("shape:") and not Path(path).exists():
+        return _preset(str(path))
     path = Path(path)
     kind = sniff(path)
     if kind == "trace":
@@ -863,6 +915,16 @@ def load(path: Path | str) -> Loaded:
     if kind == "mooncake":
         return read_mooncake(path)
     return Loaded(tuple(generate(read_shape(path))), (), str(path), "shape")
+
+
+def _preset(source: str) -> Loaded:
+    """`shape:NAME[:seed]`: a named shape (`PRESETS`) generated from a seed (default 0)."""
+    name, _, seed = source[len("shape:"):].partition(":")
+    if name not in PRESETS:
+        raise TrafficError(f"{source}: no such shape preset", hint=f"known: {', '.join(f'shape:{n}' for n in PRESETS)}")
+    if seed and not seed.isdigit():
+        raise TrafficError(f"{source}: the seed after the preset's name is a whole number, got {seed!r}")
+    return Loaded(tuple(generate(PRESETS[name](seed=int(seed or 0)))), (), source, "shape")
 
 
 def write_mooncake(requests: Sequence[Request], path: Path) -> None:

@@ -206,8 +206,9 @@ SCHEMA: dict[str, Section] = {
             "Generated traffic: the keys of `shadowlab.traffic.TrafficShape` (conversations, turns, "
             "concurrent, system_tokens, turn_tokens, volatile_tokens (the re-rendered block), "
             "user_tokens, interloper_share, interloper_tokens, interloper_kinds (zero, system, "
-            "near_duplicate → weight), near_duplicate_cut, arrival (round_robin | random | bursts), "
-            "burst, output_tokens, gap_s, seed); a size is `n`, `[low, high]` (uniform) or "
+            "near_duplicate → weight), near_duplicate_cut, interloper_placement (random | before_turns: "
+            "a job in front of every turn that continues a conversation), arrival (round_robin | "
+            "random | bursts), burst, output_tokens, gap_s, seed, preamble (header length → weight)); a size is `n`, `[low, high]` (uniform) or "
             "`{kind: lognormal, a: median, b: sigma, low, high}`. Not with `trace`."),
         Key("trace", "path", None, "Traffic from a file instead (relative to the matrix file): Mooncake "
             "JSON lines (`input_length`, `hash_ids`, optional `session_id`) or `shadowlab logs --trace`."),

@@ -12,7 +12,9 @@ exercise POLICY=0's batch checkpoints, ring eviction and every outcome.
 from __future__ import annotations
 
 import json
+import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -260,6 +262,108 @@ def test_the_case_study_conclusion(case_study):
     batches = p0["processed_tokens"] / s["requests"] / 2048
     assert batches <= p0["creations_per_turn"] <= batches + 3
     assert p0["creations_per_turn"] > 3 * base["creations_per_turn"]
+
+
+def test_interlopers_placed_before_turns_sit_between_every_pair():
+    """`before_turns` puts a job in front of every turn that continues its conversation when
+    there are enough jobs; `random` leaves many turns right after their own previous one."""
+    base = TrafficShape(conversations=3, turns=5, concurrent=1, interloper_share=0.5, seed=2)
+    placed = traffic.generate(replace(base, interloper_placement="before_turns"))
+    classes = [simulate.turn_class(placed, i) for i in range(len(placed))]
+    assert "after_own_turn" not in classes and classes.count("interloper") == sum(r.conversation is None for r in placed)
+    anywhere = traffic.generate(base)
+    assert [simulate.turn_class(anywhere, i) for i in range(len(anywhere))].count("after_own_turn") > 0
+    # Fewer jobs than continuing turns: each one still goes in front of such a turn.
+    few = traffic.generate(replace(base, interloper_share=0.2, interloper_placement="before_turns"))
+    for i, r in enumerate(few):
+        if r.conversation is None:
+            assert i + 1 < len(few) and few[i + 1].conversation is not None and i > 0
+    with pytest.raises(traffic.TrafficError, match="interloper_placement"):
+        traffic.shape_from_dict({"interloper_placement": "somewhere"})
+
+
+RANDOM_SHAPES = range(16)
+
+
+@pytest.mark.parametrize("seed", RANDOM_SHAPES)
+def test_policy0_keeps_what_the_request_before_shared(seed):
+    """docs/DESIGN.md §10, the bound the case study's conclusion is checked with: on one slot,
+    POLICY=0 (a checkpoint in every -b batch processed; the cascade erases only above re-entry)
+    reuses at least L − (n_batch − 1) of the L tokens a request shares with the one before it,
+    whatever the traffic, while the ring holds a prompt's checkpoints. The default policy does
+    not (its tail checkpoints sit above a mid-prompt divergence)."""
+    rng = random.Random(seed)
+    shape = TrafficShape(conversations=rng.randint(2, 8), turns=rng.randint(3, 12), concurrent=rng.randint(1, 3),
+                         system_tokens=Dist("uniform", 100, 6000), turn_tokens=Dist("uniform", 50, 3000),
+                         volatile_tokens=Dist("uniform", 0, 4000), interloper_share=rng.choice([0.0, 0.2, 0.5]),
+                         interloper_kinds=(("zero", 1.0), ("system", 1.0), ("near_duplicate", 1.0)),
+                         arrival=rng.choice(TrafficShape.ARRIVALS),
+                         interloper_placement=rng.choice(TrafficShape.PLACEMENTS), seed=seed)
+    requests = traffic.generate(shape)
+    shared = [0] + [traffic.common_prefix(a.segments, b.segments) for a, b in zip(requests, requests[1:])]
+    p0 = parse_policy("policy0")
+    assert max(r.prompt_tokens for r in requests) < p0.ctx_checkpoints * p0.n_batch  # the ring holds them
+    turns = simulate.simulate(requests, p0)
+    assert all(t.reused >= s - (p0.n_batch - 1) for t, s in zip(turns, shared))
+    base = simulate.simulate(requests, parse_policy("baseline"))
+    if any(s >= 2 * p0.n_batch for s in shared):
+        assert sum(t.reused for t in base) < sum(t.reused for t in turns)
+
+
+@pytest.fixture(scope="module")
+def interleaved() -> tuple[list[Request], dict]:
+    loaded = traffic.load("shape:case-study-interleaved")
+    return list(loaded.requests), simulate.run_policies(loaded, [parse_policy(p) for p in CASE_POLICIES], 2200.0)
+
+
+def test_the_case_study_conclusion_on_its_interleaved_lane(interleaved):
+    """The lane the case study's mechanism describes (a job in front of every continuing turn)
+    at its scale: POLICY=0 alone recovers near zero, affinity with POLICY=0 most, and POLICY=0's
+    cost exceeds its benefit at the 35B costs. Each bound derived from the traffic, not fitted:
+
+    - one slot: a conversation turn reuses at most what it shares with the job before it (the
+      header, or the system prompt for a job on the conversation's template);
+    - affinity+POLICY=0 loses at most one -b batch per conversation turn of the consecutive ideal."""
+    requests, doc = interleaved
+    s = doc["shape"]
+    assert 3000 <= s["requests"] <= 4000 and 50e6 <= s["prompt_tokens"] <= 80e6  # the case study's scale
+    assert s["share_near_zero_overlap"] > 0.5 and s["shared_with_previous"]["max"] >= 4096  # bimodal
+    by = {p["policy"]: p for p in doc["policies"]}
+    p0, aff0 = by["policy0"], by["affinity+policy0"]
+    assert p0["by_turn_class"]["after_own_turn"]["turns"] == 0  # no turn follows its own previous one
+    reused = p0["turns"]["reused"]
+    with_job = sum(traffic.common_prefix(requests[i - 1].segments, r.segments)
+                   for i, r in enumerate(requests) if i and r.conversation is not None)
+    conv_reused = sum(reused[i] for i, r in enumerate(requests) if r.conversation is not None)
+    assert conv_reused <= with_job < 0.1 * s["consecutive_ideal_tokens"]
+    assert p0["share_of_ideal"] < 0.1  # near zero: at most what the jobs shared, derived above
+    n_conv = s["requests"] - s["interlopers"]
+    assert aff0["reused_tokens"] >= s["consecutive_ideal_tokens"] - 2048 * n_conv
+    assert aff0["share_of_ideal"] > 0.5  # most of it
+    assert p0["creations_per_turn"] > 3 * by["baseline"]["creations_per_turn"]  # the cost, reported
+    assert p0["versus_first"]["net_ms_per_turn"] < 0 < aff0["versus_first"]["net_ms_per_turn"]
+    assert "after another request" in simulate.summary(doc)
+
+
+def test_versus_first_weighs_prefill_saved_against_checkpoint_time(case_study):
+    _, doc = case_study
+    first, p0 = doc["policies"][0], {p["policy"]: p for p in doc["policies"]}["policy0"]
+    assert first["versus_first"]["net_ms_per_turn"] == 0
+    v = p0["versus_first"]
+    n = p0["requests"]
+    assert v["prefill_ms_saved_per_turn"] == pytest.approx(p0["reused_tokens"] / 2200.0 * 1000 / n)
+    spent = (p0["checkpoints_created"] - first["checkpoints_created"]) * 63.0 + p0["restored"] * 24.5
+    assert v["checkpoint_ms_more_per_turn"] == pytest.approx(spent / n)
+    assert v["net_ms_per_turn"] == pytest.approx(v["prefill_ms_saved_per_turn"] - v["checkpoint_ms_more_per_turn"])
+
+
+def test_a_named_shape_is_a_source(capsys):
+    assert traffic.load("shape:case-study:3").requests != traffic.load("shape:case-study").requests
+    for bad in ("shape:nope", "shape:case-study:x"):
+        with pytest.raises(traffic.TrafficError, match="shape:"):
+            traffic.load(bad)
+    assert run_cli("shape:nope") == 2
+    assert "shape:case-study-interleaved" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- the command
