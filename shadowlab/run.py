@@ -25,6 +25,7 @@ repeat.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import errno
 import fcntl
@@ -51,7 +52,7 @@ from shadowlab import matrix as matrix_module
 from shadowlab import plan as plan_module
 from shadowlab import rundir
 from shadowlab import shard as shard_module
-from shadowlab import split_controls
+from shadowlab import split_controls, streamed
 from shadowlab.engines import EngineAdapter, EngineIdentity, TurnRequest, get_adapter
 from shadowlab.errors import (
     EngineCrashError,
@@ -1073,6 +1074,15 @@ def gpu_record(devices: int | Sequence[int] | None, live: LiveEngine) -> records
 # ================================================================ one turn
 
 
+def _extends(reused: int | None, processed: int | None, cached: int, length: int | None) -> str | None:
+    """Why a split-control request did not compute exactly [cached, length) (None: it did)."""
+    if reused == cached and length is not None and processed == length - cached:
+        return None
+    return (f"split control: the {length}-token request reused {reused} and processed {processed} "
+            f"tokens, not {cached} and {None if length is None else length - cached}: the engine did "
+            "not extend its cache as the warm batch schedule needs")
+
+
 class TurnExchange:
     """Send one turn, keep the raw answer, find the turn's span in engine.log."""
 
@@ -1088,12 +1098,18 @@ class TurnExchange:
         path, body = self.engine.adapter.completion_request(request, self.ctx.matrix.generation)
         record = self._empty_record(request, path)
         try:
+            record.error = self._split_requests(request)
+            if record.error:
+                return self._close_span(record, span)
             status, raw, ttft_ms, response_ms = self._post(path, body)
         except httpx.TimeoutException:
             record.error = f"no answer within {self._timeout():g} s (request timeout)"
             return self._close_span(record, span)
         except httpx.TransportError as exc:
             record.error = f"connection failed: {type(exc).__name__}: {exc}"
+            return self._close_span(record, span)
+        except streamed.MalformedStream as exc:
+            record.error = f"malformed streamed answer: {exc}"
             return self._close_span(record, span)
         except (httpx.HTTPError, ResponseTooLarge) as exc:  # malformed HTTP, oversized answer
             record.error = f"unreadable answer: {type(exc).__name__}: {exc}"
@@ -1103,7 +1119,35 @@ class TurnExchange:
         records.write_bytes_atomic(response_path, raw)
         record.response_file = response_path.relative_to(self.cell_dir).as_posix()
         self._read_answer(record, status, raw)
+        if record.error is None and self._by_requests():
+            record.error = _extends(record.reused_tokens, record.processed_tokens,
+                                    self.turn.split_points[-1] if self.turn.split_points else 0, record.prompt_tokens)
         return self._close_span(record, span)
+
+    def _by_requests(self) -> bool:
+        return self.turn.split_points is not None and split_controls.by_requests(self.engine.spec.kind)
+
+    def _split_requests(self, request: TurnRequest) -> str | None:
+        """A llama-server split control (DESIGN §5): the prompt up to each batch break, one
+        request each, generating nothing, before the prompt itself. Each must extend the slot's
+        cache exactly (plain reuse, no restore) or the schedule is not the warm turn's: why not."""
+        if not self._by_requests():
+            return None
+        generation = dataclasses.replace(self.ctx.matrix.generation, n_predict=0)
+        tokens, cached = request.prompt_tokens or (), 0
+        for length in self.turn.split_points or ():
+            part = dataclasses.replace(request, prompt_tokens=tuple(tokens[:length]))
+            path, body = self.engine.adapter.completion_request(part, generation)
+            status, raw, _, _ = self._post(path, body)
+            try:
+                result = self.engine.adapter.parse_response(json.loads(raw))
+            except Exception as exc:  # noqa: BLE001 - untrusted answer: its error, not ours
+                return f"split control: the {length}-token request got HTTP {status}, unreadable ({type(exc).__name__})"
+            why = _extends(result.reused_tokens, result.processed_tokens, cached, length)
+            if why:
+                return why
+            cached = length
+        return None
 
     def _request(self) -> TurnRequest:
         spec = self.ctx.matrix.prompts.get(self.turn.prompt_id)
@@ -1112,7 +1156,7 @@ class TurnExchange:
         extra = {"message_delimiters": [dict(d) for d in prompts.CHATML_MESSAGE_DELIMITERS]} \
             if spec.message_delimiters else {}
         if self.turn.split_points is not None:  # a split control (DESIGN §5): the warm schedule
-            extra = {**extra, "split_points": list(self.turn.split_points), "cache_prompt": False}
+            extra = {**extra, **split_controls.request_fields(self.engine.spec.kind, self.turn.split_points)}
         index, pid = self.turn.index, self.turn.prompt_id
         if isinstance(spec, ChatPrompt) and self.turn.endpoint == "chat":
             messages = prompts.chat_messages(spec, self.replies)
@@ -1156,7 +1200,9 @@ class TurnExchange:
                      or DEFAULT_REQUEST_TIMEOUT_S)
 
     def _post(self, path: str, body: dict) -> tuple[int, bytes, float, float]:
-        """(status, raw body, ms to first byte, ms to whole answer), client-side."""
+        """(status, raw body, ms to the first token, ms to whole answer), client-side. A streamed
+        answer (server-sent events) comes back as the body its events add up to, its first
+        token timed at the first event that carries one; any other answer's at its first byte."""
         limit = self._timeout()
         timeout = httpx.Timeout(limit, connect=min(10.0, limit))
         sent = time.monotonic()
@@ -1167,6 +1213,12 @@ class TurnExchange:
         with self.live.client.stream("POST", path, content=content, timeout=timeout,
                                      headers={"content-type": "application/json"}) as response:
             chunks = response.iter_raw()
+            if streamed.is_event_stream(response.headers.get("content-type")):
+                n_predict = body.get("n_predict")
+                answer = streamed.read(chunks, n_predict=n_predict if isinstance(n_predict, int) else None,
+                                       max_bytes=MAX_RESPONSE_BYTES, deadline=deadline)
+                return (response.status_code, json.dumps(answer.body).encode("ascii"),
+                        (answer.first_token_at - sent) * 1000.0, (time.monotonic() - sent) * 1000.0)
             first = next(chunks, b"")
             ttft_ms = (time.monotonic() - sent) * 1000.0
             parts, size = [first], len(first)

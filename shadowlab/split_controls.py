@@ -1,7 +1,9 @@
 """Split-control cells (issue 16, docs/DESIGN.md §5): which restored warm turns get one, and how.
 
 A split control is a fresh process that computes a restored warm turn's prompt through the warm
-turn's batch schedule (`splits.warm_schedule`), without any restore. The run stage plans them
+turn's batch schedule (`splits.warm_schedule`), without any restore: the reference engine takes
+the schedule as `split_points`; llama-server is sent one request per batch break
+(`splits.request_sequence`) with checkpoints off, the cell's one turn carrying those breaks. The run stage plans them
 after the warm cells, from the warm and cold records (a mismatch can only be seen then), so
 `build_plan` never does: a healthy run gets none and its plan.json is unchanged. The plan is a
 pure function of the records, so `--resume` plans the same cells again and keeps those that ran.
@@ -12,6 +14,7 @@ so the reason a turn has no split control is computed in one place.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,14 +22,32 @@ from shadowlab import identity, logparse, records, splits
 from shadowlab.matrix import Matrix
 from shadowlab.plan import Cell, CellKind, Plan, Turn
 
-__all__ = ["cell_id", "no_control_reason", "plan_cells", "turn_schedule"]
+__all__ = ["NO_CHECKPOINTS", "by_requests", "cell_id", "no_control_reason", "plan_cells", "request_fields",
+           "turn_schedule"]
 
 DEFAULT_BATCH, DEFAULT_UBATCH = 2048, 512  # llama-server's and the reference engine's -b / -ub
 _FLAGS = {"-b": "b", "--batch-size": "b", "-ub": "ub", "--ubatch-size": "ub"}
+# Appended to a llama-server split control's flags (the last occurrence wins): no request breaks
+# early for a checkpoint of its own, so each batch break is one request (splits.py).
+NO_CHECKPOINTS = ("--ctx-checkpoints", "0")
 
 
 def cell_id(warm_id: str, index: int) -> str:
     return f"{warm_id}.split.{index}"
+
+
+def by_requests(kind: str) -> bool:
+    """Whether a split control of this engine kind is sent as a request sequence (llama-server)
+    rather than as one request with `split_points` (the reference engine)."""
+    return kind == "llama-server"
+
+
+def request_fields(kind: str, split_points: Sequence[int]) -> dict[str, object]:
+    """The body fields of a split control's (last) request. llama-server's must reuse the cache
+    its prefix requests built, all in one slot; the reference engine's computes from 0."""
+    if by_requests(kind):
+        return {"cache_prompt": True, "id_slot": 0}
+    return {"split_points": list(split_points), "cache_prompt": False}
 
 
 def batch_sizes(command: Sequence[str]) -> tuple[int, int]:
@@ -56,27 +77,27 @@ def turn_schedule(meta: records.CellMeta, events: Sequence[logparse.Event], inde
     if prefix.prompt_tokens is None or warm.prompt_tokens is None:
         return None
     _, n_ubatch = batch_sizes(meta.command)
-    return splits.warm_schedule(events, prefix.task_ids[-1], warm_task, prefix.prompt_tokens,
-                                warm.prompt_tokens, n_ubatch)
+    schedule = splits.warm_schedule(events, prefix.task_ids[-1], warm_task, prefix.prompt_tokens,
+                                    warm.prompt_tokens, n_ubatch)
+    if schedule is None or not prefix.reused_tokens:
+        return schedule
+    return dataclasses.replace(schedule, prefix_reused=prefix.reused_tokens)
 
 
 def no_control_reason(meta: records.CellMeta, schedule: splits.Schedule | None, endpoint: str) -> str:
-    """Why this restored turn cannot have a split control; "" when it can (reference engine)."""
+    """Why this restored turn cannot have a split control; "" when it can (the reference engine
+    with its split points, llama-server with a request sequence)."""
     if schedule is None:
         return "the warm turn's log shows no restore to replay (or no task ids / prompt lengths)"
     if endpoint != "completion":
         return "a chat turn cannot be sent with split points"
     kind = meta.engine.kind if meta.engine else "?"
     if kind == "reference":
-        return ""
+        return splits.unknown_prefix(schedule)
     if kind != "llama-server":
         return f"a {kind} engine takes no split points and its batch placement is unknown"
-    n_batch, n_ubatch = batch_sizes(meta.command)
-    lengths, why = splits.request_sequence(schedule, n_batch, n_ubatch)
-    if lengths is None:
-        return why
-    return (f"the request sequence {' then '.join(map(str, lengths))} tokens would reproduce the "
-            "schedule, but the runner does not send request sequences yet")
+    _, why = splits.request_sequence(schedule, meta.engine.log_family)
+    return why
 
 
 def plan_cells(root: Path, matrix: Matrix, plan: Plan) -> list[Cell]:
@@ -96,12 +117,19 @@ def plan_cells(root: Path, matrix: Matrix, plan: Plan) -> list[Cell]:
             if schedule is None or no_control_reason(meta, schedule, turn.endpoint):
                 continue
             if every or _mismatches(root, meta, turn):
-                out.append(Cell(
-                    id=cell_id(cell.id, turn.index), kind=CellKind.SPLIT_CONTROL, engine=cell.engine,
-                    configuration=cell.configuration, sequence=cell.sequence,
-                    turns=(Turn(0, turn.prompt_id, turn.endpoint, split_points=schedule.split_points),),
-                    flags=cell.flags, env=dict(cell.env), control_of=cell.id))
+                out.append(_control_cell(cell, turn, schedule, meta.engine))
     return out
+
+
+def _control_cell(warm: Cell, turn: Turn, schedule: splits.Schedule, engine: records.EngineRecord) -> Cell:
+    points, flags = schedule.split_points, warm.flags
+    if by_requests(engine.kind):  # the breaks, one request each, the last the prompt itself
+        lengths, _ = splits.request_sequence(schedule, engine.log_family)
+        points, flags = (lengths or ())[:-1], (*warm.flags, *NO_CHECKPOINTS)
+    return Cell(id=cell_id(warm.id, turn.index), kind=CellKind.SPLIT_CONTROL, engine=warm.engine,
+                configuration=warm.configuration, sequence=warm.sequence,
+                turns=(Turn(0, turn.prompt_id, turn.endpoint, split_points=tuple(points)),),
+                flags=flags, env=dict(warm.env), control_of=warm.id)
 
 
 def _ok_meta(root: Path, cid: str) -> records.CellMeta | None:

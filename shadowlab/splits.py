@@ -6,10 +6,19 @@ re-entry point, then the suffix as the warm turn computed it (broken at its own 
 `warm_schedule` rebuilds that list of breaks from the log's `created` / `restored` events; the
 reference engine takes it as `split_points` (docs/DESIGN.md §1), so its split control is exact.
 
-llama-server takes no split points: a fresh process can only be sent requests, and each request
-places its own checkpoints (so its own breaks) near its end. `request_sequence` says whether
-"send prompt[:r], then the prompt" reproduces the schedule, by the placement the earlier
-request itself logged; when it does not, the reason is the answer ("undetermined"), never a guess.
+llama-server takes no split points, but a fresh process can be sent requests. b11434's server
+(`tools/server/server-context.cpp`) fills each prompt batch with up to `-b` tokens from where the
+request starts computing, and breaks it early only where it will place a checkpoint (L−4−ub and
+L−4, user-message starts); every such break starts a batch that logs `created context
+checkpoint`, so the created lines *are* the breaks. `llama_decode` then cuts each batch into
+`-ub` ubatches from its start. With checkpoints off (`--ctx-checkpoints 0`) a request breaks
+nowhere early, and a request that extends the slot's cached prompt exactly is plain KV reuse
+(the recurrent state already sits at the end: no restore). So `request_sequence` sends one
+request per break — the earlier request's breaks below the re-entry point, the re-entry point,
+the warm turn's own breaks — each `n_predict` 0, then the prompt: every batch, hence every
+ubatch, is the warm turn's. (With checkpoints on no sequence can: each request would break 4
+tokens before its own end.) Where the log does not show that schedule, the reason is the
+answer ("undetermined"), never a guess.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from shadowlab_engine.checkpoints import batch_ends
 
 from .logparse import Event
 
-__all__ = ["Schedule", "request_sequence", "warm_schedule"]
+__all__ = ["BATCHING_FAMILY", "Schedule", "request_sequence", "unknown_prefix", "warm_schedule"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,9 @@ class Schedule:
     prefix_breaks: tuple[int, ...]  # the earlier request's checkpoint breaks (its placement)
     n_prefix: int  # the earlier request's prompt length
     n_prompt: int
+    suffix_breaks: tuple[int, ...] = ()  # the warm task's own checkpoint breaks above re_entry
+    # Cache the earlier request itself reused: its batches from 0 are then not in its log lines.
+    prefix_reused: int = 0
 
 
 def _breaks(events: Iterable[Event], task: int, below: int) -> set[int]:
@@ -53,29 +65,38 @@ def warm_schedule(
     prefix = [e for e in batch_ends(0, prefix_breaks | {re_entry}, n_ubatch) if e <= re_entry]
     suffix = batch_ends(re_entry, _breaks(events, warm_task, n_prompt) | {n_prompt}, n_ubatch)
     points = tuple(p for p in (*prefix, *suffix) if p < n_prompt)
-    return Schedule(points, re_entry, tuple(sorted(prefix_breaks - {n_prefix})), n_prefix, n_prompt)
+    own = tuple(sorted(b for b in _breaks(events, warm_task, n_prompt) if b > re_entry))
+    return Schedule(points, re_entry, tuple(sorted(prefix_breaks - {n_prefix})), n_prefix, n_prompt, own)
 
 
-def request_sequence(schedule: Schedule, n_batch: int, n_ubatch: int) -> tuple[tuple[int, ...] | None, str]:
-    """(prompt lengths to send in order in a fresh llama-server, "") when that reproduces the
-    warm schedule, else (None, why not). A request of n tokens is assumed to break where the
-    earlier request broke relative to its own end (its tail checkpoints) and at multiples of
-    `-b` it broke at: the placement the log shows, nothing assumed beyond it. The first request
-    must generate nothing (`n_predict` 0), so the second one extends its cache exactly."""
-    r, n = schedule.re_entry, schedule.n_prefix
-    tail = {n - b for b in schedule.prefix_breaks if b % n_batch}
-    at_batch = {b for b in schedule.prefix_breaks if b % n_batch == 0}
-    own = {r - o for o in tail if 0 < r - o} | {b for b in at_batch if b < r}
-    first = tuple(batch_ends(0, own | {r}, n_ubatch))
-    warm = tuple(p for p in schedule.split_points if p <= r)
-    if first == warm:
-        return (r, schedule.n_prompt), ""
-    extra = sorted(set(first) - set(warm))
-    missing = sorted(set(warm) - set(first))
-    return None, (
-        f"the warm turn re-entered at {r} (a checkpoint the earlier {n}-token request placed "
-        f"{n - r} tokens before its end); a first request of {r} tokens would place its own "
-        f"breaks ({', '.join(map(str, extra)) or 'none extra'}"
-        + (f"; lacks {', '.join(map(str, missing))}" if missing else "")
-        + "), so no request sequence reproduces the warm batch schedule without split points"
-    )
+def unknown_prefix(schedule: Schedule) -> str:
+    """Why the warm schedule's prefix is not known ("" when it is): the earlier request reused
+    cache itself, so it did not compute [0, re-entry) and its lines do not say who did."""
+    if not schedule.prefix_reused:
+        return ""
+    return (f"the warm turn re-entered at {schedule.re_entry}, in a checkpoint of an earlier "
+            f"{schedule.n_prefix}-token request that itself reused {schedule.prefix_reused} cached "
+            "tokens, so how that prefix was batched from 0 is not in its log lines: no split "
+            "control reproduces the warm batch schedule known to be exact")
+
+
+# The log family whose batching the docstring above describes (read from b11434's server).
+BATCHING_FAMILY = "llama.cpp"
+
+
+def request_sequence(schedule: Schedule, family: str) -> tuple[tuple[int, ...] | None, str]:
+    """(prompt lengths to send in order to a fresh llama-server started with `--ctx-checkpoints
+    0`, the last the whole prompt; "") when that reproduces the warm schedule, else (None, why
+    not). Each length but the last is sent with `n_predict` 0 and must reuse exactly the one
+    before it (the runner checks the answer's `cache_n`)."""
+    r = schedule.re_entry
+    if unknown_prefix(schedule):
+        return None, unknown_prefix(schedule)
+    if family != BATCHING_FAMILY:
+        return None, (
+            f"the warm turn re-entered at {r}; a request sequence reproduces a schedule only with "
+            f"checkpoints off, one request per batch break, which follows from upstream {BATCHING_FAMILY}'s "
+            f"prompt batching (b11434) and is not known for the {family} family: no request "
+            "sequence reproduces the warm batch schedule known to be exact")
+    breaks = {b for b in schedule.prefix_breaks if b < r} | {r} | set(schedule.suffix_breaks)
+    return (*sorted(b for b in breaks if 0 < b < schedule.n_prompt), schedule.n_prompt), ""

@@ -1,15 +1,20 @@
-"""splits.py: a restored turn's batch schedule from its log, and whether requests reproduce it."""
+"""splits.py: a restored turn's batch schedule from its log, and whether requests reproduce it.
+
+The request sequence's effect on the real llama-server (its batches and logprobs equal the warm
+turn's) is shown live in tests/llama/test_split_control_llama.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from shadowlab import logparse
 from shadowlab.identity import Output, TriageClass, triage
-from shadowlab.splits import Schedule, request_sequence, warm_schedule
+from shadowlab.splits import Schedule, request_sequence, unknown_prefix, warm_schedule
 
 IK = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "ik_llama.cpp-0.1.5" / "cells"
+B11434 = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "llama.cpp-b11434"
 
 
 def _turns(cell: str) -> list[dict]:
@@ -32,24 +37,42 @@ def test_ik_append_mismatch_is_undetermined_with_the_reason_and_the_evidence():
     prefix, warm = _turns("ik.cram0.append")
     (cold,) = _turns("ik.cram0.cold.A_append")
     s = warm_schedule(events, 1, 14, prefix["prompt_tokens"], warm["prompt_tokens"], 512)
-    requests, why = request_sequence(s, 2048, 512)
+    requests, why = request_sequence(s, "ik_llama.cpp")
     assert requests is None
-    assert "re-entered at 4555" in why and "4550" in why  # a 4,555-token request breaks at 4550
+    assert "re-entered at 4555" in why and "not known for the ik_llama.cpp family" in why
     t = triage(Output(warm["completion"]["text"]), Output(cold["completion"]["text"]),
                no_split_control=why)
     assert t.cls is TriageClass.UNDETERMINED and t.warm_vs_cold.first_byte == 0
     assert why in t.detail
 
 
-def test_a_prefix_request_that_breaks_where_the_earlier_one_did_reproduces_the_schedule():
-    # an engine that broke only at -b multiples: a first request of r = 2048 tokens breaks the same
-    s = Schedule((512, 1024, 1536, 2048, 2560), 2048, (2048,), 4096, 3000)
-    assert request_sequence(s, 2048, 512) == ((2048, 3000), "")
-    # the same with a tail checkpoint 4 tokens before the earlier end: a 2048-token request
-    # would break at 2044 too
-    s = Schedule((512, 1024, 1536, 2048, 2560), 2048, (2048, 4092), 4096, 3000)
-    requests, why = request_sequence(s, 2048, 512)
-    assert requests is None and "2044" in why
+def _b11434_append() -> Schedule:
+    """The captured b11434 append cell: A (4,560 tokens, task 0) then A + 206 (task 15)."""
+    events = logparse.parse(B11434 / "append.cram0.log", "llama.cpp").events
+    return warm_schedule(events, 0, 15, 4560, 4766, 512)
+
+
+def test_b11434_append_schedule_and_its_request_sequence():
+    s = _b11434_append()
+    # A broke at L-4-ub = 4044 (a checkpoint) and was restored at L-4 = 4556; the append then
+    # broke at its own L-4 = 4762. The 4556 checkpoint it re-created is the re-entry, no break.
+    assert (s.re_entry, s.prefix_breaks, s.suffix_breaks) == (4556, (4044, 4556), (4762,))
+    assert s.split_points == (512, 1024, 1536, 2048, 2560, 3072, 3584, 4044, 4556, 4762)
+    assert request_sequence(s, "llama.cpp") == ((4044, 4556, 4762, 4766), "")
+
+
+def test_a_request_per_break_and_nothing_above_the_prompt():
+    # an earlier request's breaks above the re-entry point are not the warm turn's; every other
+    # break is one request, the prompt last
+    s = Schedule((), 2048, (1000, 2048, 2600), 3000, 2900, (2380, 2892))
+    assert request_sequence(s, "llama.cpp") == ((1000, 2048, 2380, 2892, 2900), "")
+
+
+def test_a_prefix_that_reused_cache_itself_has_no_known_schedule():
+    s = dataclasses.replace(_b11434_append(), prefix_reused=2048)
+    requests, why = request_sequence(s, "llama.cpp")
+    assert requests is None and "itself reused 2048 cached tokens" in why and why == unknown_prefix(s)
+    assert unknown_prefix(_b11434_append()) == ""
 
 
 def test_no_restore_no_schedule():
@@ -69,7 +92,7 @@ def test_ik_append_verdict_carries_the_undetermined_triage_and_why(tmp_path):
     classed = {(c.cell_id, t.index): t.triage for c in v.cells for t in c.turns if t.triage}
     t = classed.pop(("ik.cram0.append", 1))
     assert t.cls == "undetermined" and t.split_control_cell is None and t.warm_vs_cold == "byte 0"
-    assert "re-entered at 4555" in t.detail and "no request sequence reproduces" in t.detail
+    assert "re-entered at 4555" in t.detail and "not known for the ik_llama.cpp family" in t.detail
     assert t.detail.endswith("a live run would add the completion token ids (this record holds text only)")
     assert all(c.cls for c in classed.values())  # every other mismatch is classed too
     assert all(t.triage is None for c in v.cells for t in c.turns
