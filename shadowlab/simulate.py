@@ -33,7 +33,7 @@ from typing import Any
 from shadowlab import traffic
 from shadowlab.errors import ShadowlabError, TrafficError
 from shadowlab.traffic import Request, Segment, common_prefix, truncate
-from shadowlab_engine.checkpoints import CacheConfig, plan_checkpoints
+from shadowlab_engine.checkpoints import CacheConfig, choose_entry, plan_checkpoints
 
 JSON_VERSION = 1
 OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
@@ -290,18 +290,9 @@ class _Sim:
             self.cram.pop(0)
 
     def _cram_load(self, slot: _Slot, prompt: tuple[Segment, ...], L: int) -> bool:
-        lcp = common_prefix(slot.tokens, prompt)
-        f_keep_best = lcp / slot.n if slot.n else (-1.0 if self.llama else 0.0)
-        sim_best, best = lcp / L, None
-        for e in self.cram:
-            cur = common_prefix(e[0], prompt)
-            f_keep, sim = cur / e[1], cur / L
-            if self.llama:
-                f_keep, sim = _f32(f_keep), _f32(sim)
-            if f_keep < 0.25:
-                continue
-            if f_keep_best < f_keep and sim_best < sim:
-                f_keep_best, sim_best, best = f_keep, sim, e
+        best, _, _ = choose_entry(common_prefix(slot.tokens, prompt), slot.n, L,
+                                  ((common_prefix(e[0], prompt), e[1], e) for e in self.cram),
+                                  empty_keep=-1.0 if self.llama else 0.0, rounding=_f32 if self.llama else float)
         if best is None:
             return False
         self.cram.remove(best)

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from . import slotlog
 from .faults import PERTURB_SCALE, Faults
@@ -514,6 +514,25 @@ class CacheEntry:
     nbytes: int
 
 
+def choose_entry(slot_lcp: int, slot_len: int, prompt_len: int, candidates: Iterable[tuple[int, int, Any]],
+                 empty_keep: float = 0.0, rounding: Callable[[float], float] = float) -> tuple[Any, float, float]:
+    """The prompt-cache entry a request loads, as llama.cpp's `prompt_load` chooses it: the one
+    that keeps more of itself (f_keep = lcp / its length, at least 25 %) AND matches more of the
+    prompt (sim = lcp / prompt length) than the slot's own tokens and every earlier candidate.
+    `candidates` yields (lcp with the prompt, length, entry). `empty_keep` is an empty slot's
+    f_keep (llama.cpp: -1) and `rounding` the precision candidates are compared in (llama.cpp:
+    float32); shadowlab.simulate passes both for llama-server. Returns (entry or None, f_keep, sim)."""
+    f_keep_best = slot_lcp / slot_len if slot_len else empty_keep
+    sim_best, best = slot_lcp / prompt_len, None
+    for lcp, length, entry in candidates:
+        f_keep, sim = rounding(lcp / length), rounding(lcp / prompt_len)
+        if f_keep < 0.25:
+            continue
+        if f_keep_best < f_keep and sim_best < sim:
+            f_keep_best, sim_best, best = f_keep, sim, entry
+    return best, f_keep_best, sim_best
+
+
 class PromptCache:
     """llama.cpp's RAM prompt cache: slot states saved with their checkpoints, loaded back for
     the prompt they serve best. Bounded by `limit_mib` (oldest entries evicted first)."""
@@ -550,18 +569,9 @@ class PromptCache:
     def load(self, slot: Slot, prompt: Sequence[int], task: int) -> bool:
         """Swap in the entry that keeps more of itself and matches more of `prompt` than the
         slot's own tokens do; skip entries that would keep < 25% of themselves."""
-        lcp = common_prefix(slot.tokens, prompt)
-        f_keep_best = lcp / len(slot.tokens) if slot.tokens else 0.0
-        sim_best = lcp / len(prompt)
-        best = None
-        for entry in self.entries:
-            lcp_cur = common_prefix(entry.tokens, prompt)
-            f_keep_cur = lcp_cur / len(entry.tokens)
-            sim_cur = lcp_cur / len(prompt)
-            if f_keep_cur < 0.25:
-                continue
-            if f_keep_best < f_keep_cur and sim_best < sim_cur:
-                f_keep_best, sim_best, best = f_keep_cur, sim_cur, entry
+        best, f_keep_best, sim_best = choose_entry(
+            common_prefix(slot.tokens, prompt), len(slot.tokens), len(prompt),
+            ((common_prefix(e.tokens, prompt), len(e.tokens), e) for e in self.entries))
         if best is None:
             return False
         self.entries.remove(best)
