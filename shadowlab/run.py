@@ -1129,11 +1129,12 @@ class TurnExchange:
 
     def _split_requests(self, request: TurnRequest) -> str | None:
         """A llama-server split control (DESIGN §5): the prompt up to each batch break, one
-        request each, generating nothing, before the prompt itself. Each must extend the slot's
-        cache exactly (plain reuse, no restore) or the schedule is not the warm turn's: why not."""
+        request each, before the prompt itself. Each must extend the slot's cache exactly (plain
+        reuse, no restore) or the schedule is not the warm turn's: why not. `n_predict` 1: the one
+        token llama-server samples (it does so for 0 too) is never decoded into the cache."""
         if not self._by_requests():
             return None
-        generation = dataclasses.replace(self.ctx.matrix.generation, n_predict=0)
+        generation = dataclasses.replace(self.ctx.matrix.generation, n_predict=1)
         tokens, cached = request.prompt_tokens or (), 0
         for length in self.turn.split_points or ():
             part = dataclasses.replace(request, prompt_tokens=tuple(tokens[:length]))

@@ -15,7 +15,7 @@ checkpoint`, so the created lines *are* the breaks. `llama_decode` then cuts eac
 nowhere early, and a request that extends the slot's cached prompt exactly is plain KV reuse
 (the recurrent state already sits at the end: no restore). So `request_sequence` sends one
 request per break — the earlier request's breaks below the re-entry point, the re-entry point,
-the warm turn's own breaks — each `n_predict` 0, then the prompt: every batch, hence every
+the warm turn's own breaks — each `n_predict` 1, then the prompt: every batch, hence every
 ubatch, is the warm turn's. (With checkpoints on no sequence can: each request would break 4
 tokens before its own end.) Where the log does not show that schedule, the reason is the
 answer ("undetermined"), never a guess.
@@ -87,8 +87,8 @@ BATCHING_FAMILY = "llama.cpp"
 def request_sequence(schedule: Schedule, family: str) -> tuple[tuple[int, ...] | None, str]:
     """(prompt lengths to send in order to a fresh llama-server started with `--ctx-checkpoints
     0`, the last the whole prompt; "") when that reproduces the warm schedule, else (None, why
-    not). Each length but the last is sent with `n_predict` 0 and must reuse exactly the one
-    before it (the runner checks the answer's `cache_n`)."""
+    not). Each length but the last is sent with `n_predict` 1 (its sampled token is not decoded)
+    and must reuse exactly the one before it (the runner checks the answer's `cache_n`)."""
     r = schedule.re_entry
     if unknown_prefix(schedule):
         return None, unknown_prefix(schedule)

@@ -67,7 +67,7 @@ def test_request_sequence_reproduces_the_warm_batches_and_logprobs(llama, prompt
     with llama((*DEBUG, "--ctx-checkpoints", "0")) as control:
         batches, cached = [], 0
         for length in lengths[:-1]:
-            part, starts = _send(control, prompt[:length], n_predict=0)
+            part, starts = _send(control, prompt[:length], n_predict=1)  # as the runner sends it
             assert _reuse(part) == (cached, length - cached)  # plain reuse: no restore, no rewind
             batches += starts
             cached = length
@@ -85,17 +85,22 @@ def test_request_sequence_reproduces_the_warm_batches_and_logprobs(llama, prompt
     assert _probs(naive) != _probs(body)
 
 
-def test_shadowlab_run_sends_the_split_control_of_a_healthy_restored_turn(tmp_path, model_cache, llama_binary):
-    """`identity: {split_controls: all}` on the append probe: shadowlab plans the control as the
-    request sequence, sends it, and it equals the warm turn: no mismatch, no class."""
+@pytest.mark.parametrize("configuration, sequence", [("cram0", "append"), ("cram0_step256", "msgs-A-C")])
+def test_shadowlab_run_sends_the_split_control_of_a_healthy_restored_turn(
+        tmp_path, model_cache, llama_binary, configuration, sequence):
+    """`identity: {split_controls: all}` on the append probe (re-entry at A's L−4) and on message
+    delimiters (re-entry at a user-message start, breaks at the later ones): shadowlab plans the
+    control as the request sequence, sends it, and it equals the warm turn: no mismatch, no class."""
     from shadowlab import plan as plan_module
     from shadowlab import records, verdicts
 
     data = yaml.safe_load((Path(__file__).resolve().parents[2] / "matrices" / "ckpt-llama.yaml").read_text())
     data["engines"]["llama"]["binary"] = str(llama_binary)
-    data["prompts"] = {"A": dict(data["prompts"]["A"], tokens=L_A), "A_append": data["prompts"]["A_append"]}
-    data["sequences"] = {"append": data["sequences"]["append"]}
-    data["cells"] = {"include": [{"configuration": "cram0", "sequence": "append"}]}
+    data["sequences"] = {sequence: data["sequences"][sequence]}
+    data["prompts"] = {k: data["prompts"][k] for k in data["sequences"][sequence]}
+    if "A" in data["prompts"]:
+        data["prompts"]["A"]["tokens"] = L_A
+    data["cells"] = {"include": [{"configuration": configuration, "sequence": sequence}]}
     data["identity"] = {"required": True, "control": False, "split_controls": "all"}
     data["expectations"] = []
     path = tmp_path / "split-llama.yaml"
@@ -104,15 +109,18 @@ def test_shadowlab_run_sends_the_split_control_of_a_healthy_restored_turn(tmp_pa
 
     plan = plan_module.Plan.from_dict(records.read_json(run_dir / "plan.json"))
     (cell,) = plan.of_kind(plan_module.CellKind.SPLIT_CONTROL)
-    n = L_A + EXTRA
-    assert cell.id == "llama.cram0.append.split.1" and cell.flags[-2:] == ("--ctx-checkpoints", "0")
-    assert cell.turns[0].split_points == (L_A - 4 - 512, L_A - 4, n - 4)
+    warm_id = f"llama.{configuration}.{sequence}"
+    warm = records.read_meta(run_dir / "cells" / warm_id / "meta.json").turns[1]
+    points = cell.turns[0].split_points
+    assert cell.id == f"{warm_id}.split.1" and cell.flags[-2:] == ("--ctx-checkpoints", "0")
+    assert warm.reused_tokens in points and points[-1] == warm.prompt_tokens - 4  # re-entry, L-4
+    if sequence == "append":
+        assert points == (L_A - 4 - 512, L_A - 4, L_A + EXTRA - 4)
     meta = records.read_meta(run_dir / "cells" / cell.id / "meta.json")
-    warm = records.read_meta(run_dir / "cells" / "llama.cram0.append" / "meta.json")
-    (turn,) = meta.turns
     assert meta.status is records.CellStatus.OK, meta.reason
-    assert (turn.reused_tokens, turn.processed_tokens) == (n - 4, 4)
-    assert turn.completion.tokens == warm.turns[1].completion.tokens
+    (turn,) = meta.turns
+    assert (turn.reused_tokens, turn.processed_tokens) == (points[-1], 4)
+    assert turn.completion.tokens == warm.completion.tokens
     verdict = verdicts.compute(run_dir)
-    (checked,) = [t for c in verdict.cells if c.cell_id == "llama.cram0.append" for t in c.turns if t.index == 1]
+    (checked,) = [t for c in verdict.cells if c.cell_id == warm_id for t in c.turns if t.index == 1]
     assert checked.identity.status.value == "identical" and checked.triage is None
