@@ -8,11 +8,14 @@ crash the server or corrupt a slot.
 Where it differs from llama-server, on purpose: `n_predict` defaults to 16 (not -1, unbounded)
 and `temperature` to 0 (greedy, not 0.8), so a bare request is short and deterministic;
 `tokens` is always returned; chat choices carry `tokens` too; task ids count accepted completion
-tasks only; `print_timing` prints its three lines each with the slot prefix.
+tasks only; `print_timing` prints its three lines each with the slot prefix. A streamed
+`/completion` (`"stream": true`) sends every token's id, where llama-server sends no event for a
+token whose text ends inside a UTF-8 character (`TokenEvents`).
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import hashlib
 import json
@@ -29,6 +32,7 @@ from . import slotlog
 from .checkpoints import CacheConfig, PromptCache, Slot, SlotPool
 from .faults import Faults
 from .slotlog import ERROR, INFO, EngineLog
+from .tokenizer import decode_bytes
 
 
 def engine_version() -> str:
@@ -125,6 +129,8 @@ class Generation:
     id_slot: int
     conversation: str | None  # `prompt_cache_key`: what affinity routes by
     split_points: tuple[int, ...] | None = None  # /completion only: an explicit batch schedule
+    # A streamed /completion: called with (slot id, token, tokens decoded) per generated token.
+    on_token: Callable[[int, int, int], None] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -138,6 +144,39 @@ class Completion:
     truncated: bool = False
     n_decoded: int = 0
     probs: list[dict] = field(default_factory=list)
+
+
+class TokenEvents:
+    """A streamed /completion's events in llama-server's shape: one per generated token
+    (`content` = the text that token completes; bytes that end inside a UTF-8 character wait
+    for the token that ends them, and with stop words all text waits for the end, which decides
+    where it is cut), then the final answer with `content` "" and `tokens` [] since they went in
+    the events. A text left over at the end (a cut stop word, an unfinished character's U+FFFD)
+    goes in one more event without tokens, so the events' text adds up to the answer's exactly."""
+
+    def __init__(self, emit: Callable[[dict], None], n_prompt: int, hold_text: bool) -> None:
+        self.emit, self.n_prompt, self.hold_text = emit, n_prompt, hold_text
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.sent: list[str] = []
+        self.id_slot = -1
+
+    def token(self, id_slot: int, token: int, n_decoded: int) -> None:
+        piece = "" if self.hold_text else self.decoder.decode(decode_bytes([token]))
+        self.id_slot = id_slot
+        self._event(piece, [token], n_decoded)
+
+    def final(self, answer: dict) -> dict:
+        sent, content = "".join(self.sent), answer["content"]
+        if not content.startswith(sent):  # cannot happen: incremental decoding = whole decoding
+            raise RuntimeError("streamed text is not a prefix of the completion")
+        if len(content) > len(sent):
+            self._event(content[len(sent):], [], answer["tokens_predicted"])
+        return {**answer, "content": "", "tokens": []}
+
+    def _event(self, content: str, tokens: list[int], n_decoded: int) -> None:
+        self.sent.append(content)
+        self.emit({"index": 0, "content": content, "tokens": tokens, "stop": False, "id_slot": self.id_slot,
+                   "tokens_predicted": n_decoded, "tokens_evaluated": self.n_prompt})
 
 
 # --- the engine ------------------------------------------------------------------------------
@@ -246,12 +285,17 @@ class Engine:
 
     # -- completions -----------------------------------------------------------------------
 
-    def complete(self, body: dict) -> dict:
+    def complete(self, body: dict, emit: Callable[[dict], None] | None = None) -> dict:
+        """The answer; with `emit` (a streamed request) each token's event goes to it first and
+        the answer returned is the stream's final event."""
         prompt = self._prompt(body.get("prompt"))
         gen = self._generation(body, n_predict_keys=("n_predict",))
         gen = dataclasses.replace(gen, split_points=_split_points(body.get("split_points"), len(prompt)))
+        events = TokenEvents(emit, len(prompt), hold_text=bool(gen.stop)) if emit is not None else None
+        if events is not None:
+            gen = dataclasses.replace(gen, on_token=events.token)
         result = self._run_task(prompt, gen, user_starts=())
-        return {
+        answer = {
             "index": 0,
             "content": result["content"],
             "tokens": result["tokens"],
@@ -267,6 +311,7 @@ class Engine:
             "timings": result["timings"],
             **({"completion_probabilities": result["probs"]} if result["probs"] else {}),
         }
+        return answer if events is None else events.final(answer)
 
     def chat(self, body: dict) -> dict:
         messages = body.get("messages")
@@ -439,6 +484,8 @@ class Engine:
                 out.stop_type = "eos"
                 break
             out.tokens.append(token)
+            if gen.on_token is not None:
+                gen.on_token(slot.id, token, out.n_decoded)
             if gen.stop and self._stop_word(out, gen.stop):
                 break
             if out.n_decoded == gen.n_predict:
@@ -604,12 +651,17 @@ class Handler(BaseHTTPRequestHandler):
             if engine.faults.hang_on_request == n:
                 engine.log.server(ERROR, "handle_compl", f"fault hang-on-request: request {n} never answers")
                 threading.Event().wait()
+        stream: EventStream | None = None
         try:
             body = self._read_body(parse=method in ("POST", "PUT"))
             if path == "/health" and method == "GET":
                 status, payload = (200, {"status": "ok"}) if engine.ready.is_set() else _LOADING
             elif not engine.ready.is_set() and path in _ROUTES:
                 status, payload = _LOADING
+            elif path in _STREAMED and method == "POST" and isinstance(body, dict) \
+                    and _bool_field(body, "stream", False):
+                stream = EventStream(self)
+                status, payload = 200, engine.complete(body, emit=stream.event)
             else:
                 status, payload = self._route(engine, method, path, body)
         except RequestError as err:
@@ -617,7 +669,12 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as err:  # a bug, not bad input: answer 500 and keep serving
             engine.log.server(ERROR, "handle_reque", f"internal error: {err!r}")
             status, payload = 500, {"error": {"code": 500, "message": f"internal error: {err}", "type": "server_error"}}
-        self._send(status, payload)
+        if stream is not None and (stream.started or status == 200):
+            # Like llama-server: an error before the first event is a JSON answer; one after it,
+            # an error event ending the stream.
+            stream.end(payload if status == 200 else {"error": payload["error"]})
+        else:
+            self._send(status, payload)
         if is_completion and engine.ready.is_set():
             self._after_completion(engine)
 
@@ -675,6 +732,40 @@ class Handler(BaseHTTPRequestHandler):
             pass  # the client went away; nothing to answer
 
 
+class EventStream:
+    """llama-server's streamed answer: `data: <json>` events (server-sent events) in a chunked
+    body. The headers go out with the first event: llama-server, too, waits for the first result
+    before it answers. A client that went away ends the writing, not the task."""
+
+    def __init__(self, handler: BaseHTTPRequestHandler) -> None:
+        self.handler, self.started, self.gone = handler, False, False
+
+    def event(self, payload: dict) -> None:
+        self._chunk(b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n")
+
+    def end(self, payload: dict) -> None:
+        self.event(payload)
+        self._chunk(b"")  # the last chunk: the answer is complete
+
+    def _chunk(self, data: bytes) -> None:
+        if self.gone:
+            return
+        h = self.handler
+        try:
+            if not self.started:
+                self.started = True
+                h.send_response(200)
+                h.send_header("Content-Type", "text/event-stream")
+                h.send_header("Transfer-Encoding", "chunked")
+                h.end_headers()
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.gone = True
+            h.close_connection = True
+
+
+_STREAMED = ("/completion", "/completions")
 _ROUTES: dict[str, tuple[str, Callable[[Engine, Any], Any]]] = {
     "/props": ("GET", lambda e, b: e.props()),
     "/slots": ("GET", lambda e, b: e.slots()),

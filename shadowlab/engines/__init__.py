@@ -208,6 +208,9 @@ class EngineAdapterBase:
                 "temperature": generation.temperature,
                 "cache_prompt": True,
                 "return_tokens": True,
+                # Streamed: the time to first token is then measured as such (run.py reads the
+                # events back into this answer's usual body; shadowlab/streamed.py).
+                "stream": True,
             }
             path = "/completion"
         body.update(turn.extra_body)

@@ -243,6 +243,9 @@ class LlamaServerAdapter(EngineAdapterBase):
 
     def completion_request(self, turn: TurnRequest, generation: Any) -> tuple[str, dict]:
         path, body = super().completion_request(turn, generation)
+        if self.log_family != "llama.cpp":
+            # Streamed answers are read as upstream's events; other families' are not known here.
+            body.pop("stream", None)
         if getattr(generation, "ignore_eos", False):
             body.setdefault("ignore_eos", True)
         if self._banned_tokens and "logit_bias" not in body:
