@@ -36,6 +36,8 @@ from pathlib import Path
 import filelock
 import psutil
 
+from shadowlab import listeners
+
 LOCK_DIR_ENV = "SHADOWLAB_LOCK_DIR"
 DEFAULT_LOCK_DIR = Path("/tmp/shadowlab-locks")
 
@@ -327,6 +329,19 @@ def _is_loopback(ip: str) -> bool:
     return ip.startswith("127.") or ip in ("::1", "localhost") or ip.startswith("::ffff:127.")
 
 
+def _psutil_listeners(members: Iterable[psutil.Process]) -> list[listeners.Listener]:
+    """listeners.listeners where there is no /proc (psutil's scan: slower, same answer)."""
+    found = []
+    for member in members:
+        try:
+            conns = member.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        found += [listeners.Listener(c.laddr.ip, c.laddr.port, -1) for c in conns
+                  if c.status == psutil.CONN_LISTEN and c.laddr]
+    return found
+
+
 class ProcessSurvived(Exception):
     """A process of a stopped engine's group is still alive, or its port is still bound."""
 
@@ -430,12 +445,17 @@ class EngineProcess:
 
     def remember_members(self) -> None:
         """Record the engine's current descendants, so stop() can check them too."""
-        try:
-            children = psutil.Process(self.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
+        if not listeners.available():
+            try:
+                children = psutil.Process(self.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            for child in children:
+                self._members.setdefault(child.pid, child)
             return
-        for child in children:
-            self._members.setdefault(child.pid, child)
+        for pid in listeners.descendants(self.pid):  # no scan of every process on the host
+            if pid not in self._members or not self._members[pid].is_running():
+                self._remember(pid)
 
     def remember_marked(self) -> None:
         """Record every process that carries this engine's marker in its environment."""
@@ -477,36 +497,27 @@ class EngineProcess:
                     continue
         return alive
 
+    def listening_sockets(self) -> list[listeners.Listener]:
+        """Every listening TCP socket that the engine or a descendant holds (checked after every
+        turn, so read from the kernel directly: shadowlab/listeners.py; psutil where /proc is absent)."""
+        self.remember_members()
+        alive = [pid for pid, member in list(self._members.items()) if member.is_running()]
+        if listeners.available():
+            return listeners.listeners(alive)
+        return _psutil_listeners(self._members[pid] for pid in alive)
+
     def listens_on_port(self) -> bool:
         """True when the engine (or a descendant) holds a listening socket on its port.
 
         Guards against talking to some other program that took the port between our
         check and the engine's bind.
         """
-        self.remember_members()
-        for member in list(self._members.values()):
-            try:
-                conns = member.net_connections(kind="tcp")
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in conns):
-                return True
-        return False
+        return any(entry.port == self.port for entry in self.listening_sockets())
 
     def exposed_listeners(self) -> list[str]:
         """`ip:port` of every listening socket of the engine (or a descendant) that is not on
         loopback: engines must bind to 127.0.0.1 only."""
-        self.remember_members()
-        exposed: set[str] = set()
-        for member in list(self._members.values()):
-            try:
-                conns = member.net_connections(kind="inet")
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            for c in conns:
-                if c.status == psutil.CONN_LISTEN and c.laddr and not _is_loopback(c.laddr.ip):
-                    exposed.add(f"{c.laddr.ip}:{c.laddr.port}")
-        return sorted(exposed)
+        return sorted({entry.address() for entry in self.listening_sockets() if not _is_loopback(entry.ip)})
 
     def log_tail(self, max_bytes: int = 4000) -> str:
         return read_log_tail(self.log_path, max_bytes)

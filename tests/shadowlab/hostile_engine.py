@@ -43,8 +43,17 @@ Modes (repeatable):
   flood-line=N     every completion first writes N bytes of `z` to the log, no newline (in
                    1 MiB writes; a write the log refuses, full or capped, is ignored)
   bind-all-later   the first completion opens a listener on 0.0.0.0 (start-up was loopback only)
+  child-binds-all-later  the first completion starts a child process that listens on [::] (IPv6,
+                   any address), and answers once it listens: a descendant born after start-up
   exit-after-answer  exit 134 right after the first completion answer, before its
                    `prompt eval time` line (the runner waits for that line and sees the exit)
+  sse-garbage      /completion streams (text/event-stream) a token event, then an event that
+                   is no JSON (<script>), then a final event
+  sse-endless      streams a token event, then a keep-alive ping every 50 ms, forever
+  sse-flood        streams token events as fast as it can, forever (more than n_predict)
+  sse-cut          streams two token events, then closes without the final event
+  sse-lost-ids     streams two token ids, then a final event that says 4 were predicted
+                   (llama-server's way with a token that ends inside a UTF-8 character)
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ MODES: set[str] = set()
 LOG = sys.stderr.buffer
 TASK = [0]
 FLOOD = [0]  # flood-line=N
-LATE_LISTENERS: list[socket.socket] = []  # bind-all-later: kept open until the engine is stopped
+LATE_LISTENERS: list = []  # bind-all-later's socket / child-binds-all-later's child: kept until the stop
 
 SCRIPT = "<script>alert('engine')</script>"
 # Reads "safe … txt.exe" in a browser or terminal that honours the override: Trojan Source.
@@ -98,6 +107,22 @@ def listen_beyond_loopback() -> None:
     sock.bind(("0.0.0.0", 0))
     sock.listen()
     LATE_LISTENERS.append(sock)
+
+
+CHILD_LISTENER = """
+import socket, sys, time
+sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+sock.bind(("::", 0))
+sock.listen()
+print(sock.getsockname()[1], flush=True)
+time.sleep(3600)
+"""
+
+
+def child_listens_beyond_loopback() -> None:
+    child = subprocess.Popen([sys.executable, "-c", CHILD_LISTENER], stdout=subprocess.PIPE)
+    child.stdout.readline()  # it listens now
+    LATE_LISTENERS.append(child)  # kept (and so its socket) until the engine is stopped
 
 
 def log_garbage() -> None:
@@ -170,6 +195,8 @@ class Handler(BaseHTTPRequestHandler):
             flood(FLOOD[0])
         if "bind-all-later" in MODES and not LATE_LISTENERS:
             listen_beyond_loopback()
+        if "child-binds-all-later" in MODES and not LATE_LISTENERS:
+            child_listens_beyond_loopback()
         log(b"slot launch_slot_: id  0 | task %d | processing task" % task)
         log(b"slot update_slots: id  0 | task %d | new prompt, n_ctx_slot = 4096, n_keep = 0, "
             b"task.n_tokens = %d" % (task, n))
@@ -198,6 +225,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         if "slow-loris" in MODES:
             return self._trickle()
+        if any(m.startswith("sse-") for m in MODES):
+            return self._stream(n)
         if "slow-headers" in MODES:
             return self._trickle_headers()
         if "wrong-shape" in MODES:
@@ -252,6 +281,39 @@ class Handler(BaseHTTPRequestHandler):
             b"n_tokens = %d, n_past = %d, size = 0.032 MiB, took 0.10 ms)" % (task, r - 1, r - 1, r, r))
         log(b"slot operator(): id  0 | task %d | cached n_tokens = %d, memory_seq_rm [%d, end)" % (task, r, r))
         return r
+
+    def _stream(self, n_prompt: int) -> None:
+        """A hostile streamed answer (the sse-* modes), whether or not one was asked for."""
+        def event(obj: object) -> bytes:
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        def token(t: int) -> bytes:
+            return event({"content": chr(t), "tokens": [t], "stop": False})
+
+        final = event({"content": "", "tokens": [], "stop": True, "stop_type": "limit", "tokens_predicted": 4,
+                       "timings": {"prompt_n": n_prompt, "cache_n": 0, "prompt_ms": 1.0}})
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        self.close_connection = True
+        if "sse-garbage" in MODES:
+            parts = itertools.chain([token(97), ("data: " + SCRIPT + "\n\n").encode()], [final])
+        elif "sse-endless" in MODES:
+            parts = itertools.chain([token(97)], itertools.repeat(b":\n\n"))
+        elif "sse-flood" in MODES:
+            parts = itertools.repeat(token(97))
+        elif "sse-cut" in MODES:
+            parts = iter([token(97), token(98)])
+        else:  # sse-lost-ids
+            parts = iter([token(97), token(98), final])
+        try:
+            for part in parts:
+                self.wfile.write(part)
+                self.wfile.flush()
+                if "sse-endless" in MODES:
+                    time.sleep(0.05)
+        except OSError:
+            return
 
     def _trickle(self) -> None:
         self.send_response(200)
