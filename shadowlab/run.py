@@ -1215,7 +1215,7 @@ class TurnExchange:
                                      headers={"content-type": "application/json"}) as response:
             chunks = response.iter_raw()
             if streamed.is_event_stream(response.headers.get("content-type")):
-                n_predict = body.get("n_predict")
+                n_predict = body.get("n_predict", body.get("max_tokens"))
                 answer = streamed.read(chunks, n_predict=n_predict if isinstance(n_predict, int) else None,
                                        max_bytes=MAX_RESPONSE_BYTES, deadline=deadline)
                 return (response.status_code, json.dumps(answer.body).encode("ascii"),

@@ -74,7 +74,8 @@ class _Assembly:
     event, `:` lines are comments."""
 
     def __init__(self, n_predict: int | None) -> None:
-        self.n_predict = n_predict
+        # llama-server samples (and streams) one token even for n_predict 0
+        self.n_predict = None if n_predict is None else max(n_predict, 1)
         self.max_events = (n_predict or 0) + MAX_EXTRA_EVENTS
         self.data: list[bytes] = []
         self.events = 0
