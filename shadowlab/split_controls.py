@@ -62,7 +62,7 @@ def batch_sizes(command: Sequence[str]) -> tuple[int, int]:
 def turn_schedule(meta: records.CellMeta, events: Sequence[logparse.Event], index: int) -> splits.Schedule | None:
     """The batch schedule of warm turn `index`, None when it restored nothing. The prefix is the
     earlier turn whose task created the restored checkpoint (else the previous turn), computed
-    from 0 as that turn logged it."""
+    from 0 as that turn logged it; `prefix_reused` says when it was not (`splits.unknown_prefix`)."""
     turns = {t.index: t for t in meta.turns}
     warm, earlier = turns.get(index), turns.get(index - 1)
     if warm is None or earlier is None or not warm.task_ids or not earlier.task_ids:
@@ -79,9 +79,9 @@ def turn_schedule(meta: records.CellMeta, events: Sequence[logparse.Event], inde
     _, n_ubatch = batch_sizes(meta.command)
     schedule = splits.warm_schedule(events, prefix.task_ids[-1], warm_task, prefix.prompt_tokens,
                                     warm.prompt_tokens, n_ubatch)
-    if schedule is None or not prefix.reused_tokens:
-        return schedule
-    return dataclasses.replace(schedule, prefix_reused=prefix.reused_tokens)
+    # A fresh process's first turn computed from 0 whatever it reported; a later one may not have.
+    reused = 0 if prefix.index == 0 else prefix.reused_tokens
+    return dataclasses.replace(schedule, prefix_reused=reused) if schedule is not None and reused != 0 else schedule
 
 
 def no_control_reason(meta: records.CellMeta, schedule: splits.Schedule | None, endpoint: str) -> str:

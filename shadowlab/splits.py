@@ -43,8 +43,9 @@ class Schedule:
     n_prefix: int  # the earlier request's prompt length
     n_prompt: int
     suffix_breaks: tuple[int, ...] = ()  # the warm task's own checkpoint breaks above re_entry
-    # Cache the earlier request itself reused: its batches from 0 are then not in its log lines.
-    prefix_reused: int = 0
+    # Cache the earlier request itself reused (None: not reported): its batches from 0 are then
+    # not in its log lines.
+    prefix_reused: int | None = 0
 
 
 def _breaks(events: Iterable[Event], task: int, below: int) -> set[int]:
@@ -72,12 +73,13 @@ def warm_schedule(
 def unknown_prefix(schedule: Schedule) -> str:
     """Why the warm schedule's prefix is not known ("" when it is): the earlier request reused
     cache itself, so it did not compute [0, re-entry) and its lines do not say who did."""
-    if not schedule.prefix_reused:
+    if schedule.prefix_reused == 0:
         return ""
+    reused = "an unreported number of" if schedule.prefix_reused is None else str(schedule.prefix_reused)
     return (f"the warm turn re-entered at {schedule.re_entry}, in a checkpoint of an earlier "
-            f"{schedule.n_prefix}-token request that itself reused {schedule.prefix_reused} cached "
-            "tokens, so how that prefix was batched from 0 is not in its log lines: no split "
-            "control reproduces the warm batch schedule known to be exact")
+            f"{schedule.n_prefix}-token request that itself reused {reused} cached tokens, so how "
+            "that prefix was batched from 0 is not in its log lines: no split control reproduces "
+            "the warm batch schedule known to be exact")
 
 
 # The log family whose batching the docstring above describes (read from b11434's server).

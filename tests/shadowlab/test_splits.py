@@ -97,3 +97,29 @@ def test_ik_append_verdict_carries_the_undetermined_triage_and_why(tmp_path):
     assert all(c.cls for c in classed.values())  # every other mismatch is classed too
     assert all(t.triage is None for c in v.cells for t in c.turns
                if t.identity is None or t.identity.status.value != "mismatch")
+
+
+def test_a_later_prefix_turn_that_reused_cache_gives_no_control_and_says_why():
+    """The checkpoint a warm turn restored was created by a turn that itself reused cache (or did
+    not say): its batches from 0 are unknown, so no split control is planned; the first turn of a
+    fresh process computed from 0 whatever it reported."""
+    from shadowlab import records, split_controls
+
+    meta = records.read_meta(IK / "ik.cram0.append" / "meta.json")
+    events = logparse.parse(IK / "ik.cram0.append" / "engine.log", "ik_llama.cpp").events
+    a, append = meta.turns
+    assert split_controls.turn_schedule(meta, events, 1).prefix_reused == 0
+    a.reused_tokens = None
+    assert split_controls.turn_schedule(meta, events, 1).prefix_reused == 0  # turn 0: from 0
+    # The same lines as turns 1 and 2 of a longer sequence, A having reused 100 (or unreported).
+    earlier = dataclasses.replace(a, index=0, task_ids=[0])
+    for reused, said in ((100, "itself reused 100 cached tokens"), (None, "an unreported number of")):
+        meta.turns = [earlier, dataclasses.replace(a, index=1, reused_tokens=reused),
+                      dataclasses.replace(append, index=2)]
+        schedule = split_controls.turn_schedule(meta, events, 2)
+        assert schedule.prefix_reused == reused and schedule.re_entry == 4555
+        why = split_controls.no_control_reason(meta, schedule, "completion")
+        assert said in why and "re-entered at 4555" in why
+        meta.engine.kind = "reference"  # the reference engine is refused the same way
+        assert split_controls.no_control_reason(meta, schedule, "completion") == why
+        meta.engine.kind = "llama-server"
