@@ -102,9 +102,10 @@ class TurnRecord:
     processed_tokens: int | None = doc("Prompt tokens processed, as the engine's API reports.")
     prefill_ms: float | None = doc("Prefill time as the engine reports it (`timings.prompt_ms`).")
     ttft_ms: float | None = doc(
-        "Client-side time from sending the request to the first byte of the answer. Requests "
-        "are not streamed, so this includes generating `n_predict` tokens; compare it across "
-        "cells with the same generation settings only."
+        "Client-side time from sending the request to its first token. `/completion` turns on "
+        "llama.cpp (upstream) and the reference engine are streamed: the first event carrying a "
+        "token. Other answers (chat, `openai` and ik_llama.cpp kinds) are not, and it is the "
+        "first byte of the answer, which includes generating `n_predict` tokens."
     )
     response_ms: float | None = doc("Client-side time from sending the request to the whole answer.")
     completion: Completion | None = doc("The generated completion; None when the turn failed.")
@@ -114,7 +115,10 @@ class TurnRecord:
     )
     log_complete: bool = doc("True when the turn's `prompt eval time` line was seen before the span closed.")
     task_ids: list[int] = doc("llama.cpp task ids seen in the span (`| task N |`).")
-    response_file: str | None = doc("Raw response body, relative to the cell directory.")
+    response_file: str | None = doc(
+        "Raw response body, relative to the cell directory; a streamed answer's is the body its "
+        "events add up to (the final event with the streamed `content` and `tokens`)."
+    )
     conversation: str | None = doc(
         "The conversation the turn belongs to (the plan's turn: an ordered sequence's name); None "
         "for cold and control turns, a prompt alone in a fresh process. Schema 1 records get it "
