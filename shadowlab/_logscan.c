@@ -44,7 +44,7 @@ enum kind {
 /* the scan words of logparse._SCAN_WORDS, in its order */
 enum word { W_CK, W_PROMPT, W_TRIM, W_KV, W_SELECTED, W_NONE = -1 };
 
-#define LOGSCAN_ABI 4      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
+#define LOGSCAN_ABI 5      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
 #define MAX_LINE (1 << 20) /* logparse.MAX_LINE */
 #define LOOK_BACK (1 << 16) /* logparse.LOOK_BACK */
 #define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
@@ -1133,9 +1133,1254 @@ done:
     return result;
 }
 
+/* ================================================================== fold: shadowlab logs' replay
+ *
+ *   fold_new(rows) -> state
+ *   fold_block(state, body, lo, n, base_line, base_offset) -> newlines | (start, stop, line_no, word) | str
+ *   fold_events(state, body, n, base_offset, [(kind, event), ...]) -> None | str
+ *   fold_finish(state) -> dict | str
+ *
+ * What `shadowlab logs` does with a b11434 log, per block and without a Python object per line:
+ * the lines scan() reads, the `checking sim` / `checking checkpoint ... against N` side notes of
+ * logs._Stream._side_notes, lifecycle.Replay.run (rings, requests, restarts), logs._Clock
+ * (b11434 elapsed times) and logs.Figures.add per slot. lifecycle.py and logs.py are the
+ * specification; tests/shadowlab/test_logscan.py compares both on every log it has. A line
+ * scan() would hand back to Python is handed back here too (fold_block stops at it; Python
+ * reads it with logparse's own readers and gives its events to fold_events). Anything this code
+ * does not handle exactly (a prompt-cache save or load, a number past int64, a ring or slot
+ * table past its bound) ends the fold with the reason as a str: logs.py then reads that server
+ * again with the Python replay. `rows`: how many
+ * of the first requests to give whole (logs.MAX_ROWS less the rows already shown). */
+
+#define FOLD_SLOTS 256      /* distinct slot ids; more: the Python replay */
+#define FOLD_RING 4096      /* checkpoints alive in one slot; more: the Python replay */
+#define PENDING_CHECKS 4096 /* lifecycle._PENDING_CHECKS */
+#define CHECK_TABLE 16384   /* open addressing, > 2 * PENDING_CHECKS */
+#define MAX_NOTES 20        /* lifecycle.Ring's max_notes default and Replay.notes' cap */
+#define BASELINE_TOKENS 512 /* lifecycle.BASELINE_TOKENS */
+#define N_OUTCOMES 5        /* lifecycle.OUTCOMES: cold extended restored forced silent_reset */
+#define N_EVENT_COUNTS 9    /* logs.EVENT_COUNT_KINDS */
+enum outcome { O_COLD, O_EXTENDED, O_RESTORED, O_FORCED, O_SILENT };
+enum source { S_NONE, S_LCP, S_NPAST, S_REENTRY };
+
+typedef struct {
+    int64_t pmin, pmax, n, creator; /* creator: the request that made it (lifecycle._among) */
+    double size, took;
+    int has_size, has_took;
+} ck_t;
+
+/* The growable arrays below: `v` with room for one more item (cap doubled from `first`), NULL
+ * when there is no memory (then `v` and *cap are unchanged). */
+static void *room(void *v, Py_ssize_t n, Py_ssize_t *cap, size_t item, Py_ssize_t first)
+{
+    if (n < *cap)
+        return v;
+    Py_ssize_t c = *cap ? 2 * *cap : first;
+    void *grown = PyMem_Realloc(v, (size_t)c * item);
+    if (grown != NULL)
+        *cap = c;
+    return grown;
+}
+
+typedef struct {
+    int64_t *v;
+    Py_ssize_t n, cap;
+} vec_t;
+
+static int vec_push(vec_t *a, int64_t x)
+{
+    int64_t *v = room(a->v, a->n, &a->cap, sizeof *v, 256);
+    if (v == NULL)
+        return -1;
+    a->v = v;
+    a->v[a->n++] = x;
+    return 0;
+}
+
+typedef struct {
+    ck_t *v;
+    Py_ssize_t n, cap;
+} cks_t;
+
+static int cks_push(cks_t *a, const ck_t *c)
+{
+    ck_t *v = room(a->v, a->n, &a->cap, sizeof *v, 16);
+    if (v == NULL)
+        return -1;
+    a->v = v;
+    a->v[a->n++] = *c;
+    return 0;
+}
+
+typedef struct { /* logs.Figures of one slot */
+    int64_t requests, outcomes[N_OUTCOMES], events[N_EVENT_COUNTS], shared_stated, prompt_tokens, reusable,
+        reused, processed, avoidable, timed_tokens, placement, retention, baseline, create_n, create_mib_n,
+        create_ms_n, restore_n, restore_mib_n, restore_ms_n;
+    double prefill_ms, create_mib, create_ms, restore_mib, restore_ms, t0, t1;
+    int has_t;
+    vec_t shared, prompts;
+} fig_t;
+
+typedef struct { /* lifecycle.Served while it is read */
+    int open, fresh, forced, has_time, has_trim, has_prompt, has_restored, has_processed, has_lcp;
+    int64_t task, line, offset, serial, trim, n_prompt, processed, lcp, lcp_n, n_alive;
+    double time, ms;
+    ck_t restored;
+    int64_t restored_npast; /* NO_INT: not printed */
+    cks_t created;
+    int erase_kind[4], n_erase_kinds; /* erase_counts' keys in first-seen order */
+    int64_t erase_count[4];
+    int erased_any;
+    int64_t not_own, not_own_min; /* what it erased of checkpoints made before it */
+    cks_t alive_before;           /* kept only while its row may be shown */
+} req_t;
+
+typedef struct {
+    int64_t id, ring_seq, lcp_epoch, lcp, lcp_n, ebl_count, ebl_min, fig_order;
+    int has_ring, has_ebl;
+    cks_t alive;
+    PyObject *notes; /* the ring's notes (a list), NULL: none yet */
+    req_t req;
+    fig_t fig;
+} slot_t;
+
+typedef struct {
+    int64_t slot, task, against;
+    int state; /* 0 empty, 1 used, 2 removed */
+} check_t;
+
+typedef struct {
+    slot_t slots[FOLD_SLOTS];
+    int n_slots, cur; /* cur: the slot of the request being read, -1: none */
+    int64_t cur_task, last_task, n_swa, restarts, serial, ring_seq, epoch, emitted, rows_wanted, fig_order;
+    int has_n_swa, has_first, has_clock;
+    double first_time, clock_base, clock_last;
+    check_t checks[CHECK_TABLE];
+    int checks_live, checks_used;
+    PyObject *notes, *rows, *times, *codes; /* lists and bytearrays */
+    const char *fallback;
+    struct note_s *block_notes; /* the side notes of the block being read, and the next to take */
+    Py_ssize_t n_block_notes, next_note;
+} fold_t;
+
+static slot_t *slot_of(fold_t *f, int64_t id)
+{
+    for (int i = 0; i < f->n_slots; i++)
+        if (f->slots[i].id == id)
+            return &f->slots[i];
+    if (f->n_slots == FOLD_SLOTS) {
+        f->fallback = "more slot ids than the C replay holds";
+        return NULL;
+    }
+    slot_t *s = &f->slots[f->n_slots++];
+    memset(s, 0, sizeof *s);
+    s->id = id;
+    s->lcp_epoch = -1;
+    s->fig_order = -1;
+    return s;
+}
+
+/* ------------------------------------------------------------------ the `checking checkpoint` notes */
+
+static uint64_t check_hash(int64_t slot, int64_t task)
+{
+    return ((uint64_t)slot * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)task * 0xC2B2AE3D27D4EB4Full);
+}
+
+static check_t *check_find(fold_t *f, int64_t slot, int64_t task, int insert)
+{
+    uint64_t i = check_hash(slot, task) & (CHECK_TABLE - 1);
+    check_t *free_at = NULL;
+    for (;; i = (i + 1) & (CHECK_TABLE - 1)) {
+        check_t *c = &f->checks[i];
+        if (c->state == 0)
+            return insert ? (free_at != NULL ? free_at : c) : NULL;
+        if (c->state == 2) {
+            if (free_at == NULL)
+                free_at = c;
+        } else if (c->slot == slot && c->task == task) {
+            return c;
+        }
+    }
+}
+
+static void checks_clear(fold_t *f)
+{
+    memset(f->checks, 0, sizeof f->checks);
+    f->checks_live = f->checks_used = 0;
+}
+
+static void checks_rehash(fold_t *f) /* drop the removed marks */
+{
+    check_t *old = PyMem_Malloc(sizeof f->checks);
+    if (old == NULL)
+        return; /* probing stays correct, only slower */
+    memcpy(old, f->checks, sizeof f->checks);
+    checks_clear(f);
+    for (int i = 0; i < CHECK_TABLE; i++)
+        if (old[i].state == 1) {
+            check_t *c = check_find(f, old[i].slot, old[i].task, 1);
+            *c = old[i];
+            f->checks_live++;
+            f->checks_used++;
+        }
+    PyMem_Free(old);
+}
+
+/* Replay._take_note of a CheckpointCheck: clear at the cap, then setdefault */
+static void check_take(fold_t *f, int64_t slot, int64_t task, int64_t against)
+{
+    if (f->checks_live >= PENDING_CHECKS)
+        checks_clear(f);
+    if (f->checks_used >= CHECK_TABLE * 3 / 4)
+        checks_rehash(f);
+    check_t *c = check_find(f, slot, task, 1);
+    if (c->state == 1)
+        return;
+    if (c->state == 0)
+        f->checks_used++;
+    *c = (check_t){slot, task, against, 1};
+    f->checks_live++;
+}
+
+static int check_pop(fold_t *f, int64_t slot, int64_t task, int64_t *against)
+{
+    check_t *c = check_find(f, slot, task, 0);
+    if (c == NULL)
+        return 0;
+    *against = c->against;
+    c->state = 2;
+    f->checks_live--;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ side notes (logs._Stream._side_notes) */
+
+typedef struct note_s {
+    int64_t offset, a, b, c; /* sim: slot, lcp, n_tokens; check: slot, task, against */
+    int check;
+} note_t;
+
+/* \d+ ; *big when it has more digits than int64 holds (Python's int() would read it) */
+static cp digits_(cp p, cp w, int64_t *v, int *big)
+{
+    cp s = p;
+    int64_t x = 0;
+    while (p < w && is_digit(*p)) {
+        if (p - s < MAX_DIGITS)
+            x = x * 10 + (*p - '0');
+        p++;
+    }
+    if (p == s)
+        return NULL;
+    if (p - s > MAX_DIGITS)
+        *big = 1;
+    *v = x;
+    return p;
+}
+
+static cp spaces_w(cp p, cp w)
+{
+    return p == NULL ? NULL : spaces(p, w);
+}
+
+/* logs._SIM matched at p, within [p, w): id +(\d+) \| task -?\d+ \| +- checking sim = [\d.]+ \((\d+)/(\d+)\) */
+static int sim_at(cp p, cp w, note_t *n, int *big)
+{
+    int64_t ignore;
+    p = spaces_w(LIT(p, w, "id"), w);
+    p = p ? digits_(p, w, &n->a, big) : NULL;
+    p = LIT(p, w, " | task ");
+    if (p != NULL && p < w && *p == '-')
+        p++;
+    p = p ? digits_(p, w, &ignore, &(int){0}) : NULL;
+    p = LIT(spaces_w(LIT(p, w, " |"), w), w, "- checking sim = ");
+    cp run = p;
+    while (p != NULL && p < w && (is_digit(*p) || *p == '.'))
+        p++;
+    if (p == NULL || p == run)
+        return 0;
+    p = LIT(p, w, " (");
+    p = p ? digits_(p, w, &n->b, big) : NULL;
+    p = LIT(p, w, "/");
+    p = p ? digits_(p, w, &n->c, big) : NULL;
+    return LIT(p, w, ")") != NULL;
+}
+
+/* logs._CHECK at p: id +(\d+) \| task (\d+) \| +[Cc]hecking checkpoint with \[-?\d+, -?\d+\] against (\d+)\.\.\. */
+static int check_at(cp p, cp w, note_t *n, int *big)
+{
+    int64_t ignore;
+    int small = 0;
+    p = spaces_w(LIT(p, w, "id"), w);
+    p = p ? digits_(p, w, &n->a, big) : NULL;
+    p = LIT(p, w, " | task ");
+    p = p ? digits_(p, w, &n->b, big) : NULL;
+    p = spaces_w(LIT(p, w, " |"), w);
+    if (p == NULL || p >= w || (*p != 'c' && *p != 'C'))
+        return 0;
+    p = LIT(p + 1, w, "hecking checkpoint with [");
+    for (int k = 0; k < 2 && p != NULL; k++) {
+        if (p < w && *p == '-')
+            p++;
+        p = digits_(p, w, &ignore, &small);
+        p = k ? LIT(p, w, "] against ") : LIT(p, w, ", ");
+    }
+    p = p ? digits_(p, w, &n->c, big) : NULL;
+    return LIT(p, w, "...") != NULL;
+}
+
+/* the leftmost match in [from, w) of a pattern that starts with "id" (re.search) */
+static int search_id(cp from, cp w, int (*at)(cp, cp, note_t *, int *), note_t *n, int *big)
+{
+    for (cp j = from; j + 1 < w; j++) {
+        j = memchr(j, 'i', (size_t)(w - j));
+        if (j == NULL || j + 1 >= w)
+            return 0;
+        if (j[1] == 'd') {
+            int b = 0;
+            if (at(j, w, n, &b)) {
+                *big |= b;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int notes_push(note_t **v, Py_ssize_t *n, Py_ssize_t *cap, const note_t *x)
+{
+    note_t *grown = room(*v, *n, cap, sizeof *grown, 1024);
+    if (grown == NULL)
+        return -1;
+    *v = grown;
+    grown[(*n)++] = *x;
+    return 0;
+}
+
+/* The notes of body[0, n) in offset order (sims before checks on one line), as _side_notes
+ * makes them. *big: a number past int64 in one of them. -1: no memory. */
+static int side_notes(cp body, Py_ssize_t n, cp readable, int64_t base, note_t **out, Py_ssize_t *count, int *big)
+{
+    static const char sim_word[] = "checking sim = ", check_word[] = "hecking checkpoint with [";
+    note_t *sims = NULL, *checks = NULL;
+    Py_ssize_t ns = 0, nc = 0, cs = 0, cc = 0;
+    cp end = body + n;
+    for (cp i = memmem(body, (size_t)n, sim_word, sizeof sim_word - 1); i != NULL;
+         i = memmem(i + 1, (size_t)(end - i - 1), sim_word, sizeof sim_word - 1)) {
+        cp ls = line_start(body, i);
+        cp w = i + 40 < readable ? i + 40 : readable;
+        note_t x = {.offset = base + (ls - body), .check = 0};
+        if (search_id(ls, w, sim_at, &x, big) && notes_push(&sims, &ns, &cs, &x) < 0)
+            goto nomem;
+    }
+    cp last = NULL;
+    size_t last_len = 0;
+    for (cp i = memmem(body, (size_t)n, check_word, sizeof check_word - 1); i != NULL;
+         i = memmem(i + 1, (size_t)(end - i - 1), check_word, sizeof check_word - 1)) {
+        cp ls = line_start(body, i);
+        cp head = rfind(ls, i, "| task ", 7);
+        size_t len = head != NULL ? (size_t)(i - head) : 0;
+        if (len == last_len && (len == 0 || memcmp(head, last, len) == 0))
+            continue; /* the task's run of check lines: one note */
+        cp w = i + 80 < readable ? i + 80 : readable;
+        note_t x = {.offset = base + (ls - body), .check = 1};
+        if (search_id(ls, w, check_at, &x, big)) {
+            last = head;
+            last_len = len;
+            if (notes_push(&checks, &nc, &cc, &x) < 0)
+                goto nomem;
+        }
+    }
+    note_t *all = PyMem_Malloc((size_t)(ns + nc + 1) * sizeof *all);
+    if (all == NULL)
+        goto nomem;
+    Py_ssize_t a = 0, b = 0, k = 0;
+    while (a < ns || b < nc) /* heapq.merge(sims, checks, key=offset): sims first on a tie */
+        all[k++] = (b >= nc || (a < ns && sims[a].offset <= checks[b].offset)) ? sims[a++] : checks[b++];
+    PyMem_Free(sims);
+    PyMem_Free(checks);
+    *out = all;
+    *count = k;
+    return 0;
+nomem:
+    PyMem_Free(sims);
+    PyMem_Free(checks);
+    PyErr_NoMemory();
+    return -1;
+}
+
+static void take_note(fold_t *f, const note_t *x)
+{
+    if (x->check) {
+        check_take(f, x->a, x->b, x->c);
+        return;
+    }
+    slot_t *s = slot_of(f, x->a); /* Replay._lcp[slot] = note */
+    if (s != NULL) {
+        s->lcp_epoch = f->epoch;
+        s->lcp = x->b;
+        s->lcp_n = x->c;
+    }
+}
+
+/* ------------------------------------------------------------------ the replay */
+
+typedef struct { /* one event of a line, its fields as scan() reads them */
+    int kind;
+    int64_t line, offset, slot, task, pmin, pmax, n, extra; /* extra: n_past / n_swa, NO_INT: None */
+    double size, took, ms;
+    int has_size, has_took;
+    cp text, end; /* the line (for the clock) and the block's end */
+} ev_t;
+
+static int ring_note(fold_t *f, slot_t *s, const char *kind, int64_t line)
+{
+    if (s->notes == NULL && (s->notes = PyList_New(0)) == NULL)
+        return -1;
+    if (PyList_GET_SIZE(s->notes) >= MAX_NOTES)
+        return 0;
+    PyObject *t = PyUnicode_FromFormat("line %lld: %s of a checkpoint never seen created", (long long)line, kind);
+    int r = t == NULL ? -1 : PyList_Append(s->notes, t);
+    Py_XDECREF(t);
+    return r;
+}
+
+static int add_ok(fold_t *f, int64_t *acc, int64_t v)
+{
+    if (__builtin_add_overflow(*acc, v, acc)) {
+        f->fallback = "a sum past int64";
+        return 0;
+    }
+    return 1;
+}
+
+/* logs._Clock for b11434 elapsed times: M.SS.mmm.uuu at the line start */
+static int clock_at(fold_t *f, cp s, cp e, double *t)
+{
+    int64_t m = 0;
+    int big = 0;
+    cp p = digits_(s, e, &m, &big); /* the checks below stop at the line's newline */
+    int ok = p != NULL && p[0] == '.' && is_digit(p[1]) && is_digit(p[2]) && p[3] == '.';
+    for (int i = 4; ok && i < 7; i++)
+        ok = is_digit(p[i]);
+    ok = ok && p[7] == '.' && is_digit(p[8]) && is_digit(p[9]) && is_digit(p[10]) && p[11] == ' ';
+    if (!ok) {
+        *t = f->clock_last;
+        return f->has_clock;
+    }
+    if (big || m > INT64_MAX / 60 - 100) {
+        f->fallback = "a timestamp past int64";
+        return 0;
+    }
+    int64_t ss = (p[1] - '0') * 10 + (p[2] - '0');
+    int64_t ms = (p[4] - '0') * 100 + (p[5] - '0') * 10 + (p[6] - '0');
+    int64_t us = (p[8] - '0') * 100 + (p[9] - '0') * 10 + (p[10] - '0');
+    double elapsed = (double)(m * 60 + ss) + (double)ms / 1e3 + (double)us / 1e6;
+    double now = elapsed + f->clock_base;
+    if (f->has_clock && now < f->clock_last - 1.0) { /* the server restarted: time goes on */
+        f->clock_base = f->clock_last;
+        now = elapsed + f->clock_base;
+    }
+    f->clock_last = now;
+    f->has_clock = 1;
+    *t = now;
+    return 1;
+}
+
+static PyObject *opt_int(int has, int64_t v) { return has ? PyLong_FromLongLong(v) : Py_NewRef(Py_None); }
+static PyObject *opt_float(int has, double v) { return has ? PyFloat_FromDouble(v) : Py_NewRef(Py_None); }
+
+static PyObject *ck_list(const cks_t *a)
+{
+    PyObject *l = PyList_New(a->n);
+    for (int i = 0; l != NULL && i < a->n; i++) {
+        PyObject *t = Py_BuildValue("(LLL)", (long long)a->v[i].pmin, (long long)a->v[i].pmax, (long long)a->v[i].n);
+        if (t == NULL) {
+            Py_CLEAR(l);
+            break;
+        }
+        PyList_SET_ITEM(l, i, t);
+    }
+    return l;
+}
+
+static const char *const ERASE_NAMES[4] = {"erased_invalidated", "erased_old", "erased_too_close", "erased_superseded"};
+static const char *const SOURCE_NAMES[4] = {NULL, "lcp", "n_past", "re_entry"};
+static const char *const OUTCOME_NAMES[N_OUTCOMES] = {"cold", "extended", "restored", "forced", "silent_reset"};
+
+/* the fields of logs._row, in logs._FOLD_ROW's order */
+static int append_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt, int has_prompt, int64_t shared,
+                      int source, int64_t re_entry, int has_re, int outcome, int retention, int baseline, int placement)
+{
+    PyObject *erased = PyDict_New();
+    for (int i = 0; erased != NULL && i < o->n_erase_kinds; i++) {
+        PyObject *v = PyLong_FromLongLong(o->erase_count[i]);
+        if (v == NULL || PyDict_SetItemString(erased, ERASE_NAMES[o->erase_kind[i]], v) < 0)
+            Py_CLEAR(erased);
+        Py_XDECREF(v);
+    }
+    if (erased == NULL)
+        return -1;
+    PyObject *restored = o->has_restored ? Py_BuildValue("(LLL)", (long long)o->restored.pmin,
+                                                         (long long)o->restored.pmax, (long long)o->restored.n)
+                                         : Py_NewRef(Py_None);
+    PyObject *source_obj = SOURCE_NAMES[source] ? PyUnicode_FromString(SOURCE_NAMES[source]) : Py_NewRef(Py_None);
+    PyObject *row = Py_BuildValue(
+        "(NLLLLNNNNNsNNNNNOiiOOO)", opt_float(o->has_time, o->time), (long long)s->id, (long long)o->task,
+        (long long)o->line, (long long)o->offset, opt_int(has_prompt, prompt), opt_int(source != S_NONE, shared),
+        source_obj, opt_int(has_re, re_entry), opt_int(o->has_processed, o->processed), OUTCOME_NAMES[outcome],
+        opt_float(o->has_processed, o->ms), ck_list(&o->alive_before), ck_list(&o->created), restored, erased,
+        o->forced ? Py_True : Py_False, 0, 0, placement ? Py_True : Py_False, retention ? Py_True : Py_False,
+        baseline ? Py_True : Py_False);
+    if (row == NULL)
+        return -1;
+    int r = PyList_Append(f->rows, row);
+    Py_DECREF(row);
+    return r;
+}
+
+/* lifecycle.Replay._close, then logs._server's take() without filters: Figures.add, the time
+ * arrays and the row. -1: a Python error; 0 also when f->fallback was set. */
+static int close_emit(fold_t *f, slot_t *s)
+{
+    req_t *o = &s->req;
+    int has_re = 1;
+    int64_t re_entry = 0;
+    if (o->has_restored)
+        re_entry = o->restored_npast != NO_INT ? o->restored_npast : o->restored.n;
+    else if (o->has_trim)
+        re_entry = o->trim;
+    else if (!o->forced)
+        has_re = 0;
+    int64_t prompt = o->n_prompt;
+    int has_prompt = o->has_prompt;
+    if (!has_prompt && has_re && o->has_processed) {
+        if (__builtin_add_overflow(re_entry, o->processed, &prompt)) {
+            f->fallback = "a sum past int64";
+            return 0;
+        }
+        has_prompt = 1;
+    }
+    /* Replay._shared */
+    int has_lcp = o->has_lcp;
+    if (has_lcp && ((has_prompt && o->lcp_n != prompt) || (has_re && o->lcp < re_entry)))
+        has_lcp = 0;
+    int64_t against = 0;
+    int has_against = check_pop(f, s->id, o->task, &against);
+    if (has_against && (!(f->has_n_swa && f->n_swa == 0) || (has_re && against < re_entry)))
+        has_against = 0;
+    if (has_lcp && has_against && has_prompt && against != (o->lcp < prompt - 1 ? o->lcp : prompt - 1))
+        has_lcp = 0;
+    int source = has_lcp ? S_LCP : has_against ? S_NPAST : has_re ? S_REENTRY : S_NONE;
+    int64_t shared = has_lcp ? o->lcp : has_against ? against : re_entry;
+    int outcome = o->has_restored ? O_RESTORED
+                  : o->forced     ? O_FORCED
+                  : (has_re && re_entry != 0) ? O_EXTENDED
+                  : (o->fresh && !o->erased_any) ? O_COLD
+                                                 : O_SILENT;
+    int warm = outcome != O_COLD;
+    int retention = (outcome == O_FORCED || outcome == O_SILENT) && has_prompt && s->has_ebl && s->ebl_min < prompt;
+    int baseline = source == S_REENTRY ? warm && !o->forced && shared < BASELINE_TOKENS
+                                       : warm && source != S_NONE && shared < BASELINE_TOKENS;
+    if (o->erased_any || (s->has_ebl && s->ebl_count > 0)) {
+        s->has_ebl = 1;
+        s->ebl_count = o->not_own;
+        s->ebl_min = o->not_own_min;
+    }
+    int placement = outcome == O_FORCED && o->n_alive > 0;
+    o->open = 0;
+    /* Figures.add */
+    fig_t *g = &s->fig;
+    if (s->fig_order < 0)
+        s->fig_order = f->fig_order++;
+    g->requests++;
+    g->outcomes[outcome]++;
+    g->events[0] += o->created.n;
+    g->create_n += o->created.n;
+    for (int i = 0; i < o->created.n; i++) {
+        const ck_t *c = &o->created.v[i];
+        if (c->has_size) {
+            g->create_mib += c->size;
+            g->create_mib_n++;
+        }
+        if (c->has_took) {
+            g->create_ms += c->took;
+            g->create_ms_n++;
+        }
+    }
+    for (int i = 0; i < o->n_erase_kinds; i++)
+        g->events[2 + o->erase_kind[i]] += o->erase_count[i];
+    if (o->has_restored) {
+        g->events[1]++;
+        g->restore_n++;
+        if (o->restored.has_size) {
+            g->restore_mib += o->restored.size;
+            g->restore_mib_n++;
+        }
+        if (o->restored.has_took) {
+            g->restore_ms += o->restored.took;
+            g->restore_ms_n++;
+        }
+    }
+    if (o->forced)
+        g->events[6]++;
+    if (has_prompt && (vec_push(&g->prompts, prompt) < 0 || !add_ok(f, &g->prompt_tokens, prompt)))
+        return f->fallback ? 0 : (PyErr_NoMemory(), -1);
+    int64_t reused = has_re ? re_entry : 0;
+    if (source != S_NONE && outcome != O_COLD) {
+        if (vec_push(&g->shared, shared) < 0)
+            return PyErr_NoMemory(), -1;
+        if (source != S_REENTRY)
+            g->shared_stated++;
+        if (!add_ok(f, &g->reusable, shared) || (shared > reused && !add_ok(f, &g->avoidable, shared - reused)))
+            return 0;
+    }
+    if (!add_ok(f, &g->reused, reused))
+        return 0;
+    if (o->has_processed) {
+        if (!add_ok(f, &g->processed, o->processed) || !add_ok(f, &g->timed_tokens, o->processed))
+            return 0;
+        g->prefill_ms += o->ms;
+    }
+    g->placement += placement;
+    g->retention += retention;
+    g->baseline += baseline;
+    if (o->has_time) {
+        if (!g->has_t || o->time < g->t0)
+            g->t0 = o->time;
+        if (!g->has_t || o->time > g->t1)
+            g->t1 = o->time;
+        g->has_t = 1;
+        if (!f->has_first) {
+            f->first_time = o->time;
+            f->has_first = 1;
+        }
+        double rel = o->time - f->first_time;
+        char code = (char)outcome;
+        if (PyByteArray_Resize(f->times, PyByteArray_GET_SIZE(f->times) + (Py_ssize_t)sizeof rel) < 0 ||
+            PyByteArray_Resize(f->codes, PyByteArray_GET_SIZE(f->codes) + 1) < 0)
+            return -1;
+        memcpy(PyByteArray_AS_STRING(f->times) + PyByteArray_GET_SIZE(f->times) - sizeof rel, &rel, sizeof rel);
+        PyByteArray_AS_STRING(f->codes)[PyByteArray_GET_SIZE(f->codes) - 1] = code;
+    }
+    if (f->emitted++ < f->rows_wanted)
+        return append_row(f, s, o, prompt, has_prompt, shared, source, re_entry, has_re, outcome, retention,
+                          baseline, placement) < 0 ? -1 : 0;
+    return 0;
+}
+
+/* Replay._finish: every open request, by the offset of its first line */
+static int finish_open(fold_t *f)
+{
+    for (;;) {
+        slot_t *first = NULL;
+        for (int i = 0; i < f->n_slots; i++)
+            if (f->slots[i].req.open && (first == NULL || f->slots[i].req.offset < first->req.offset))
+                first = &f->slots[i];
+        if (first == NULL)
+            return 0;
+        if (close_emit(f, first) < 0 || f->fallback)
+            return -1;
+    }
+}
+
+static int restart(fold_t *f, const ev_t *ev)
+{
+    if (finish_open(f) < 0)
+        return -1;
+    for (int i = 0; i < f->n_slots; i++) {
+        slot_t *s = &f->slots[i];
+        s->has_ring = 0;
+        s->alive.n = 0;
+        Py_CLEAR(s->notes);
+        s->has_ebl = 0;
+    }
+    f->epoch++; /* _lcp.clear() */
+    checks_clear(f);
+    f->restarts++;
+    if (PyList_GET_SIZE(f->notes) < MAX_NOTES) {
+        PyObject *t = PyUnicode_FromFormat("line %lld: task %lld after task %lld: server restarted",
+                                           (long long)ev->line, (long long)ev->task, (long long)f->last_task);
+        if (t == NULL || PyList_Append(f->notes, t) < 0) {
+            Py_XDECREF(t);
+            return -1;
+        }
+        Py_DECREF(t);
+    }
+    f->last_task = -1;
+    return 0;
+}
+
+static int start(fold_t *f, slot_t *s, const ev_t *ev)
+{
+    req_t *o = &s->req;
+    int fresh = !s->has_ring;
+    if (fresh) {
+        s->has_ring = 1;
+        s->ring_seq = f->ring_seq++;
+        s->alive.n = 0;
+        Py_CLEAR(s->notes);
+    }
+    o->open = 1;
+    o->fresh = fresh;
+    o->has_lcp = s->lcp_epoch == f->epoch;
+    o->lcp = s->lcp;
+    o->lcp_n = s->lcp_n;
+    f->epoch++; /* each slot selection prints fresh lines; older ones are stale */
+    o->task = ev->task;
+    o->line = ev->line;
+    o->offset = ev->offset;
+    o->serial = f->serial++;
+    o->has_time = clock_at(f, ev->text, ev->end, &o->time);
+    if (f->fallback)
+        return 0;
+    o->forced = o->has_trim = o->has_prompt = o->has_restored = o->has_processed = 0;
+    o->created.n = 0;
+    o->n_erase_kinds = 0;
+    o->erased_any = 0;
+    o->not_own = 0;
+    o->not_own_min = INT64_MAX;
+    o->n_alive = s->alive.n;
+    o->alive_before.n = 0;
+    if (f->emitted < f->rows_wanted) /* it may be one of the rows shown */
+        for (int i = 0; i < s->alive.n; i++)
+            if (cks_push(&o->alive_before, &s->alive.v[i]) < 0)
+                return PyErr_NoMemory(), -1;
+    if (ev->task > f->last_task)
+        f->last_task = ev->task;
+    return 0;
+}
+
+static void erase(fold_t *f, slot_t *s, const ev_t *ev, int which)
+{
+    req_t *o = &s->req;
+    cks_t *a = &s->alive;
+    int found = -1;
+    for (int i = 0; i < a->n; i++)
+        if (a->v[i].n == ev->n) {
+            found = i;
+            break;
+        }
+    int created_kind = 0;
+    int64_t n = ev->n, creator = -1;
+    if (found >= 0 && (which == 3 || (a->v[found].pmin == ev->pmin && a->v[found].pmax == ev->pmax))) {
+        created_kind = 1;
+        creator = a->v[found].creator;
+        memmove(&a->v[found], &a->v[found + 1], (size_t)(a->n - found - 1) * sizeof *a->v);
+        a->n--;
+    } else if (ring_note(f, s, ERASE_NAMES[which], ev->line) < 0) {
+        f->fallback = "no memory for a note";
+    }
+    o->erased_any = 1;
+    if (!(created_kind && creator == o->serial)) { /* lifecycle._among: not one of its own */
+        o->not_own++;
+        if (created_kind && n < o->not_own_min)
+            o->not_own_min = n;
+    }
+    int k = 0;
+    while (k < o->n_erase_kinds && o->erase_kind[k] != which)
+        k++;
+    if (k == o->n_erase_kinds) {
+        o->erase_kind[k] = which;
+        o->erase_count[k] = 0;
+        o->n_erase_kinds++;
+    }
+    o->erase_count[k]++;
+}
+
+/* One event, as Replay.run takes it. -1: a Python error (or f->fallback set). */
+static int fold_event(fold_t *f, const ev_t *ev)
+{
+    int kind = ev->kind;
+    if (kind == K_SAVED || kind == K_LOADED) {
+        f->fallback = "a prompt-cache save or load";
+        return -1;
+    }
+    if (f->cur < 0 || ev->task != f->cur_task || ev->slot != f->slots[f->cur].id) {
+        if (ev->task == NO_INT || ev->task < 0)
+            return 0; /* no task of its own: held (a slot selection changes no ring) or dropped */
+        slot_t *s = slot_of(f, ev->slot);
+        if (s == NULL)
+            return -1;
+        if (kind == K_SELECTED && !s->req.open)
+            return 0; /* held for the next request: it changes no ring */
+        req_t *cur = s->req.open ? &s->req : NULL;
+        if (cur == NULL || cur->task != ev->task) {
+            if (ev->task < f->last_task && (cur == NULL || ev->task < cur->task)) {
+                if (restart(f, ev) < 0)
+                    return -1;
+                cur = NULL;
+            }
+            if (cur != NULL && (close_emit(f, s) < 0 || f->fallback))
+                return -1;
+            if (start(f, s, ev) < 0 || f->fallback)
+                return -1;
+        }
+        f->cur = (int)(s - f->slots);
+        f->cur_task = ev->task;
+    }
+    slot_t *s = &f->slots[f->cur];
+    req_t *o = &s->req;
+    switch (kind) {
+    case K_TRIM:
+        if (!o->has_trim) {
+            o->has_trim = 1;
+            o->trim = ev->n;
+        }
+        break;
+    case K_CREATED: {
+        ck_t c = {ev->pmin, ev->pmax, ev->n, o->serial, ev->size, ev->took, ev->has_size, ev->has_took};
+        cks_t *a = &s->alive;
+        for (int i = 0; i < a->n; i++)
+            if (a->v[i].n == ev->n) { /* replaced: re-inserted last, as the newest */
+                memmove(&a->v[i], &a->v[i + 1], (size_t)(a->n - i - 1) * sizeof *a->v);
+                a->n--;
+                break;
+            }
+        if (a->n >= FOLD_RING) {
+            f->fallback = "a ring longer than the C replay holds";
+            return -1;
+        }
+        if (cks_push(a, &c) < 0 || cks_push(&o->created, &c) < 0)
+            return PyErr_NoMemory(), -1;
+        break;
+    }
+    case K_EVAL:
+        o->has_processed = 1;
+        o->processed = ev->n;
+        o->ms = ev->ms;
+        break;
+    case K_NEW_PROMPT:
+        if (!o->has_prompt && ev->n != NO_INT) {
+            o->has_prompt = 1;
+            o->n_prompt = ev->n;
+        }
+        break;
+    case K_ERASED:
+    case K_ERASED_OLD:
+    case K_TOO_CLOSE:
+    case K_SUPERSEDED:
+        erase(f, s, ev, kind == K_ERASED ? 0 : kind == K_ERASED_OLD ? 1 : kind == K_TOO_CLOSE ? 2 : 3);
+        if (kind == K_ERASED && ev->extra != NO_INT) {
+            f->n_swa = ev->extra;
+            f->has_n_swa = 1;
+        }
+        if (f->fallback)
+            return -1;
+        break;
+    case K_RESTORED:
+        if (!o->has_restored) {
+            o->has_restored = 1;
+            o->restored = (ck_t){ev->pmin, ev->pmax, ev->n, -1, ev->size, ev->took, ev->has_size, ev->has_took};
+            o->restored_npast = ev->extra;
+        }
+        break;
+    case K_FORCED:
+        o->forced = 1;
+        break;
+    }
+    return 0;
+}
+
+/* a record's value i as a double (V_FLOAT / V_FLOAT_TEXT); 0: None */
+static int rec_float(const rec_t *r, int i, cp body, double *d)
+{
+    if (i >= r->n || r->type[i] == V_NONE)
+        return 0;
+    if (r->type[i] == V_FLOAT) {
+        memcpy(d, &r->v[i], sizeof *d);
+        return 1;
+    }
+    char text[MAX_FLOAT + 1];
+    size_t len = (size_t)(r->v[i] & 0xff);
+    memcpy(text, body + (r->v[i] >> 8), len);
+    text[len] = '\0';
+    *d = PyOS_string_to_double(text, NULL, NULL);
+    return 1;
+}
+
+static int64_t rec_int(const rec_t *r, int i) /* NO_INT: None */
+{
+    return i < r->n && r->type[i] == V_INT ? r->v[i] : NO_INT;
+}
+
+/* a scan() record as an event (the field layouts of the builders above) */
+static void event_of(const rec_t *r, cp body, cp end, int64_t line, int64_t offset, ev_t *ev)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = r->kind;
+    ev->line = line;
+    ev->offset = offset;
+    ev->text = body + r->start;
+    ev->end = end;
+    ev->slot = rec_int(r, 0);
+    ev->task = rec_int(r, 1);
+    ev->extra = NO_INT;
+    switch (r->kind) {
+    case K_CREATED: case K_RESTORED: case K_ERASED: case K_ERASED_OLD: case K_TOO_CLOSE:
+        ev->pmin = r->v[2];
+        ev->pmax = r->v[3];
+        ev->n = r->v[4];
+        ev->has_size = rec_float(r, 6, body, &ev->size);
+        ev->has_took = rec_float(r, 7, body, &ev->took);
+        if (r->kind == K_RESTORED || r->kind == K_ERASED)
+            ev->extra = rec_int(r, 8);
+        break;
+    case K_SUPERSEDED:
+    case K_TRIM:
+        ev->n = r->v[2];
+        break;
+    case K_NEW_PROMPT:
+        ev->n = rec_int(r, 4);
+        break;
+    case K_EVAL:
+        rec_float(r, 2, body, &ev->ms);
+        ev->n = r->v[3];
+        break;
+    }
+}
+
+static void fold_free(PyObject *capsule)
+{
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab._logscan.fold");
+    if (f == NULL)
+        return;
+    for (int i = 0; i < f->n_slots; i++) {
+        slot_t *s = &f->slots[i];
+        PyMem_Free(s->alive.v);
+        PyMem_Free(s->req.created.v);
+        PyMem_Free(s->req.alive_before.v);
+        PyMem_Free(s->fig.shared.v);
+        PyMem_Free(s->fig.prompts.v);
+        Py_XDECREF(s->notes);
+    }
+    Py_XDECREF(f->notes);
+    Py_XDECREF(f->rows);
+    Py_XDECREF(f->times);
+    Py_XDECREF(f->codes);
+    PyMem_Free(f->block_notes);
+    PyMem_Free(f);
+}
+
+static PyObject *fold_new(PyObject *self, PyObject *args)
+{
+    Py_ssize_t rows;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "n", &rows))
+        return NULL;
+    fold_t *f = PyMem_Calloc(1, sizeof *f);
+    if (f == NULL)
+        return PyErr_NoMemory();
+    f->cur = -1;
+    f->last_task = -1;
+    f->rows_wanted = rows;
+    f->notes = PyList_New(0);
+    f->rows = PyList_New(0);
+    f->times = PyByteArray_FromStringAndSize(NULL, 0);
+    f->codes = PyByteArray_FromStringAndSize(NULL, 0);
+    PyObject *cap = PyCapsule_New(f, "shadowlab._logscan.fold", fold_free);
+    if (cap == NULL) {
+        PyMem_Free(f);
+        return NULL;
+    }
+    if (f->notes == NULL || f->rows == NULL || f->times == NULL || f->codes == NULL)
+        Py_CLEAR(cap);
+    return cap;
+}
+
+/* the notes before `offset`, taken as Replay.run drains them: before the event at offset */
+static void take_notes_before(fold_t *f, int64_t offset)
+{
+    while (f->next_note < f->n_block_notes && f->block_notes[f->next_note].offset < offset)
+        take_note(f, &f->block_notes[f->next_note++]);
+}
+
+static PyObject *fallback_reason(fold_t *f)
+{
+    PyErr_Clear();
+    return PyUnicode_FromString(f->fallback);
+}
+
+/* fold_block(state, body, lo, n, base_line, base_offset): the whole lines of body[lo:n) (body[0]
+ * is at stream offset base_offset, body[lo] starts line base_line + 1; body ends in a newline).
+ * Returns the newlines read; or (start, stop, line_no, word) of a candidate line the C reader
+ * hands back: Python reads it, gives its events to fold_events, and calls again with lo =
+ * stop + 1; or why the Python replay must read this server (a str). The first call of a block
+ * (lo 0) finds its side notes. */
+static PyObject *fold_block(PyObject *self, PyObject *args)
+{
+    PyObject *capsule;
+    Py_buffer buf;
+    Py_ssize_t lo, n;
+    long long base_line, base_offset;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Oy*nnLL", &capsule, &buf, &lo, &n, &base_line, &base_offset))
+        return NULL;
+    PyObject *result = NULL;
+    finder_t *fi = NULL;
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab._logscan.fold");
+    if (f == NULL)
+        goto done;
+    if (lo < 0 || n < lo || n > buf.len) {
+        PyErr_SetString(PyExc_ValueError, "fold_block: 0 <= lo <= n <= len(body) expected");
+        goto done;
+    }
+    if (f->fallback)
+        goto fallback;
+    cp body = buf.buf;
+    if (lo == 0) {
+        int big = 0;
+        PyMem_Free(f->block_notes);
+        f->block_notes = NULL;
+        f->n_block_notes = f->next_note = 0;
+        if (side_notes(body, n, body + buf.len, base_offset, &f->block_notes, &f->n_block_notes, &big) < 0)
+            goto done;
+        if (big) {
+            f->fallback = "a side note's number past int64";
+            goto fallback;
+        }
+    }
+    fi = PyMem_Malloc(sizeof *fi);
+    if (fi == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const ctx_t c = {.body = body, .from = body};
+    fi->p = fi->counted = body + lo;
+    fi->newlines = fi->candidates = fi->ignored = 0;
+    search_fn search = pick_search(0);
+    int finished;
+    do {
+        finished = find_batch(fi, &c, body + n, body + buf.len, search);
+        for (Py_ssize_t i = 0; i < fi->n; i++) {
+            const rec_t *r = &fi->recs[i];
+            if (r->result == R_SLOW) {
+                result = Py_BuildValue("(nnLi)", (Py_ssize_t)r->start, (Py_ssize_t)r->stop,
+                                       (long long)(base_line + r->line + 1), (int)r->word);
+                goto done;
+            }
+            ev_t ev;
+            event_of(r, body, body + n, base_line + r->line + 1, base_offset + r->start, &ev);
+            take_notes_before(f, ev.offset);
+            if (fold_event(f, &ev) < 0)
+                goto failed;
+        }
+    } while (!finished);
+    take_notes_before(f, INT64_MAX);
+    if (f->fallback)
+        goto fallback;
+    result = PyLong_FromLongLong(fi->newlines);
+    goto done;
+failed:
+    if (!f->fallback)
+        goto done;
+fallback:
+    result = fallback_reason(f);
+done:
+    PyMem_Free(fi);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* a Python int field as int64 (NO_INT: None); 0 when it is past int64 */
+static int field_int(PyObject *t, Py_ssize_t i, int64_t *v)
+{
+    PyObject *o = i < PyTuple_GET_SIZE(t) ? PyTuple_GET_ITEM(t, i) : Py_None;
+    if (o == Py_None) {
+        *v = NO_INT;
+        return 1;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred()) || x == NO_INT || x == NEED_PY) {
+        PyErr_Clear();
+        return 0;
+    }
+    *v = x;
+    return 1;
+}
+
+static int field_float(PyObject *t, Py_ssize_t i, double *d) /* 0: None */
+{
+    PyObject *o = i < PyTuple_GET_SIZE(t) ? PyTuple_GET_ITEM(t, i) : Py_None;
+    if (o == Py_None)
+        return 0;
+    *d = PyFloat_AsDouble(o);
+    return 1;
+}
+
+/* a Python event (logparse's records: line, offset, slot, task, then its fields) as an event */
+static int event_of_tuple(int kind, PyObject *t, ev_t *ev)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = kind;
+    int ok = field_int(t, 0, &ev->line) && field_int(t, 1, &ev->offset) && field_int(t, 2, &ev->slot) &&
+             field_int(t, 3, &ev->task);
+    ev->extra = NO_INT;
+    switch (kind) {
+    case K_CREATED: case K_RESTORED: case K_ERASED: case K_ERASED_OLD: case K_TOO_CLOSE:
+        ok = ok && field_int(t, 4, &ev->pmin) && field_int(t, 5, &ev->pmax) && field_int(t, 6, &ev->n);
+        ev->has_size = field_float(t, 8, &ev->size);
+        ev->has_took = field_float(t, 9, &ev->took);
+        if (kind == K_RESTORED || kind == K_ERASED)
+            ok = ok && field_int(t, 10, &ev->extra);
+        break;
+    case K_SUPERSEDED:
+    case K_TRIM:
+        ok = ok && field_int(t, 4, &ev->n);
+        break;
+    case K_NEW_PROMPT:
+        ok = ok && field_int(t, 6, &ev->n);
+        break;
+    case K_EVAL:
+        field_float(t, 4, &ev->ms);
+        ok = ok && field_int(t, 5, &ev->n);
+        break;
+    }
+    return ok && !PyErr_Occurred();
+}
+
+/* fold_events(state, body, n, base_offset, [(kind index, event), ...]): the events Python read
+ * from a handed-back line, in their place. None, or why the Python replay must read this server. */
+static PyObject *fold_events(PyObject *self, PyObject *args)
+{
+    PyObject *capsule, *events;
+    Py_buffer buf;
+    Py_ssize_t n;
+    long long base_offset;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Oy*nLO!", &capsule, &buf, &n, &base_offset, &PyList_Type, &events))
+        return NULL;
+    PyObject *result = NULL;
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab._logscan.fold");
+    if (f == NULL)
+        goto done;
+    if (n < 0 || n > buf.len) {
+        PyErr_SetString(PyExc_ValueError, "fold_events: 0 <= n <= len(body) expected");
+        goto done;
+    }
+    cp body = buf.buf;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events) && !f->fallback; i++) {
+        PyObject *item = PyList_GET_ITEM(events, i);
+        int kind;
+        PyObject *t;
+        if (!PyArg_ParseTuple(item, "iO!", &kind, &PyTuple_Type, &t))
+            goto done;
+        if (kind < 0 || kind >= N_KINDS) {
+            PyErr_SetString(PyExc_ValueError, "fold_events: an unknown event kind");
+            goto done;
+        }
+        ev_t ev;
+        if (!event_of_tuple(kind, t, &ev)) {
+            f->fallback = "a handed-back line's number past int64";
+            break;
+        }
+        int64_t at = ev.offset - base_offset;
+        if (at < 0 || at >= n) {
+            f->fallback = "a handed-back event outside its block";
+            break;
+        }
+        ev.text = body + at;
+        ev.end = body + n;
+        take_notes_before(f, ev.offset);
+        if (fold_event(f, &ev) < 0 && !f->fallback)
+            goto done;
+    }
+    result = f->fallback ? fallback_reason(f) : Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+static PyObject *vec_bytes(const vec_t *a)
+{
+    return PyBytes_FromStringAndSize((const char *)a->v, a->n * (Py_ssize_t)sizeof(int64_t));
+}
+
+static PyObject *fig_dict(const slot_t *s)
+{
+    const fig_t *g = &s->fig;
+    PyObject *outcomes = PyTuple_New(N_OUTCOMES), *events = PyTuple_New(N_EVENT_COUNTS);
+    if (outcomes == NULL || events == NULL) {
+        Py_XDECREF(outcomes);
+        Py_XDECREF(events);
+        return NULL;
+    }
+    for (int i = 0; i < N_OUTCOMES; i++)
+        PyTuple_SET_ITEM(outcomes, i, PyLong_FromLongLong(g->outcomes[i]));
+    for (int i = 0; i < N_EVENT_COUNTS; i++)
+        PyTuple_SET_ITEM(events, i, PyLong_FromLongLong(g->events[i]));
+    return Py_BuildValue(
+        "{sLsNsNsNsLsNsLsLsLsLsLsLsdsLsLsLsLsLsLsLsdsdsLsLsLsdsdsNsN}", "slot", (long long)s->id, "outcomes", outcomes,
+        "events", events, "shared", vec_bytes(&g->shared), "shared_stated", (long long)g->shared_stated, "prompts",
+        vec_bytes(&g->prompts), "requests", (long long)g->requests, "prompt_tokens", (long long)g->prompt_tokens,
+        "reusable", (long long)g->reusable, "reused", (long long)g->reused, "processed", (long long)g->processed,
+        "avoidable", (long long)g->avoidable, "prefill_ms", g->prefill_ms, "timed_tokens", (long long)g->timed_tokens,
+        "placement", (long long)g->placement, "retention", (long long)g->retention, "baseline",
+        (long long)g->baseline, "create_n", (long long)g->create_n, "create_mib_n", (long long)g->create_mib_n,
+        "create_ms_n", (long long)g->create_ms_n, "create_mib", g->create_mib, "create_ms", g->create_ms,
+        "restore_n", (long long)g->restore_n, "restore_mib_n", (long long)g->restore_mib_n, "restore_ms_n",
+        (long long)g->restore_ms_n, "restore_mib", g->restore_mib, "restore_ms", g->restore_ms, "t0",
+        opt_float(g->has_t, g->t0), "t1", opt_float(g->has_t, g->t1));
+}
+
+static PyObject *fold_finish(PyObject *self, PyObject *args)
+{
+    PyObject *capsule;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O", &capsule))
+        return NULL;
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab._logscan.fold");
+    if (f == NULL)
+        return NULL;
+    if (!f->fallback && finish_open(f) < 0 && !f->fallback)
+        return NULL;
+    if (f->fallback) {
+        PyErr_Clear();
+        return PyUnicode_FromString(f->fallback);
+    }
+    PyObject *slots = PyList_New(0), *ring_notes = PyList_New(0);
+    for (int64_t order = 0; slots != NULL && order < f->fig_order; order++) /* logs' slots dict order */
+        for (int i = 0; i < f->n_slots; i++)
+            if (f->slots[i].fig_order == order) {
+                PyObject *d = fig_dict(&f->slots[i]);
+                if (d == NULL || PyList_Append(slots, d) < 0)
+                    Py_CLEAR(slots);
+                Py_XDECREF(d);
+            }
+    int order[FOLD_SLOTS], n_rings = 0; /* Replay.rings' order: by creation since the last restart */
+    for (int i = 0; i < f->n_slots; i++) {
+        if (!f->slots[i].has_ring)
+            continue;
+        int j = n_rings++;
+        for (; j > 0 && f->slots[order[j - 1]].ring_seq > f->slots[i].ring_seq; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
+    }
+    for (int j = 0; ring_notes != NULL && j < n_rings; j++) {
+        PyObject *notes = f->slots[order[j]].notes;
+        if (notes != NULL && PyList_SetSlice(ring_notes, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, notes) < 0)
+            Py_CLEAR(ring_notes);
+    }
+    if (slots == NULL || ring_notes == NULL) {
+        Py_XDECREF(slots);
+        Py_XDECREF(ring_notes);
+        return NULL;
+    }
+    return Py_BuildValue("{sNsOsLsNsOsOsO}", "slots", slots, "notes", f->notes, "restarts", (long long)f->restarts,
+                         "ring_notes", ring_notes, "rows", f->rows, "times", f->times, "codes", f->codes);
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "scan(body, lo, hi, base_line, base_offset, classes, strings, search=0) -> "
                                  "(events, slow, newlines, candidates, ignored, counts)"},
+    {"fold_new", fold_new, METH_VARARGS, "fold_new(rows) -> the state of one server's fold"},
+    {"fold_block", fold_block, METH_VARARGS, "fold_block(state, body, lo, n, base_line, base_offset) -> newlines | "
+                                             "(start, stop, line_no, word) | str"},
+    {"fold_events", fold_events, METH_VARARGS, "fold_events(state, body, n, base_offset, [(kind, event), ...]) -> "
+                                               "None | str"},
+    {"fold_finish", fold_finish, METH_VARARGS, "fold_finish(state) -> dict | str"},
     {NULL, NULL, 0, NULL},
 };
 

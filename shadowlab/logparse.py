@@ -82,7 +82,7 @@ try:  # the optional C accelerator of the fast path (setup.py builds it when a c
     from shadowlab import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 4  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() this file expects
+_ACCEL_ABI = 5  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
 
 
 def _usable(module: Any) -> Any:
@@ -369,8 +369,20 @@ _ACCEL_CLASSES = (
     CheckpointSuperseded, ForcedReprocessing, NewPrompt, CacheTrim, PromptEval, SlotSelected,
     PromptCacheSaved, PromptCacheLoaded,
 )
-_ACCEL_KINDS = tuple(cls.kind for cls in _ACCEL_CLASSES)
+_ACCEL_KINDS = ACCEL_KINDS = tuple(cls.kind for cls in _ACCEL_CLASSES)  # public: logs' fold numbers them
 _ACCEL_METHODS = ("lru", "lcp")
+
+
+def folder() -> Any:
+    """The C accelerator when built (None otherwise): its ``fold_*`` functions replay a b11434
+    log for ``shadowlab logs`` without a Python object per line (logs._server_fold)."""
+    return _logscan
+
+
+def line_reader(stats: ParseStats) -> "_Scanner":
+    """What reads the lines the C fold hands back, with their look-backs (``handed_back``,
+    ``block_read``): the parser's own readers, so a line reads the same on either path."""
+    return _Scanner(stats, [])
 
 
 def accelerated() -> bool:
@@ -893,12 +905,31 @@ class _Scanner:
         self.lo = lo
         events = self._scan_body(body, lo, hi, self.offset, self.line_no)
         # _scan_body counted the newlines on its way (one pass over the block, not two)
-        self._advance(hi - lo, self.newlines + (0 if body[hi - 1] == 10 else 1))
+        self.block_read(body, lo, hi, self.newlines + (0 if body[hi - 1] == 10 else 1))
+        return events
+
+    def block_read(self, body: bytes | bytearray, lo: int, hi: int, lines: int) -> None:
+        """body[lo:hi] (`lines` lines) has been read: count it, keep its end for look-backs."""
+        self._advance(hi - lo, lines)
         if hi - lo >= LOOK_BACK:
             self.tail = bytes(body[hi - LOOK_BACK : hi])
         else:
             self.tail = (self.tail + body[lo:hi])[-LOOK_BACK:]
-        return events
+
+    def handed_back(self, body: bytes | bytearray, start: int, stop: int, line_no: int, word: int,
+                    offset: int) -> list[Event]:
+        """The events of a candidate line the C code handed back (body[start:stop], its first
+        trigger of scan word `word`), read by the fast regex or the tolerant path, counted."""
+        stats = self.stats
+        ev = self._fast_event(body, start, stop, word, line_no, offset)
+        if ev is None:
+            return list(self._slow_line(body, start, stop, line_no, offset))
+        stats.candidate_lines += 1
+        if ev is _IGNORED:
+            stats.ignored_count += 1
+            return []
+        stats.kinds[ev.kind] += 1
+        return [ev]
 
     def _scan_body(self, body: bytes | bytearray, lo: int, hi: int, base_offset: int, base_line: int) -> list[Event]:
         """Events of the complete lines in body[lo:hi] (its byte lo is at file offset
@@ -966,16 +997,7 @@ class _Scanner:
         for index, start, stop, line_no, word in slow:
             out += events[done:index]
             done = index
-            ev = self._fast_event(body, start, stop, word, line_no, base + start)
-            if ev is None:
-                out += self._slow_line(body, start, stop, line_no, base + start)
-            elif ev is _IGNORED:
-                stats.candidate_lines += 1
-                stats.ignored_count += 1
-            else:
-                stats.candidate_lines += 1
-                kinds[ev.kind] += 1
-                out.append(ev)
+            out += self.handed_back(body, start, stop, line_no, word, base + start)
         out += events[done:]
         return out
 

@@ -302,3 +302,158 @@ def test_garbage_with_trigger_words_parses_the_same_with_and_without_c(monkeypat
         lines.append(line[: rng.randrange(1, len(line) + 2)] if line else line)
     accelerated, pure = _both(lines, "llama.cpp", monkeypatch)
     assert accelerated == pure
+
+
+# --------------------------------------------------------------------------- the fold (shadowlab logs)
+#
+# `shadowlab logs` reads b11434-style logs through _logscan.c's fold_* (scan, side notes, replay,
+# figures in C); lifecycle.Replay and logs.Figures are its specification. Each test reads the
+# same files three ways and compares the whole JSON document: the fold, the Python replay over
+# the C scan, and the pure-Python path; and checks the fold did read them (a fallback to the
+# Python replay would compare Python with itself).
+
+
+def _three_ways(paths, monkeypatch):
+    from shadowlab import logs
+
+    folded: list[str] = []
+    fold = logs._server_fold
+
+    def spy(*args):
+        out = fold(*args)
+        folded.append(args[1])
+        return out
+
+    def analyse():
+        return logs.analyse([str(p) for p in paths], logs.Options())
+
+    monkeypatch.setattr(logs, "_server_fold", spy)
+    docs = [analyse()]
+    monkeypatch.setattr(logs, "FOLD", False)
+    docs.append(analyse())
+    monkeypatch.setattr(lp, "_logscan", None)
+    docs.append(analyse())
+    monkeypatch.undo()
+    return docs, folded
+
+
+def _make_prodlogs():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("make_prodlogs", LOGS.parents[2] / "scripts" / "make_prodlogs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("make_prodlogs", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_c
+@pytest.mark.parametrize("chatter", [True, False], ids=["realistic", "dense"])
+def test_fold_reads_generated_logs_as_the_python_replay_does(tmp_path, monkeypatch, chatter):
+    """Rotated .gz pieces, two servers, three slots, and a server restarted (the log twice)."""
+    _make_prodlogs().generate(tmp_path, "b11434", seed=7, requests=300, servers=2, slots=3, pieces=3,
+                              chatter=chatter)
+    pieces = sorted(tmp_path.glob("server*.log*"))
+    assert any(p.suffix == ".gz" for p in pieces)
+    twice = tmp_path / "restarted.log"
+    one = (tmp_path / "server0.log").read_bytes()
+    twice.write_bytes(one + one)
+    (fold, replay, pure), folded = _three_ways([*pieces, twice], monkeypatch)
+    assert len(folded) == 3 == len(fold["servers"])
+    assert fold == replay == pure
+    assert fold["overall"]["requests"] > 300 and fold["servers"][2]["restarts"] == 1
+    assert len(fold["requests"]) == 200 and fold["requests"][0]["checkpoints"]["created"]
+
+
+@needs_c
+def test_fold_reads_the_real_captures_as_the_python_replay_does(monkeypatch):
+    """Every capture of a family the fold reads, one server each; those with prompt-cache lines
+    (which it leaves to Python) fall back and must still agree."""
+    paths = [p for p in ALL_LOGS if _family(p) != "ik_llama.cpp"]
+    for path in paths:
+        (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+        assert fold == replay == pure, path
+    (_, _, _), folded = _three_ways(paths, monkeypatch)
+    assert len(folded) >= 10, folded
+    assert not any("A-B-A" in f for f in folded)  # its `found better prompt` line: the Python replay
+
+
+def _shuffled(lines: list[bytes], rng: random.Random) -> list[bytes]:
+    """Lines a log loses, repeats and reorders (a lost buffer, two writers, a cut and a restart):
+    every line stays one the C reader takes, so the fold must read the result itself."""
+    out = list(lines)
+    for _ in range(len(out) // 15):
+        i = rng.randrange(len(out))
+        what = rng.randrange(5)
+        if what == 0:
+            del out[i]
+        elif what == 1:
+            out.insert(rng.randrange(len(out)), out[i])
+        elif what == 2:
+            j = min(len(out) - 1, i + rng.randrange(1, 30))
+            out[i], out[j] = out[j], out[i]
+        elif what == 3:  # another task id: a restart, or a task that jumps slots
+            out[i] = out[i].replace(b"| task ", b"| task 1", 1)
+        else:
+            out[i] = out[i].replace(b"id  0 |", b"id  1 |", 1).replace(b"id  1 |", b"id  0 |", 1)
+    return out
+
+
+@needs_c
+def test_fold_reads_a_log_that_lost_repeated_and_reordered_lines_as_python_does(tmp_path, monkeypatch):
+    _make_prodlogs().generate(tmp_path, "b11434", seed=3, requests=200, slots=2, pieces=1, days=1)
+    lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
+    rng = random.Random(20261201)
+    notes = []
+    for round_ in range(8):
+        path = tmp_path / f"shuffled{round_}.log"
+        path.write_bytes(b"".join(_shuffled(lines[: 400 * (round_ + 1)], rng)))
+        (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+        assert folded == [str(path)], round_
+        assert fold == replay == pure, round_
+        notes += fold["servers"][0]["notes"]
+    assert any("never seen created" in n for n in notes) and any("restarted" in n for n in notes), notes
+
+
+@needs_c
+def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to_python(tmp_path, monkeypatch):
+    """A line the C reader hands back is read by logparse's Python readers and folded in its
+    place; a number past int64 or a prompt-cache line makes the Python replay read the server."""
+    _make_prodlogs().generate(tmp_path, "b11434", seed=5, requests=60, slots=2, pieces=1, days=1)
+    lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
+    created = [k for k, line in enumerate(lines) if b"created context checkpoint" in line]
+    sims = [k for k, line in enumerate(lines) if b"checking sim = " in line]
+
+    def edited(at: list[int], old: bytes, new: bytes) -> bytes:
+        return b"".join(line.replace(old, new, 1) if k in at else line for k, line in enumerate(lines))
+
+    cases = {  # name: (text, read by the fold itself)
+        "handed back": (edited(created[:5], b"size = ", b"size = " + b"9" * 30), True),  # a float Python reads
+        "int past int64": (edited(created[3:4], b"n_tokens = ", b"n_tokens = " + b"9" * 20), False),
+        "sim past int64": (edited(sims[2:3], b"id  ", b"id  " + b"3" * 20), False),
+        "prompt cache": (edited(created[4:5], b"", b"0.00.000.000 I srv   prompt_save:  - saving prompt with length 9, "
+                                                     b"total state size = 1.000 MiB\n"), False),
+    }
+    for name, (text, foldable) in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.log"
+        path.write_bytes(text)
+        (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+        assert folded == ([str(path)] if foldable else []), name
+        assert fold == replay == pure, name
+
+
+@needs_c
+def test_fold_rejects_bad_arguments():
+    f = lp._logscan
+    state = f.fold_new(10)
+    with pytest.raises(ValueError):
+        f.fold_block(state, b"abc\n", 0, 9, 0, 0)
+    with pytest.raises(ValueError):
+        f.fold_block(state, b"abc\n", 3, 2, 0, 0)
+    with pytest.raises(ValueError):
+        f.fold_block(b"not a state", b"abc\n", 0, 4, 0, 0)
+    with pytest.raises(ValueError):
+        f.fold_events(state, b"abc\n", 4, 0, [(99, ())])
+    assert f.fold_block(state, b"abc\n", 0, 4, 0, 0) == 1
+    assert f.fold_finish(state)["slots"] == []
