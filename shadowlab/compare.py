@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shadowlab import rundir
+from shadowlab.records import CellMeta
 from shadowlab.errors import CompareRefused, ShadowlabError
 from shadowlab.verdicts import CellVerdict, RunVerdict, traffic_summary
 
@@ -50,6 +51,7 @@ METRICS = (
     Metric("processed_tokens", "prefill tokens processed", "total", "lower", True),
     Metric("reused_tokens", "prefill tokens reused", "total", "higher", True),
     Metric("prefill_ms", "prefill ms", "total", "lower", False),
+    Metric("ttft_ms", "time to first token ms / turn", "per_turn", "lower", False),
     Metric("created", "checkpoints created / turn", "per_turn", "lower", True),
     Metric("restored", "checkpoints restored / turn", "per_turn", "higher", True),
     Metric("erased", "checkpoints erased / turn", "per_turn", "lower", True),
@@ -122,13 +124,17 @@ class Comparison:
 # ---------------------------------------------------------------- figures of a cell
 
 
-def cell_figures(cell: CellVerdict, startup_ms: float | None) -> Figures:
+def cell_figures(cell: CellVerdict, meta: CellMeta | None) -> Figures:
+    """A cell's figures from its verdict; start-up and time to first token from its record
+    (client-side times: unknown in a run reduced to verdicts.json)."""
     turns = cell.turns
+    ttft = [t.ttft_ms for t in meta.turns] if meta is not None and len(meta.turns) == len(turns) else [None]
     figures: dict[str, float | None] = {
         "processed_tokens": _sum(t.processed_tokens for t in turns),
         "reused_tokens": _sum(t.reused_tokens for t in turns),
         "prefill_ms": _sum(t.prefill_ms for t in turns),
-        "startup_ms": startup_ms,
+        "ttft_ms": _sum(ttft),
+        "startup_ms": meta.startup_ms if meta is not None else None,
     }
     if any(t.ideal_tokens is not None for t in turns):  # a traffic cell: the report's own share
         _, ideal, recovered, _ = traffic_summary(cell)
@@ -230,8 +236,7 @@ def repeats_by_key(run: rundir.RunDir, verdict: RunVerdict, configuration: str |
         key: Key = (cell.engine, cell.sequence, " → ".join(t.prompt_id for t in cell.turns))
         if configuration is None:
             key += (cell.configuration,)
-        meta = run.metas.get(cell.cell_id)
-        out.setdefault(key, []).append((cell.cell_id, cell_figures(cell, meta.startup_ms if meta else None)))
+        out.setdefault(key, []).append((cell.cell_id, cell_figures(cell, run.metas.get(cell.cell_id))))
     return out
 
 
@@ -321,7 +326,8 @@ def _compare(base: rundir.RunDir, bv: RunVerdict, cand: rundir.RunDir, cv: RunVe
 
 
 def _label(key: Key) -> str:
-    return ".".join((key[0], *key[3:], key[1])) + f" ({key[2]})"
+    turns = key[2].split(" → ")
+    return ".".join((key[0], *key[3:], key[1])) + f" ({key[2] if len(turns) <= 4 else f'{len(turns)} turns'})"
 
 
 def _row(scope: str, name: str, base: Sequence[Figures], cand: Sequence[Figures], key: Key = ()) -> Row:

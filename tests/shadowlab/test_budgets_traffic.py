@@ -91,6 +91,9 @@ def test_compare_shows_the_recovered_share_of_the_ideal_with_its_delta(traffic_r
     assert d.delta == pytest.approx(shares["affinity"] - shares["baseline"]) and d.delta > 0
     assert d.judgement == "gain" and d.band is None  # one repeat: an exact count, no band
     assert result.row("kind", "traffic").delta("recovered_share").candidate == pytest.approx(shares["affinity"])
+    # the time to first token per turn, from the records (streamed: timed at the first token)
+    ttft = {m.cell["configuration"]: [t.ttft_ms for t in m.turns] for m in loaded.metas.values() if m.cell["kind"] == "warm"}
+    assert result.rows[0].delta("ttft_ms").baseline == pytest.approx(sum(ttft["baseline"]) / len(ttft["baseline"]))
     assert cli.main(["compare", str(run), str(run), "--baseline-config", "baseline",
                      "--candidate-config", "policy0"]) == 0
     out = capsys.readouterr().out
