@@ -56,6 +56,7 @@ class Cost:
     saved_ms: float | None
     reused: compare.Delta  # the comparison's own judgements, for the decision record
     prefill: compare.Delta
+    recovered: compare.Delta  # share of the ideal: known on traffic cells only
 
     @property
     def spent_ms(self) -> float | None:
@@ -70,6 +71,12 @@ class Cost:
     def label(self) -> str:
         turns = self.traffic.split(" → ")
         return f"{self.configuration} " + ("→".join(turns) if len(turns) <= 4 else self.sequence)
+
+    @property
+    def turns_text(self) -> str:
+        """The prompts in order, or the sequence and its turn count beyond four (a traffic)."""
+        turns = self.traffic.split(" → ")
+        return self.traffic if len(turns) <= 4 else f"{self.sequence} ({len(turns)} turns)"
 
 
 def _minus(a: float | None, b: float | None) -> float | None:
@@ -109,7 +116,8 @@ def cost_of(row: compare.Row, configuration: str, matrix: Matrix) -> Cost:
         baseline_ms_at_scale=_times(base_created, _per_checkpoint(row, "create_ms", "baseline", scale)),
         saved_tokens=_times(_saved_tokens(row), factor), saved_ms=_times(_times(_saved_tokens(row), factor),
                                                                            _ms_per_token(row, scale)),
-        reused=row.delta("reused_tokens"), prefill=row.delta("prefill_ms"))
+        reused=row.delta("reused_tokens"), prefill=row.delta("prefill_ms"),
+        recovered=row.delta("recovered_share"))
 
 
 def _times(a: float | None, b: float | None) -> float | None:

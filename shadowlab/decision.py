@@ -76,10 +76,13 @@ def _line(c: budgets.Cost) -> Line:
     gains = c.reused.judgement == "gain"
     gain = (f"reuses {_gain_text(c.reused, 'tokens')}; prefill {_gain_text(c.prefill, 'ms')}"
             + (f"; saves {_n(c.saved_ms)} ms per turn at {c.scale}" if c.scale and c.saved_ms else ""))
+    share = c.recovered
+    if share.candidate is not None and share.baseline is not None:  # a traffic cell
+        gain += f"; recovers {share.candidate:.1%} of the ideal (baseline {share.baseline:.1%})"
     at = f" at {c.scale}" if c.scale else ""
     cost = (f"{_n(c.created)} checkpoints created per turn (baseline {_n(c.baseline_created)})"
             f"; {_n(c.created_at_scale)} per turn, {_n(c.mib_at_scale)} MiB, {_n(c.ms_at_scale)} ms{at}")
-    return Line(c.traffic, gain, cost, gains)
+    return Line(c.turns_text, gain, cost, gains)
 
 
 def _verdict(judged: Sequence[CheckResult], declared: bool) -> str:
@@ -92,8 +95,8 @@ def _verdict(judged: Sequence[CheckResult], declared: bool) -> str:
 
 def _revisit(mine: Sequence[budgets.Cost], judged: Sequence[CheckResult]) -> list[str]:
     """When the decision should be made again: what in the figures would have to change."""
-    gaining = [c.traffic for c in mine if c.reused.judgement == "gain"]
-    flat = [c.traffic for c in mine if c.reused.judgement != "gain"]
+    gaining = [c.turns_text for c in mine if c.reused.judgement == "gain"]
+    flat = [c.turns_text for c in mine if c.reused.judgement != "gain"]
     out = []
     if gaining and flat:
         out.append(f"gains appear only on {', '.join(gaining)} (none on {', '.join(flat)}): revisit if the "
@@ -104,7 +107,7 @@ def _revisit(mine: Sequence[budgets.Cost], judged: Sequence[CheckResult]) -> lis
     for c in mine:
         extra = None if c.created_at_scale is None or c.baseline_created is None else c.created_at_scale - c.baseline_created
         if c.reused.judgement == "gain" and c.saved_ms and extra and extra > 0 and c.net_ms is not None and c.net_ms < 0:
-            out.append(f"on {c.traffic} the saving pays for checkpoints costing at most "
+            out.append(f"on {c.turns_text} the saving pays for checkpoints costing at most "
                        f"{_n(c.saved_ms / extra)} ms each: revisit if they become that cheap")
     if any(c.prefill.judgement == NO_BAND for c in mine):
         out.append("prefill times come from one repeat each: revisit with repeated cells (a noise band) before trusting a timed difference")

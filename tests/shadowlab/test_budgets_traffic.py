@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import budgets, cli, compare, gate, rundir
+from shadowlab import budgets, cli, compare, decision, gate, rundir
 from shadowlab.verdicts import traffic_summary
 
 TRAFFIC = Path(__file__).resolve().parents[2] / "matrices" / "traffic.yaml"
@@ -107,3 +107,16 @@ def test_a_cell_without_ideals_has_no_recovered_share():
     assert cell_row.value(share) is None
     assert compare.Figures({"recovered_share": 3.0, "ideal_tokens": 4.0}, turns=2).value(share) == 0.75
     assert compare.Figures({"recovered_share": 0.0, "ideal_tokens": 0.0}, turns=2).value(share) is None
+
+
+def test_the_decision_names_the_traffic_and_its_recovered_share(traffic_run):
+    _, run = traffic_run
+    inputs = gate.load_run(run)
+    found = {d.configuration: d for d in decision.decisions(inputs, gate.evaluate_inputs(inputs))}
+    verdict = inputs.verdict
+    share = {c.configuration: traffic_summary(c)[3] for c in verdict.cells if c.kind == "warm"}
+    (line,) = found["affinity"].lines
+    assert found["affinity"].verdict == "pass" and found["policy0"].verdict == "fail"
+    assert line.traffic == "traffic (20 turns)" and line.gains
+    assert f"recovers {share['affinity']:.1%} of the ideal (baseline {share['baseline']:.1%})" in line.gain
+    assert "recovers 0.0% of the ideal" in found["policy0"].lines[0].gain and not found["policy0"].lines[0].gains
