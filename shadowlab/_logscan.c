@@ -1462,34 +1462,41 @@ static int notes_push(note_t **v, Py_ssize_t *n, Py_ssize_t *cap, const note_t *
  * makes them. *big: a number past int64 in one of them. -1: no memory. */
 static int side_notes(cp body, Py_ssize_t n, cp readable, int64_t base, note_t **out, Py_ssize_t *count, int *big)
 {
-    static const char sim_word[] = "checking sim = ", check_word[] = "hecking checkpoint with [";
+    /* Both words hold "hecking " (at +1 and +0): one search for it finds every occurrence of
+     * each (neither word can overlap itself), as _side_notes' two find() loops do. */
+    static const char common_word[] = "hecking ";
+    static const char sim_rest[] = "sim = ", check_rest[] = "checkpoint with [";
     note_t *sims = NULL, *checks = NULL;
     Py_ssize_t ns = 0, nc = 0, cs = 0, cc = 0;
-    cp end = body + n;
-    for (cp i = memmem(body, (size_t)n, sim_word, sizeof sim_word - 1); i != NULL;
-         i = memmem(i + 1, (size_t)(end - i - 1), sim_word, sizeof sim_word - 1)) {
-        cp ls = line_start(body, i);
-        cp w = i + 40 < readable ? i + 40 : readable;
-        note_t x = {.offset = base + (ls - body), .check = 0};
-        if (search_id(ls, w, sim_at, &x, big) && notes_push(&sims, &ns, &cs, &x) < 0)
-            goto nomem;
-    }
-    cp last = NULL;
-    size_t last_len = 0;
-    for (cp i = memmem(body, (size_t)n, check_word, sizeof check_word - 1); i != NULL;
-         i = memmem(i + 1, (size_t)(end - i - 1), check_word, sizeof check_word - 1)) {
-        cp ls = line_start(body, i);
-        cp head = rfind(ls, i, "| task ", 7);
-        size_t len = head != NULL ? (size_t)(i - head) : 0;
-        if (len == last_len && (len == 0 || memcmp(head, last, len) == 0))
-            continue; /* the task's run of check lines: one note */
-        cp w = i + 80 < readable ? i + 80 : readable;
-        note_t x = {.offset = base + (ls - body), .check = 1};
-        if (search_id(ls, w, check_at, &x, big)) {
-            last = head;
-            last_len = len;
-            if (notes_push(&checks, &nc, &cc, &x) < 0)
+    cp end = body + n, last = NULL;
+    size_t last_len = 0, word = sizeof common_word - 1;
+    for (cp h = memmem(body, (size_t)n, common_word, word); h != NULL;
+         h = memmem(h + 1, (size_t)(end - h - 1), common_word, word)) {
+        cp after = h + word;
+        if (h > body && h[-1] == 'c' && (size_t)(end - after) >= sizeof sim_rest - 1 &&
+            memcmp(after, sim_rest, sizeof sim_rest - 1) == 0) {
+            cp i = h - 1; /* "checking sim = " */
+            cp ls = line_start(body, i);
+            cp w = i + 40 < readable ? i + 40 : readable;
+            note_t x = {.offset = base + (ls - body), .check = 0};
+            if (search_id(ls, w, sim_at, &x, big) && notes_push(&sims, &ns, &cs, &x) < 0)
                 goto nomem;
+        } else if ((size_t)(end - after) >= sizeof check_rest - 1 &&
+                   memcmp(after, check_rest, sizeof check_rest - 1) == 0) {
+            cp i = h; /* "hecking checkpoint with [" */
+            cp ls = line_start(body, i);
+            cp head = rfind(ls, i, "| task ", 7);
+            size_t len = head != NULL ? (size_t)(i - head) : 0;
+            if (len == last_len && (len == 0 || memcmp(head, last, len) == 0))
+                continue; /* the task's run of check lines: one note */
+            cp w = i + 80 < readable ? i + 80 : readable;
+            note_t x = {.offset = base + (ls - body), .check = 1};
+            if (search_id(ls, w, check_at, &x, big)) {
+                last = head;
+                last_len = len;
+                if (notes_push(&checks, &nc, &cc, &x) < 0)
+                    goto nomem;
+            }
         }
     }
     note_t *all = PyMem_Malloc((size_t)(ns + nc + 1) * sizeof *all);
@@ -2293,14 +2300,23 @@ done:
     return result;
 }
 
-static PyObject *vec_bytes(const vec_t *a)
+static int int64_order(const void *a, const void *b)
 {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* sorted: logs.Figures only counts and ranks these, and Python's sort merges sorted runs fast */
+static PyObject *vec_bytes(vec_t *a)
+{
+    if (a->n > 1)
+        qsort(a->v, (size_t)a->n, sizeof *a->v, int64_order);
     return PyBytes_FromStringAndSize((const char *)a->v, a->n * (Py_ssize_t)sizeof(int64_t));
 }
 
-static PyObject *fig_dict(const slot_t *s)
+static PyObject *fig_dict(slot_t *s)
 {
-    const fig_t *g = &s->fig;
+    fig_t *g = &s->fig;
     PyObject *outcomes = PyTuple_New(N_OUTCOMES), *events = PyTuple_New(N_EVENT_COUNTS);
     if (outcomes == NULL || events == NULL) {
         Py_XDECREF(outcomes);
