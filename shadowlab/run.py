@@ -1095,11 +1095,12 @@ class TurnExchange:
         self.ctx, self.engine, self.live, self.cell_dir = ctx, engine, live, cell_dir
         self.turn = turn
         self.replies = replies
+        self.prefix_only = False  # set by _request: a split control's request up to a batch break
 
     def run(self, span: LogSpan) -> records.TurnRecord:
         """Send the turn; its log span starts at ``span.start`` (a byte offset of engine.log)."""
         request = self._request()
-        path, body = self.engine.adapter.completion_request(request, self._generation(request))
+        path, body = self.engine.adapter.completion_request(request, self._generation())
         record = self._empty_record(request, path)
         try:
             status, raw, ttft_ms, response_ms = self._post(path, body)
@@ -1130,14 +1131,11 @@ class TurnExchange:
         """A turn of a llama-server split control (DESIGN §5): one request of the sequence."""
         return self.turn.split_points is not None and split_controls.by_requests(self.engine.spec.kind)
 
-    def _generation(self, request: TurnRequest) -> Any:
+    def _generation(self) -> Any:
         """A split control's request up to a batch break asks for one token (llama-server samples
         one even for 0), which is never decoded into the cache; the prompt itself the matrix's."""
         generation = self.ctx.matrix.generation
-        whole = self.engine.prompts[self.turn.prompt_id].tokens if self._by_requests() else ()
-        if self._by_requests() and len(request.prompt_tokens or ()) < len(whole):
-            return dataclasses.replace(generation, n_predict=1)
-        return generation
+        return dataclasses.replace(generation, n_predict=1) if self.prefix_only else generation
 
     def _request(self) -> TurnRequest:
         spec = self.ctx.matrix.prompts.get(self.turn.prompt_id)
@@ -1156,6 +1154,7 @@ class TurnExchange:
         else:
             tokens = self.engine.prompts[pid].tokens
         if self._by_requests():  # this request of a split control: the prompt up to its break
+            self.prefix_only = self.turn.split_points[-1] < len(tokens)
             tokens = tokens[:self.turn.split_points[-1]]
         return TurnRequest(index, pid, prompt_tokens=tuple(tokens), extra_body=extra)
 

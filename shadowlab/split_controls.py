@@ -3,7 +3,8 @@
 A split control is a fresh process that computes a restored warm turn's prompt through the warm
 turn's batch schedule (`splits.warm_schedule`), without any restore: the reference engine takes
 the schedule as `split_points`; llama-server is sent one request per batch break
-(`splits.request_sequence`) with checkpoints off, the cell's one turn carrying those breaks. The run stage plans them
+(`splits.request_sequence`) with checkpoints off, each request a turn of the cell (its last turn
+is the control's output). The run stage plans them
 after the warm cells, from the warm and cold records (a mismatch can only be seen then), so
 `build_plan` never does: a healthy run gets none and its plan.json is unchanged. The plan is a
 pure function of the records, so `--resume` plans the same cells again and keeps those that ran.
@@ -122,13 +123,18 @@ def plan_cells(root: Path, matrix: Matrix, plan: Plan) -> list[Cell]:
 
 
 def _control_cell(warm: Cell, turn: Turn, schedule: splits.Schedule, engine: records.EngineRecord) -> Cell:
-    points, flags = schedule.split_points, warm.flags
-    if by_requests(engine.kind):  # the breaks, one request each, the last the prompt itself
+    """The reference engine: one turn with the schedule as split points. llama-server: a turn per
+    request, turn k sending the prompt's first `split_points[-1]` tokens (the lengths so far; the
+    last turn's ends at the prompt's length), so each request is recorded and judged as a turn."""
+    turns: tuple[Turn, ...] = (Turn(0, turn.prompt_id, turn.endpoint, split_points=schedule.split_points),)
+    flags = warm.flags
+    if by_requests(engine.kind):
         lengths, _ = splits.request_sequence(schedule, engine.log_family)
-        points, flags = (lengths or ())[:-1], (*warm.flags, *NO_CHECKPOINTS)
+        turns = tuple(Turn(k, turn.prompt_id, turn.endpoint, split_points=tuple((lengths or ())[:k + 1]))
+                      for k in range(len(lengths or ())))
+        flags = (*warm.flags, *NO_CHECKPOINTS)
     return Cell(id=cell_id(warm.id, turn.index), kind=CellKind.SPLIT_CONTROL, engine=warm.engine,
-                configuration=warm.configuration, sequence=warm.sequence,
-                turns=(Turn(0, turn.prompt_id, turn.endpoint, split_points=tuple(points)),),
+                configuration=warm.configuration, sequence=warm.sequence, turns=turns,
                 flags=flags, env=dict(warm.env), control_of=warm.id)
 
 

@@ -856,7 +856,8 @@ def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, m
     split_id = split_controls.cell_id(cell.cell_id, turn.index)
     split_meta = metas.get(split_id)
     split_out, why = None, ""
-    record = next((t for t in split_meta.turns if t.index == 0), None) if split_meta else None
+    # The control's output is its last turn (llama-server's: the last request of its sequence).
+    record = max(split_meta.turns, key=lambda t: t.index, default=None) if split_meta else None
     if record is not None and _turn_ok(record):
         split_out = identity.Output(record.completion.text, record.completion.tokens)
     elif split_meta is not None:

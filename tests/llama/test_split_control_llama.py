@@ -91,8 +91,8 @@ def test_shadowlab_run_sends_the_split_control_of_a_healthy_restored_turn(
     """`identity: {split_controls: all}` on the append probe (re-entry at A's L−4) and on message
     delimiters (re-entry at a user-message start, breaks at the later ones): shadowlab plans the
     control as the request sequence, sends it, and it equals the warm turn: no mismatch, no class."""
+    from shadowlab import cli, records, verdicts
     from shadowlab import plan as plan_module
-    from shadowlab import records, verdicts
 
     data = yaml.safe_load((Path(__file__).resolve().parents[2] / "matrices" / "ckpt-llama.yaml").read_text())
     data["engines"]["llama"]["binary"] = str(llama_binary)
@@ -111,16 +111,19 @@ def test_shadowlab_run_sends_the_split_control_of_a_healthy_restored_turn(
     (cell,) = plan.of_kind(plan_module.CellKind.SPLIT_CONTROL)
     warm_id = f"llama.{configuration}.{sequence}"
     warm = records.read_meta(run_dir / "cells" / warm_id / "meta.json").turns[1]
-    points = cell.turns[0].split_points
+    points = cell.turns[-1].split_points  # a turn per request, turn k the first k + 1 lengths
+    assert [t.split_points for t in cell.turns] == [points[:k + 1] for k in range(len(points))]
     assert cell.id == f"{warm_id}.split.1" and cell.flags[-2:] == ("--ctx-checkpoints", "0")
-    assert warm.reused_tokens in points and points[-1] == warm.prompt_tokens - 4  # re-entry, L-4
+    assert warm.reused_tokens in points and points[-2:] == (warm.prompt_tokens - 4, warm.prompt_tokens)
     if sequence == "append":
-        assert points == (L_A - 4 - 512, L_A - 4, L_A + EXTRA - 4)
+        assert points == (L_A - 4 - 512, L_A - 4, L_A + EXTRA - 4, L_A + EXTRA)
     meta = records.read_meta(run_dir / "cells" / cell.id / "meta.json")
     assert meta.status is records.CellStatus.OK, meta.reason
-    (turn,) = meta.turns
-    assert (turn.reused_tokens, turn.processed_tokens) == (points[-1], 4)
-    assert turn.completion.tokens == warm.completion.tokens
+    assert [(t.reused_tokens, t.processed_tokens) for t in meta.turns] == [
+        (a, b - a) for a, b in zip((0, *points), points)]
+    assert meta.turns[-1].completion.tokens == warm.completion.tokens
     verdict = verdicts.compute(run_dir)
     (checked,) = [t for c in verdict.cells if c.cell_id == warm_id for t in c.turns if t.index == 1]
     assert checked.identity.status.value == "identical" and checked.triage is None
+    assert not [t.implausible for c in verdict.cells for t in c.turns if t.implausible]
+    assert cli.main(["gate", str(run_dir)]) == 0  # each request judged as a turn: qualified

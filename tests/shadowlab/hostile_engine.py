@@ -54,6 +54,12 @@ Modes (repeatable):
   sse-cut          streams two token events, then closes without the final event
   sse-lost-ids     streams two token ids, then a final event that says 4 were predicted
                    (llama-server's way with a token that ends inside a UTF-8 character)
+  restore-differs  a checkpointing hybrid engine, llama.cpp's lines: each prompt of n tokens
+                   creates a checkpoint at n - 4; a prompt extending the previous one restores
+                   its checkpoint, and then answers "ab c (restored)" (a wrong restored state).
+                   With `--ctx-checkpoints 0` such a prompt is plain reuse of the whole previous
+                   prompt, no restore, and the answer is the cold one
+  no-reuse-without-checkpoints  the same, but with `--ctx-checkpoints 0` it reuses nothing
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ SCRIPT = "<script>alert('engine')</script>"
 # Reads "safe … txt.exe" in a browser or terminal that honours the override: Trojan Source.
 BIDI = "safe\u202egnp.exe\u202c \u2066iso\u2069 \u202aemb\u202b\u202d\u200e\u200f\u061c " + SCRIPT + " \x1b[31mred"
 CACHED: list[list[int]] = []  # the slot's tokens after the last request (prompt + completion)
+CHECKPOINTS = [64]  # --ctx-checkpoints (restore-differs, no-reuse-without-checkpoints)
 COMPLETION = [97, 98, 32, 99]
 
 
@@ -239,6 +246,9 @@ class Handler(BaseHTTPRequestHandler):
         cached = n - 1 if "lie-timings" in MODES else 0  # the API claims reuse ...
         if "lie-timings" not in MODES and "reentry-above-divergence" in MODES and CACHED and isinstance(prompt, list):
             cached = self._restore_past_divergence(task, prompt)
+        checkpointing = MODES & {"restore-differs", "no-reuse-without-checkpoints"}
+        if checkpointing and isinstance(prompt, list):
+            cached = self._checkpointed(task, prompt)
         processed = n - cached
         if "lie-reuse" in MODES:
             cached, processed = 3 * n, n
@@ -254,6 +264,8 @@ class Handler(BaseHTTPRequestHandler):
             SCRIPT + "\x00\x1b[2J</svg>]]></failure><!-- *[x](javascript:alert(1))* | | \ud800 \udcff")
         if "bidi-content" in MODES:
             text = BIDI + (" (warm)" if task > 1 else "")
+        if checkpointing and cached and CHECKPOINTS[0]:
+            text += " (restored)"
         CACHED[:] = [list(prompt) + COMPLETION if isinstance(prompt, list) else []]
         self._json(200, {
             "content": text, "tokens": COMPLETION, "stop_type": "limit",
@@ -270,6 +282,24 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             os._exit(134)  # like abort() once the answer went out
         return None
+
+    @staticmethod
+    def _checkpointed(task: int, prompt: list) -> int:
+        """restore-differs / no-reuse-without-checkpoints: what this prompt reuses, with its lines."""
+        previous = CACHED[0][:-len(COMPLETION)] if CACHED and CACHED[0] else []
+        extends = bool(previous) and prompt[:len(previous)] == previous and len(prompt) > len(previous)
+        if not CHECKPOINTS[0]:
+            return len(previous) if extends and "restore-differs" in MODES else 0
+        cached = 0
+        if extends and len(previous) > 4:
+            cached = len(previous) - 4
+            log(b"slot operator(): id  0 | task %d | restored context checkpoint (pos_min = %d, pos_max = %d, "
+                b"n_tokens = %d, n_past = %d, size = 0.032 MiB)" % (task, cached - 1, cached - 1, cached, cached))
+        if len(prompt) - 4 > cached:
+            log(b"slot create_check: id  0 | task %d | created context checkpoint 1 of 64 (pos_min = %d, "
+                b"pos_max = %d, n_tokens = %d, size = 0.032 MiB)" % (task, len(prompt) - 5, len(prompt) - 5,
+                                                                       len(prompt) - 4))
+        return cached
 
     @staticmethod
     def _restore_past_divergence(task: int, prompt: list) -> int:
@@ -368,8 +398,10 @@ def main() -> None:
     parser.add_argument("--pidfile", default=None)
     parser.add_argument("--intermediate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--exit-parent", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ctx-checkpoints", type=int, default=64)  # the last one wins, as in llama.cpp
     args, _ = parser.parse_known_args()  # kind llama-server appends its own flags (-lv 4, ...)
     MODES.update(args.mode)
+    CHECKPOINTS[0] = args.ctx_checkpoints
     for mode in args.mode:
         if mode.startswith("flood-line="):
             FLOOD[0] = int(mode.partition("=")[2])
