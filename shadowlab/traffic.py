@@ -337,6 +337,11 @@ def _check_shape(s: TrafficShape, where: str) -> None:
         raise TrafficError(f"{where}: interloper_share must be in [0, 1), got {s.interloper_share!r}")
     if s.arrival not in TrafficShape.ARRIVALS:
         raise TrafficError(f"{where}: arrival must be one of {TrafficShape.ARRIVALS}, got {s.arrival!r}")
+    n_conv = s.conversations * s.turns
+    if n_conv / (1 - s.interloper_share) > MAX_REQUESTS:
+        jobs = " and their interlopers" if s.interloper_share else ""
+        raise TrafficError(f"{where}: {n_conv:,} conversation turns (conversations × turns){jobs} are more than "
+                           f"{MAX_REQUESTS:,} requests")
     if s.interloper_placement not in TrafficShape.PLACEMENTS:
         raise TrafficError(f"{where}: interloper_placement must be one of {TrafficShape.PLACEMENTS}, "
                            f"got {s.interloper_placement!r}")
@@ -382,9 +387,10 @@ class _Preamble:
         return (Segment(self.block, 0, n),)
 
 
-def generate(shape: TrafficShape) -> list[Request]:
-    """Seeded traffic of the declared shape (the same shape and seed give the same requests)."""
-    _check_shape(shape, "<shape>")
+def generate(shape: TrafficShape, where: str = "<shape>") -> list[Request]:
+    """Seeded traffic of the declared shape (the same shape and seed give the same requests);
+    errors name `where` (the shape's file)."""
+    _check_shape(shape, where)
     rng = random.Random(f"shadowlab-traffic:{shape.seed}")
     blocks = _Blocks()
     header = _Preamble(shape, blocks)
@@ -409,6 +415,12 @@ def generate(shape: TrafficShape) -> list[Request]:
         conv.turns_left -= 1
         if conv.turns_left == 0:
             del live[c]
+    for i, r in enumerate(out):  # sizes are segments here, so nothing above took long
+        if r.prompt_tokens > MAX_PROMPT_TOKENS:
+            whose = f"conversation {r.conversation}" if r.conversation else f"a {r.kind} interloper"
+            raise TrafficError(f"{where}: request {i} ({whose}) would be {r.prompt_tokens:,} tokens, beyond the "
+                               f"{MAX_PROMPT_TOKENS:,} any engine's context holds",
+                               hint="lower the sizes' `high`, or the number of turns")
     return out
 
 
@@ -712,7 +724,16 @@ def _json_lines(path: Path, skipped: list[str]) -> Iterator[tuple[int, Any]]:
         yield number, doc
 
 
-def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, minimum: int = 0) -> int | None:
+# Bounds on what a traffic may claim. No engine's context holds a prompt beyond 2^24 tokens (the
+# longest windows today are ~10M), and the simulator and replay walk prompts batch by batch: a
+# trace line claiming 10^12 tokens is refused, not simulated for hours. 10M requests is ~3,000
+# times the case study's five days.
+MAX_PROMPT_TOKENS = 1 << 24
+MAX_REQUESTS = 10_000_000
+
+
+def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, minimum: int = 0,
+         maximum: int | None = None) -> int | None:
     if key not in doc or doc[key] is None:
         if required:
             raise TrafficError(f"missing {key!r}", file=str(path), line=line)
@@ -722,6 +743,9 @@ def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, m
         raise TrafficError(f"{key!r} must be an integer, got {v!r}", file=str(path), line=line)
     if v < minimum:
         raise TrafficError(f"{key!r} must be >= {minimum}, got {v}", file=str(path), line=line)
+    if maximum is not None and v > maximum:
+        raise TrafficError(f"{key!r} is {int(v):,}, beyond the {maximum:,} any engine's context holds",
+                           file=str(path), line=line)
     return int(v)
 
 
@@ -765,12 +789,19 @@ def read_mooncake(path: Path | str) -> Loaded:
                 continue
             raise TrafficError("missing 'hash_ids'", file=str(path), line=line)
         t = _mooncake_time(doc, path, line, session, last_time, session_time)
-        n = _int(doc, "input_length", path, line, minimum=1)
-        n_out = _int(doc, "output_length", path, line, required=False) or 1
+        n = _int(doc, "input_length", path, line, minimum=1, maximum=MAX_PROMPT_TOKENS)
+        n_out = _int(doc, "output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS) or 1
+        _count(out, path, line)
         segments = _hash_segments(doc["hash_ids"], n, fresh, path, line)
         out.append(Request(t, session, segments, n_out, (), "mooncake"))
         last_time = t
     return Loaded(tuple(out), tuple(skipped), str(path), "mooncake")
+
+
+def _count(requests: list, path: Path, line: int) -> None:
+    if len(requests) >= MAX_REQUESTS:
+        raise TrafficError(f"more than {MAX_REQUESTS:,} requests", file=str(path), line=line,
+                           hint="split the trace by time (--since/--until when it comes from shadowlab logs)")
 
 
 def _mooncake_time(doc: dict, path: Path, line: int, session: str | None, last: float | None,
@@ -831,10 +862,11 @@ def read_trace(path: Path | str) -> Loaded:
         unknown = set(doc) - TRACE_KEYS
         if unknown:
             raise TrafficError(f"unknown field(s) {sorted(unknown)}", file=str(path), line=line, hint="docs/trace.md")
-        n = _int(doc, "prompt_tokens", path, line, required=False, minimum=1)
+        n = _int(doc, "prompt_tokens", path, line, required=False, minimum=1, maximum=MAX_PROMPT_TOKENS)
         if n is None:
             skipped.append(f"line {line}: no prompt_tokens")
             continue
+        _count(out, path, line)
         t = _trace_time(doc, path, line, last_time)
         key = (doc.get("server"), doc.get("slot"))
         source = doc.get("shared_source")
@@ -914,7 +946,7 @@ def load(path: Path | str) -> Loaded:
         return read_trace(path)
     if kind == "mooncake":
         return read_mooncake(path)
-    return Loaded(tuple(generate(read_shape(path))), (), str(path), "shape")
+    return Loaded(tuple(generate(read_shape(path), str(path))), (), str(path), "shape")
 
 
 def _preset(source: str) -> Loaded:

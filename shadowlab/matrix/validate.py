@@ -695,7 +695,15 @@ def _traffic(name: str, body: LineMap, at: _At, ctx: _Context) -> TrafficSequenc
         if stray:
             f[stray[0]][1].fail(f"{stray[0]!r} applies to a trace file only", "add `trace: path` or remove it")
         source = _shape(*f["shape"]) if "shape" in f else traffic.TrafficShape()
-        requests = tuple(traffic.generate(source))
+        shape_at = f["shape"][1] if "shape" in f else at
+        planned = round(source.conversations * source.turns / (1 - source.interloper_share))
+        if planned > traffic_kind.MAX_TRAFFIC_REQUESTS:  # refused before generating them
+            shape_at.fail(f"about {planned:,} requests; a traffic sequence may have at most "
+                          f"{traffic_kind.MAX_TRAFFIC_REQUESTS}", "fewer conversations or turns")
+        try:
+            requests = tuple(traffic.generate(source))
+        except TrafficError as exc:
+            shape_at.fail(exc.headline().removeprefix("<shape>: "), exc.hint)
     if not requests:
         at.fail("the traffic has no request", line=body.line)
     if len(requests) > traffic_kind.MAX_TRAFFIC_REQUESTS:

@@ -644,6 +644,12 @@ def test_a_sequence_in_mapping_form_is_the_same_ordered_sequence_and_dumps_as_a_
     ("{kind: traffic, shape: {arrival: sideways}}", "sequences.A-C.shape.arrival", "arrival must be one of"),
     ("{kind: traffic, shape: {turns: 2}, trace: x.jsonl}", "sequences.A-C.shape", "a shape or a trace, not both"),
     ("{kind: traffic, trace: nowhere.jsonl}", "sequences.A-C.trace", "no such trace file"),
+    ("{kind: traffic, shape: {conversations: 1, turns: 2, system_tokens: {kind: fixed, a: 1.0e+8, high: 1.0e+8}}}",
+     "sequences.A-C.shape", "would be 100,000,0"),  # beyond any context: refused, not materialised
+    ("{kind: traffic, shape: {conversations: 100000000, turns: 300}}", "sequences.A-C.shape.conversations",
+     "more than 10,000,000 requests"),
+    ("{kind: traffic, shape: {conversations: 1000, turns: 300}}", "sequences.A-C.shape",
+     "about 300,000 requests; a traffic sequence may have at most"),  # refused before generating
     ("{kind: ordered}", "sequences.A-C", "missing required key 'prompts'"),
     ("{prompts: [A, Q]}", "sequences.A-C.prompts[1]", "unknown prompt 'Q'"),
 ])

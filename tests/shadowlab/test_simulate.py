@@ -400,3 +400,25 @@ def test_cli_names_the_bad_line(tmp_path, capsys):
                    '{"timestamp": 5, "input_length": -3, "output_length": 1, "hash_ids": []}\n')
     assert run_cli(str(bad)) == 2
     assert f"{bad}:2: 'input_length' must be >= 1" in capsys.readouterr().err
+
+
+def test_claims_beyond_any_context_are_refused_by_line(tmp_path, capsys):
+    """A trace line claiming 10^12 tokens would have the simulator walk 5·10^8 batches: refused,
+    naming the line; a shape whose prompts outgrow any context, or whose requests number in the
+    billions, is refused before it is simulated."""
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}\n'
+                    '{"timestamp": 5, "input_length": 1000000000000, "output_length": 1, "hash_ids": [1]}\n')
+    assert run_cli(str(huge), "--policy", "policy0") == 2
+    assert f"{huge}:2: 'input_length' is 1,000,000,000,000, beyond" in capsys.readouterr().err
+    big = tmp_path / "big.yaml"
+    big.write_text("conversations: 2\nturns: 3\nsystem_tokens: {kind: fixed, a: 100000000, high: 100000000}\n")
+    assert run_cli(str(big)) == 2
+    assert f"{big}: request 0 (conversation c0) would be 100,000," in capsys.readouterr().err
+    many = tmp_path / "many.yaml"
+    many.write_text("conversations: 100000000\nturns: 300\n")
+    assert run_cli(str(many)) == 2
+    assert "more than 10,000,000 requests" in capsys.readouterr().err
+    at_bound = traffic.shape_from_dict({"conversations": 1, "turns": 1,
+                                        "system_tokens": {"kind": "fixed", "a": 1000, "high": 1000}})
+    assert traffic.generate(at_bound)[0].prompt_tokens < traffic.MAX_PROMPT_TOKENS  # ordinary sizes pass
