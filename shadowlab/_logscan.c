@@ -1458,21 +1458,61 @@ static int notes_push(note_t **v, Py_ssize_t *n, Py_ssize_t *cap, const note_t *
     return 0;
 }
 
+/* The next "hecking " (the word both side notes hold) entirely inside [p, end); the loads may
+ * read on to `readable`. AVX2 where the CPU has it (a filter on 'h' +0, 'k' +3, ' ' +7, each
+ * hit checked whole), memmem otherwise and for the tail: the same occurrences either way. */
+static const char HECKING[] = "hecking ";
+#define HECKING_LEN (sizeof HECKING - 1)
+
+static cp hecking_memmem(cp p, cp end)
+{
+    return end - p < (ptrdiff_t)HECKING_LEN ? NULL : memmem(p, (size_t)(end - p), HECKING, HECKING_LEN);
+}
+
+#ifdef VECTOR_SEARCH
+__attribute__((target("avx2"))) static cp hecking_v32(cp p, cp end, cp readable)
+{
+    const v32 zero = {0};
+    const v32 h = zero + 'h', k = zero + 'k', sp = zero + ' ';
+    for (; p + 32 <= end && p + 32 + 7 <= readable; p += 32) {
+        v32 a0, a3, a7;
+        memcpy(&a0, p, 32);
+        memcpy(&a3, p + 3, 32);
+        memcpy(&a7, p + 7, 32);
+        v32 hit = (v32)((a0 == h) & (a3 == k) & (a7 == sp));
+        for (uint32_t bits = MASK32(hit); bits != 0; bits &= bits - 1) {
+            cp at = p + __builtin_ctz(bits);
+            if (at + HECKING_LEN <= end && memcmp(at, HECKING, HECKING_LEN) == 0)
+                return at;
+        }
+    }
+    return hecking_memmem(p, end);
+}
+#endif
+
+static cp next_hecking(cp p, cp end, cp readable)
+{
+#ifdef VECTOR_SEARCH
+    if (__builtin_cpu_supports("avx2"))
+        return hecking_v32(p, end, readable);
+#endif
+    (void)readable;
+    return hecking_memmem(p, end);
+}
+
 /* The notes of body[0, n) in offset order (sims before checks on one line), as _side_notes
  * makes them. *big: a number past int64 in one of them. -1: no memory. */
 static int side_notes(cp body, Py_ssize_t n, cp readable, int64_t base, note_t **out, Py_ssize_t *count, int *big)
 {
     /* Both words hold "hecking " (at +1 and +0): one search for it finds every occurrence of
      * each (neither word can overlap itself), as _side_notes' two find() loops do. */
-    static const char common_word[] = "hecking ";
     static const char sim_rest[] = "sim = ", check_rest[] = "checkpoint with [";
     note_t *sims = NULL, *checks = NULL;
     Py_ssize_t ns = 0, nc = 0, cs = 0, cc = 0;
     cp end = body + n, last = NULL;
-    size_t last_len = 0, word = sizeof common_word - 1;
-    for (cp h = memmem(body, (size_t)n, common_word, word); h != NULL;
-         h = memmem(h + 1, (size_t)(end - h - 1), common_word, word)) {
-        cp after = h + word;
+    size_t last_len = 0;
+    for (cp h = next_hecking(body, end, readable); h != NULL; h = next_hecking(h + 1, end, readable)) {
+        cp after = h + HECKING_LEN;
         if (h > body && h[-1] == 'c' && (size_t)(end - after) >= sizeof sim_rest - 1 &&
             memcmp(after, sim_rest, sizeof sim_rest - 1) == 0) {
             cp i = h - 1; /* "checking sim = " */

@@ -329,6 +329,7 @@ def _three_ways(paths, monkeypatch):
 
     monkeypatch.setattr(logs, "_server_fold", spy)
     docs = [analyse()]
+    monkeypatch.setattr(logs, "_FOLD_BLOCK", 1 << 20)
     monkeypatch.setattr(logs, "FOLD", False)
     docs.append(analyse())
     monkeypatch.setattr(lp, "_logscan", None)
@@ -349,11 +350,17 @@ def _make_prodlogs():
 
 
 @needs_c
+@pytest.mark.parametrize("block", [None, 4099], ids=["1MiB", "4099"])
 @pytest.mark.parametrize("chatter", [True, False], ids=["realistic", "dense"])
-def test_fold_reads_generated_logs_as_the_python_replay_does(tmp_path, monkeypatch, chatter):
-    """Rotated .gz pieces, two servers, three slots, and a server restarted (the log twice)."""
+def test_fold_reads_generated_logs_as_the_python_replay_does(tmp_path, monkeypatch, chatter, block):
+    """Rotated .gz pieces, two servers, three slots, and a server restarted (the log twice);
+    small blocks put block ends next to every kind of line and side note."""
+    from shadowlab import logs
+
     _make_prodlogs().generate(tmp_path, "b11434", seed=7, requests=300, servers=2, slots=3, pieces=3,
                               chatter=chatter)
+    if block:
+        monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
     pieces = sorted(tmp_path.glob("server*.log*"))
     assert any(p.suffix == ".gz" for p in pieces)
     twice = tmp_path / "restarted.log"
