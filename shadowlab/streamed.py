@@ -81,6 +81,7 @@ class _Assembly:
         self.events = 0
         self.contents: list[str] = []
         self.tokens: list[int] = []
+        self.probs: list[Any] = []  # llama-server's per-token `completion_probabilities` (n_probs)
         self.first_token_at: float | None = None
 
     def line(self, line: bytes, clock: Callable[[], float]) -> StreamedAnswer | None:
@@ -118,6 +119,9 @@ class _Assembly:
             return self._final(event, content, tokens, clock)
         self.contents.append(content)
         self.tokens += tokens
+        probs = event.get("completion_probabilities")
+        if isinstance(probs, list):
+            self.probs += probs
         if self.n_predict is not None and len(self.tokens) > self.n_predict:
             raise MalformedStream(f"event {self.events}: {len(self.tokens)} tokens streamed, more than "
                                   f"n_predict {self.n_predict}")
@@ -151,6 +155,8 @@ class _Assembly:
                 "ids cannot be known from this stream (llama-server sends no event for a token whose text "
                 "ends inside a UTF-8 character)")
         body = {**event, "content": "".join(self.contents) + content, "tokens": ids}
+        if self.probs and "completion_probabilities" not in event:  # streamed per token, not at the end
+            body["completion_probabilities"] = self.probs
         return StreamedAnswer(body, self._first(clock), self.events)
 
 

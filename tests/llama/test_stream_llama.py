@@ -23,9 +23,9 @@ pytestmark = pytest.mark.llama
 N_PREDICT = 64
 
 
-def _streamed(server, prompt: list[int]) -> streamed.StreamedAnswer:
+def _streamed(server, prompt: list[int], **extra) -> streamed.StreamedAnswer:
     body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "cache_prompt": False,
-            "return_tokens": True, "logit_bias": BANNED, "stream": True}
+            "return_tokens": True, "logit_bias": BANNED, "stream": True, **extra}
     with server.client.stream("POST", "/completion", json=body) as response:
         assert response.status_code == 200 and streamed.is_event_stream(response.headers["content-type"])
         return streamed.read(response.iter_raw(), n_predict=N_PREDICT, max_bytes=1 << 24, deadline=float("inf"))
@@ -40,6 +40,11 @@ def test_the_streamed_answer_equals_the_unstreamed_one(llama, prompts):
             assert answer["tokens"] == plain["tokens"] and answer["content"] == plain["content"]
             assert answer["stop_type"] == plain["stop_type"] and answer["timings"].keys() == plain["timings"].keys()
             assert answer["timings"]["prompt_n"] == plain["timings"]["prompt_n"] == len(prompt)
+        # with n_probs the probabilities come one per token event; joined, they are the answer's
+        plain = server.complete(prompts["B"], n_predict=N_PREDICT, cache_prompt=False, n_probs=2).json()
+        answer = _streamed(server, prompts["B"], n_probs=2).body
+        assert answer["completion_probabilities"] == plain["completion_probabilities"]
+        assert len(plain["completion_probabilities"]) == len(plain["tokens"])
 
 
 MATRIX = """\

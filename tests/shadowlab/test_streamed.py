@@ -101,6 +101,13 @@ def test_a_stream_is_bounded_in_bytes_and_time():
         read([b":\n\n"] * 3, deadline=1.0, clock=iter([0.0, 0.5, 2.0]).__next__)
 
 
+def test_per_token_probabilities_and_the_one_token_of_n_predict_0_are_kept():
+    probs = [{"id": 97, "logprob": -0.5}]
+    body = read(events({**TOKENS[0], "completion_probabilities": probs}, {**FINAL, "tokens_predicted": 1}),
+                n_predict=0).body  # llama-server samples one token even for n_predict 0
+    assert body["tokens"] == [97] and body["completion_probabilities"] == probs
+
+
 def test_a_stopped_eos_answer_may_count_the_stop_token_it_did_not_stream():
     body = read(events(*TOKENS, {**FINAL, "tokens_predicted": 4, "stop_type": "eos"}), n_predict=4).body
     assert body["tokens"] == [97, 98, 99]
