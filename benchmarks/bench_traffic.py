@@ -23,6 +23,10 @@ figure is mostly the latter).
 
 With ``--run-dir`` it only analyses an existing run directory. Target (issue 12): harness < 5 ms
 per turn (the slope).
+
+``--listeners`` times the per-turn loopback check alone, side by side on one live process tree (a
+child holding listeners): shadowlab/listeners.py against the psutil scan it replaced (children
+recursive + net_connections per process), alternated, median of each.
 """
 
 from __future__ import annotations
@@ -56,13 +60,61 @@ def per_turn(run_dir: Path) -> list[tuple[str, int, float, float]]:
     return rows
 
 
+LISTENER_CHILD = """
+import socket, sys
+held = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def listener_check_ms(rounds: int = 200) -> tuple[float, float]:
+    """Median ms of one loopback check, (kernel reads, psutil), on this process and a child."""
+    import subprocess
+    import time
+
+    import psutil
+
+    from shadowlab import isolation, listeners
+
+    child = subprocess.Popen([sys.executable, "-c", LISTENER_CHILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        child.stdout.readline()
+        me = psutil.Process()
+
+        def new() -> object:
+            return listeners.listeners([me.pid, *listeners.descendants(me.pid)])
+
+        def old() -> object:
+            return isolation._psutil_listeners([me, *me.children(recursive=True)])
+
+        assert {e.port for e in new()} >= {e.port for e in old() if e.ip == "127.0.0.1"}
+        times: dict[object, list[float]] = {new: [], old: []}
+        for _ in range(rounds):
+            for check in (new, old):
+                t0 = time.perf_counter()
+                check()
+                times[check].append((time.perf_counter() - t0) * 1000.0)
+        return statistics.median(times[new]), statistics.median(times[old])
+    finally:
+        child.kill()
+        child.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matrix", type=Path, default=Path("matrices/traffic.yaml"))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--run-dir", type=Path, help="analyse this run directory instead of running")
+    parser.add_argument("--listeners", action="store_true", help="time the loopback check alone")
     args = parser.parse_args()
     print(machine_line())
+    if args.listeners:
+        new_ms, old_ms = listener_check_ms()
+        print(f"loopback check: {new_ms:.3f} ms (listeners.py) vs {old_ms:.3f} ms (psutil), "
+              f"×{old_ms / new_ms:.0f}")
+        return 0
     if args.run_dir is None:
         out = Path(tempfile.mkdtemp(prefix="bench-traffic-")) / "run"
         wall, code = run_matrix(args.matrix, args.jobs, out)
