@@ -1,7 +1,9 @@
 """The loopback check read from the kernel (shadowlab/listeners.py): the /proc/net/tcp{,6} parser
 on captured tables, the netlink dump against those tables, attribution of a listener to the
-processes that hold it, and, live, an engine whose child starts listening beyond loopback
-after the first answer, caught by the runner's per-turn check.
+processes that hold it, an engine process seeing its own port and its child's listener on
+0.0.0.0 (from the kernel, and through psutil where /proc is absent), and, live, an engine whose
+child starts listening beyond loopback after the first answer, caught by the runner's per-turn
+check.
 
 The fixtures tests/fixtures/proc_net/tcp and tcp6 are this x86 host's tables, cut to the lines
 of one process: listeners on 127.0.0.1:41039 (inode 498533), 0.0.0.0:56171 (498534),
@@ -17,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +141,43 @@ def test_a_child_listening_beyond_loopback_after_the_first_answer_fails_its_cell
     assert code == 3
     port = int(re.search(r"\[::\]:(\d+)", warm.reason).group(1))
     assert all(e.port != port for e in listeners.netlink_listeners(socket.AF_INET6))  # stopped with its engine
+
+
+ENGINE_WITH_A_CHILD = """
+import signal, socket, subprocess, sys
+own = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+child = subprocess.Popen([sys.executable, "-c", (
+    "import signal, socket; exposed = socket.create_server(('0.0.0.0', 0)); "
+    "print(exposed.getsockname()[1], flush=True); signal.pause()")], stdout=subprocess.PIPE, text=True)
+print(child.stdout.readline().strip(), flush=True)
+signal.pause()
+"""
+
+
+def first_line(path: Path, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = path.read_text()
+        if text.endswith("\n"):
+            return text.splitlines()[0]
+        time.sleep(0.02)
+    raise AssertionError(f"nothing written to {path} in {timeout} s")
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel-reads", "psutil-without-proc"])
+def test_an_engine_process_sees_its_port_and_its_childs_exposed_listener(tmp_path, monkeypatch, kernel):
+    if not kernel:  # where /proc is absent, psutil answers the same questions
+        monkeypatch.setattr(listeners, "available", lambda: False)
+    port = isolation.lease_port()
+    proc = isolation.EngineProcess(
+        [sys.executable, "-c", ENGINE_WITH_A_CHILD, str(port.port)], env=dict(os.environ),
+        cwd=tmp_path / "s", log_path=tmp_path / "engine.log", cores=isolation.usable_cores(), port=port.port)
+    try:
+        exposed_port = int(first_line(tmp_path / "engine.log"))  # the child listens now
+        assert proc.listens_on_port()
+        assert proc.exposed_listeners() == [f"0.0.0.0:{exposed_port}"]
+        report = proc.stop()
+        assert report.survivors == [] and report.port_free
+    finally:
+        proc.stop()
+        port.release()
