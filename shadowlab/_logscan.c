@@ -1261,6 +1261,8 @@ typedef struct {
     const char *fallback;
     struct note_s *block_notes; /* the side notes of the block being read, and the next to take */
     Py_ssize_t n_block_notes, next_note;
+    unsigned char *last_head; /* the head of the last check note taken (logs._Stream.last_check) */
+    size_t last_len;
 } fold_t;
 
 static slot_t *slot_of(fold_t *f, int64_t id)
@@ -1502,15 +1504,15 @@ static cp next_hecking(cp p, cp end, cp readable)
 
 /* The notes of body[0, n) in offset order (sims before checks on one line), as _side_notes
  * makes them. *big: a number past int64 in one of them. -1: no memory. */
-static int side_notes(cp body, Py_ssize_t n, cp readable, int64_t base, note_t **out, Py_ssize_t *count, int *big)
+static int side_notes(fold_t *f, cp body, Py_ssize_t n, cp readable, int64_t base, note_t **out, Py_ssize_t *count,
+                      int *big)
 {
     /* Both words hold "hecking " (at +1 and +0): one search for it finds every occurrence of
      * each (neither word can overlap itself), as _side_notes' two find() loops do. */
     static const char sim_rest[] = "sim = ", check_rest[] = "checkpoint with [";
     note_t *sims = NULL, *checks = NULL;
     Py_ssize_t ns = 0, nc = 0, cs = 0, cc = 0;
-    cp end = body + n, last = NULL;
-    size_t last_len = 0;
+    cp end = body + n;
     for (cp h = next_hecking(body, end, readable); h != NULL; h = next_hecking(h + 1, end, readable)) {
         cp after = h + HECKING_LEN;
         if (h > body && h[-1] == 'c' && (size_t)(end - after) >= sizeof sim_rest - 1 &&
@@ -1527,13 +1529,17 @@ static int side_notes(cp body, Py_ssize_t n, cp readable, int64_t base, note_t *
             cp ls = line_start(body, i);
             cp head = rfind(ls, i, "| task ", 7);
             size_t len = head != NULL ? (size_t)(i - head) : 0;
-            if (len == last_len && (len == 0 || memcmp(head, last, len) == 0))
+            if (len == f->last_len && (len == 0 || memcmp(head, f->last_head, len) == 0))
                 continue; /* the task's run of check lines: one note */
             cp w = i + 80 < readable ? i + 80 : readable;
             note_t x = {.offset = base + (ls - body), .check = 1};
             if (search_id(ls, w, check_at, &x, big)) {
-                last = head;
-                last_len = len;
+                unsigned char *kept = PyMem_Realloc(f->last_head, len ? len : 1);
+                if (kept == NULL)
+                    goto nomem;
+                memcpy(kept, head, len);
+                f->last_head = kept;
+                f->last_len = len;
                 if (notes_push(&checks, &nc, &cc, &x) < 0)
                     goto nomem;
             }
@@ -2107,6 +2113,7 @@ static void fold_free(PyObject *capsule)
     Py_XDECREF(f->times);
     Py_XDECREF(f->codes);
     PyMem_Free(f->block_notes);
+    PyMem_Free(f->last_head);
     PyMem_Free(f);
 }
 
@@ -2181,7 +2188,7 @@ static PyObject *fold_block(PyObject *self, PyObject *args)
         PyMem_Free(f->block_notes);
         f->block_notes = NULL;
         f->n_block_notes = f->next_note = 0;
-        if (side_notes(body, n, body + buf.len, base_offset, &f->block_notes, &f->n_block_notes, &big) < 0)
+        if (side_notes(f, body, n, body + buf.len, base_offset, &f->block_notes, &f->n_block_notes, &big) < 0)
             goto done;
         if (big) {
             f->fallback = "a side note's number past int64";

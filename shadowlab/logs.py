@@ -155,6 +155,7 @@ class _Stream(io.RawIOBase):
         self.piece_pos = 0
         self._base = (0, 0, 0, 0)
         self.notes = True  # find the side notes (the C fold finds its own)
+        self.last_check = b""  # the head of the last check note taken: a task's run may cross blocks
 
     def readable(self) -> bool:
         return True
@@ -291,7 +292,7 @@ class _Stream(io.RawIOBase):
                 sims.append(lifecycle.SharedPrefix(int(m[1]), int(m[2]), int(m[3]), base + line_start))
             i = b.find(_SIM_WORD, i + 1, end)
         i = b.find(_CHECK_WORD, 0, end)
-        last = b""
+        last = self.last_check
         while i >= 0:  # b11434: the engine's n_past (one note per task: its lines all say the same)
             line_start = b.rfind(b"\n", 0, i) + 1
             head = b[b.rfind(b"| task ", line_start, i): i]
@@ -301,6 +302,7 @@ class _Stream(io.RawIOBase):
                     last = head
                     checks.append(lifecycle.CheckpointCheck(int(m[1]), int(m[2]), int(m[3]), base + line_start))
             i = b.find(_CHECK_WORD, i + 1, end)
+        self.last_check = bytes(last)
         # Replay.run drains the notes in offset order: appended as two runs (all sims, then all
         # checks) a check stayed behind the block's last sim line, and its task closed without it
         self.side.extend(heapq.merge(sims, checks, key=_offset))

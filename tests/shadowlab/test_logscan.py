@@ -411,11 +411,15 @@ def _shuffled(lines: list[bytes], rng: random.Random) -> list[bytes]:
 def test_fold_reads_a_log_that_lost_repeated_and_reordered_lines_as_python_does(tmp_path, monkeypatch):
     _make_prodlogs().generate(tmp_path, "b11434", seed=3, requests=200, slots=2, pieces=1, days=1)
     lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
+    from shadowlab import logs
+
     rng = random.Random(20261201)
     notes = []
     for round_ in range(8):
         path = tmp_path / f"shuffled{round_}.log"
         path.write_bytes(b"".join(_shuffled(lines[: 400 * (round_ + 1)], rng)))
+        # small blocks: a task's run of `checking checkpoint` lines (one note) across a block end
+        monkeypatch.setattr(logs, "_FOLD_BLOCK", 4099 if round_ % 2 else 1 << 20)
         (fold, replay, pure), folded = _three_ways([path], monkeypatch)
         assert folded == [str(path)], round_
         assert fold == replay == pure, round_
@@ -464,3 +468,32 @@ def test_fold_rejects_bad_arguments():
         f.fold_events(state, b"abc\n", 4, 0, [(99, ())])
     assert f.fold_block(state, b"abc\n", 0, 4, 0, 0) == 1
     assert f.fold_finish(state)["slots"] == []
+
+
+@needs_c
+def test_fold_takes_one_check_note_per_run_of_lines_even_across_a_block_end(tmp_path, monkeypatch):
+    """`checking checkpoint` notes are taken once per run of lines with the same `| task N |`
+    head (its lines all say the same); the run goes on across a block end, on both paths."""
+    from shadowlab import logs
+
+    def line(slot: int, task: int, text: str) -> str:
+        return f"0.00.000.000 I slot update_slots: id  {slot} | task {task} | {text}\n"
+
+    first = [line(0, 5, "new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 200"),
+             line(0, 5, "checking checkpoint with [10, 10] against 100..."),
+             line(0, 5, "erased invalidated context checkpoint (pos_min = 10, pos_max = 10, n_tokens = 11, "
+                        "n_swa = 0, pos_next = 0, size = 0.111 MiB)"),
+             line(0, 5, "cached n_tokens = 0, memory_seq_rm [0, end)")]
+    idle = "0.00.000.000 I srv  update_slots: all slots are idle\n"
+    pad = idle * ((4099 - len("".join(first))) // len(idle) + 1)
+    second = [line(1, 5, "checking checkpoint with [1, 1] against 3..."),  # the same head: the same run
+              line(1, 5, "new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 50"),
+              line(1, 5, "cached n_tokens = 0, memory_seq_rm [0, end)")]
+    path = tmp_path / "runs.log"
+    path.write_text("".join(first) + pad + "".join(second))
+    assert len("".join(first) + pad) > 4099  # the second slot's lines lie in the second block
+    monkeypatch.setattr(logs, "_FOLD_BLOCK", 4099)
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded and fold == replay == pure
+    assert [(r["slot"], r["shared_prefix"], r["shared_source"]) for r in fold["requests"]] == [
+        (0, 100, "n_past"), (1, 0, "re_entry")]
