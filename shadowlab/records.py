@@ -117,7 +117,8 @@ class TurnRecord:
     task_ids: list[int] = doc("llama.cpp task ids seen in the span (`| task N |`).")
     response_file: str | None = doc(
         "Raw response body, relative to the cell directory; a streamed answer's is the body its "
-        "events add up to (the final event with the streamed `content` and `tokens`)."
+        "events add up to (the final event with the streamed `content` and `tokens`; "
+        "`shadowlab_lost_ids` says why `tokens` is empty when the stream lost ids)."
     )
     conversation: str | None = doc(
         "The conversation the turn belongs to (the plan's turn: an ordered sequence's name); None "

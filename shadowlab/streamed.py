@@ -10,8 +10,10 @@ first token arrived: the time to first token measured as such, not to the end of
 
 The stream is untrusted engine output: bounded in bytes, in events and in tokens (never more
 than n_predict) and in time; an event that is no JSON object, a token that is no id, a stream
-that ends without its final event, or token ids that do not add up to the tokens the engine says
-it predicted are a `MalformedStream` naming the event.
+that ends without its final event, or more token ids than the engine says it predicted are a
+`MalformedStream` naming the event. Fewer ids than predicted is what llama-server does for a
+token that ends inside a UTF-8 character: the ids are dropped (the body says so under
+`LOST_IDS_KEY`) and identity compares the text alone.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ EVENT_STREAM = "text/event-stream"
 MAX_TOKEN_ID = 2**31 - 1
 MAX_EXTRA_EVENTS = 256  # events beyond one per token: pings, the final event, a left-over text
 _IGNORED_FIELDS = (b"event", b"id", b"retry")
+
+
+LOST_IDS_KEY = "shadowlab_lost_ids"  # set in the joined body when the stream lost token ids (the note)
 
 
 class MalformedStream(ValueError):
@@ -147,14 +152,22 @@ class _Assembly:
                clock: Callable[[], float]) -> StreamedAnswer:
         ids = self.tokens + tokens
         predicted = event.get("tokens_predicted")
+        lost = None
         # llama-server counts the EOS token it streams; the reference engine streams no stop token.
         if isinstance(predicted, int) and not (len(ids) == predicted
                                                or (len(ids) == predicted - 1 and event.get("stop_type") == "eos")):
-            raise MalformedStream(
-                f"the events carry {len(ids)} token ids for {predicted} tokens predicted: the completion's "
-                "ids cannot be known from this stream (llama-server sends no event for a token whose text "
-                "ends inside a UTF-8 character)")
+            if len(ids) > predicted or (self.n_predict is not None and predicted > self.n_predict + 1):
+                raise MalformedStream(f"the events carry {len(ids)} token ids for {predicted} tokens predicted")
+            # Fewer: llama-server sends no event for a token whose text ends inside a UTF-8
+            # character, so its id never comes. The text is whole (the next event carries the
+            # character); the ids are not, so none is kept: identity compares the text alone.
+            lost = (f"the events carry {len(ids)} token ids for {predicted} tokens predicted (llama-server "
+                    "streams no event for a token that ends inside a UTF-8 character): ids dropped, "
+                    "identity compares the text alone")
+            ids = []
         body = {**event, "content": "".join(self.contents) + content, "tokens": ids}
+        if lost:
+            body[LOST_IDS_KEY] = lost
         if self.probs and "completion_probabilities" not in event:  # streamed per token, not at the end
             body["completion_probabilities"] = self.probs
         return StreamedAnswer(body, self._first(clock), self.events)

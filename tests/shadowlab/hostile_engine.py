@@ -52,8 +52,8 @@ Modes (repeatable):
   sse-endless      streams a token event, then a keep-alive ping every 50 ms, forever
   sse-flood        streams token events as fast as it can, forever (more than n_predict)
   sse-cut          streams two token events, then closes without the final event
-  sse-lost-ids     streams two token ids, then a final event that says 4 were predicted
-                   (llama-server's way with a token that ends inside a UTF-8 character)
+  sse-extra-ids    streams five token ids, then a final event that says 4 were predicted
+                   (fewer would be llama-server's way with a token inside a UTF-8 character)
   restore-differs  a checkpointing hybrid engine, llama.cpp's lines: each prompt of n tokens
                    creates a checkpoint at n - 4; a prompt extending the previous one restores
                    its checkpoint, and then answers "ab c (restored)" (a wrong restored state).
@@ -334,8 +334,8 @@ class Handler(BaseHTTPRequestHandler):
             parts = itertools.repeat(token(97))
         elif "sse-cut" in MODES:
             parts = iter([token(97), token(98)])
-        else:  # sse-lost-ids
-            parts = iter([token(97), token(98), final])
+        else:  # sse-extra-ids
+            parts = iter([token(97), token(98), token(99), token(100), token(101), final])
         try:
             for part in parts:
                 self.wfile.write(part)

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from test_hostile import check, run_cli
 
-from shadowlab import cli, isolation, rundir, streamed
+from shadowlab import cli, identity, isolation, rundir, streamed
 from shadowlab.records import CellStatus
 
 # llama-server b11434's streamed answer to {"prompt": [1..10], "n_predict": 4, "stream": true}
@@ -86,8 +86,8 @@ def test_an_error_event_is_the_answer():
     (events(*TOKENS), "ended before its final event"),
     (events(*TOKENS, *TOKENS), "more than n_predict 3"),
     (b":\n\n" * 300, "more than 259 events"),
-    (events(TOKENS[0], FINAL), "1 token ids for 3 tokens predicted"),
-    (CAPTURED, "1 token ids for 4 tokens predicted"),
+    (events(*TOKENS, {**FINAL, "tokens_predicted": 2}), "3 token ids for 2 tokens predicted"),
+    (events(TOKENS[0], {**FINAL, "tokens_predicted": 9}), "1 token ids for 9 tokens predicted"),  # > n_predict
 ])
 def test_a_malformed_stream_is_refused_naming_what(data, reason):
     with pytest.raises(streamed.MalformedStream, match=reason):
@@ -99,6 +99,18 @@ def test_a_stream_is_bounded_in_bytes_and_time():
         read([b":" + b"x" * 60 + b"\n"] * 3, max_bytes=100)
     with pytest.raises(httpx.ReadTimeout):
         read([b":\n\n"] * 3, deadline=1.0, clock=iter([0.0, 0.5, 2.0]).__next__)
+
+
+def test_ids_a_stream_lost_are_dropped_and_the_text_kept():
+    """llama-server streams no event for a token that ends inside a UTF-8 character (the captured
+    b11434 stream: 1 id for 4 tokens predicted): the text is whole, the ids are not, so none is
+    kept and the body says why; identity then compares the text alone."""
+    body = read(CAPTURED, n_predict=4).body
+    assert body["tokens"] == [] and body["content"] == "\ufffd\ufffd\ufffdre"
+    assert "1 token ids for 4 tokens predicted" in body[streamed.LOST_IDS_KEY]
+    check = identity.compare(body["content"], body["tokens"], body["content"], [1, 2, 3, 263], reused_tokens=5)
+    assert check.status is identity.IdentityStatus.IDENTICAL and "text only" in check.detail
+    assert streamed.LOST_IDS_KEY not in read(events(*TOKENS, FINAL), n_predict=3).body
 
 
 def test_per_token_probabilities_and_the_one_token_of_n_predict_0_are_kept():
@@ -121,7 +133,7 @@ HOSTILE_STREAMS = {
     "sse-endless": "request timeout",
     "sse-flood": "more than n_predict 4",
     "sse-cut": "ended before its final event",
-    "sse-lost-ids": "2 token ids for 4 tokens predicted",
+    "sse-extra-ids": "more than n_predict 4",
 }
 
 
@@ -130,6 +142,19 @@ def test_a_hostile_stream_fails_its_turn_naming_why(tmp_path, capsys, mode, reas
     code, out, _ = run_cli(tmp_path, [mode], capsys)  # bounded in time: run_cli asserts < 30 s
     (meta,) = check(tmp_path, out, status=CellStatus.FAILED, reason=reason).values()
     assert code == 3 and meta.turns[0].completion is None and reason in meta.turns[0].error
+
+
+def test_a_stream_that_lost_ids_is_judged_on_its_text():
+    """The joined body goes through the llama-server adapter like an unstreamed one: a completion
+    with its text and no ids, which identity compares as text (a wrong text still mismatches)."""
+    from shadowlab.engines import get_adapter
+
+    body = read(events(*TOKENS, {**FINAL, "tokens_predicted": 4}), n_predict=4).body
+    result = get_adapter("llama-server").parse_response(body)
+    assert result.text == "abc" and not result.tokens
+    same = identity.compare(result.text, result.tokens, "abc", [97, 98, 99, 100], reused_tokens=3)
+    other = identity.compare(result.text, result.tokens, "abd", [97, 98, 100, 100], reused_tokens=3)
+    assert same.status is identity.IdentityStatus.IDENTICAL and other.status is identity.IdentityStatus.MISMATCH
 
 
 # ------------------------------------------------------------------ the reference engine, live
