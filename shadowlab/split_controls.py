@@ -91,7 +91,8 @@ def no_control_reason(meta: records.CellMeta, schedule: splits.Schedule | None, 
     if schedule is None:
         return "the warm turn's log shows no restore to replay (or no task ids / prompt lengths)"
     if endpoint != "completion":
-        return "a chat turn cannot be sent with split points"
+        return ("a chat turn is rendered and tokenized by the engine, so neither split points nor a "
+                "request sequence of token prefixes reproduces its batches")
     kind = meta.engine.kind if meta.engine else "?"
     if kind == "reference":
         return splits.unknown_prefix(schedule)
