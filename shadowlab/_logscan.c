@@ -1823,14 +1823,18 @@ static int close_emit(fold_t *f, slot_t *s)
     return 0;
 }
 
-/* Replay._finish: every open request, by the offset of its first line */
+/* Replay._finish: every open request, by the offset of its first line (a stable sort of the
+ * open requests in the order they started: two may start on one line) */
 static int finish_open(fold_t *f)
 {
     for (;;) {
         slot_t *first = NULL;
-        for (int i = 0; i < f->n_slots; i++)
-            if (f->slots[i].req.open && (first == NULL || f->slots[i].req.offset < first->req.offset))
+        for (int i = 0; i < f->n_slots; i++) {
+            const req_t *o = &f->slots[i].req;
+            if (o->open && (first == NULL || o->offset < first->req.offset ||
+                            (o->offset == first->req.offset && o->serial < first->req.serial)))
                 first = &f->slots[i];
+        }
         if (first == NULL)
             return 0;
         if (close_emit(f, first) < 0 || f->fallback)

@@ -497,3 +497,21 @@ def test_fold_takes_one_check_note_per_run_of_lines_even_across_a_block_end(tmp_
     assert folded and fold == replay == pure
     assert [(r["slot"], r["shared_prefix"], r["shared_source"]) for r in fold["requests"]] == [
         (0, 100, "n_past"), (1, 0, "re_entry")]
+
+
+@needs_c
+def test_fold_closes_requests_that_started_on_one_line_in_the_order_they_started(tmp_path, monkeypatch):
+    """Two writers' lines run into one: both requests start at the same offset, and the end of
+    the log closes them in the order they started (Replay._finish's stable sort)."""
+    def msg(slot: int, task: int, text: str) -> str:
+        return f"slot update_slots: id  {slot} | task {task} | {text}"
+
+    head = "0.00.000.000 I "
+    text = "".join(head + msg(s, t, "cached n_tokens = 0, memory_seq_rm [0, end)") + "\n" for s, t in ((1, 1), (0, 2)))
+    text += head + msg(0, 7, "cached n_tokens = 5, memory_seq_rm [5, end)") + " " + msg(1, 8, "cached n_tokens = 3, "
+                                                                                         "memory_seq_rm [3, end)") + "\n"
+    path = tmp_path / "interleaved.log"
+    path.write_text(text)
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded and fold == replay == pure
+    assert [r["task"] for r in fold["requests"]] == [2, 1, 7, 8]  # 2 closes first: slot 0 went on first
