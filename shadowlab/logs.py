@@ -154,7 +154,9 @@ class _Stream(io.RawIOBase):
         self.pending: FileReport | None = None  # the piece whose counts settle() gives next
         self.piece_pos = 0
         self._base = (0, 0, 0, 0)
-        self.notes = True  # find the side notes (the C fold finds its own)
+        # the Python replay reads it: find the side notes, keep the look-back for the clock (the C
+        # fold finds its own notes and reads no ik_llama.cpp clock)
+        self.for_replay = True
         self.last_check = b""  # the head of the last check note taken: a task's run may cross blocks
 
     def readable(self) -> bool:
@@ -208,7 +210,7 @@ class _Stream(io.RawIOBase):
     def _fill(self, b: Any) -> int:
         """Fill b with the current piece (after the carried partial line); the bytes up to its
         last newline, or 0 when the piece is done (then closed)."""
-        if self.size:  # b still holds the block before: keep its end for look-backs
+        if self.size and self.for_replay:  # b still holds the block before: keep its end for look-backs
             self.prev = bytes(b[max(0, self.size - SNIFF): self.size])
         k = len(self.carry)
         b[:k] = self.carry
@@ -239,7 +241,7 @@ class _Stream(io.RawIOBase):
         self.open_line = b[end - 1] != 10
         self.buf, self.start, self.size = b, self.pos, end
         self.pos += end
-        if self.notes:
+        if self.for_replay:
             self._side_notes(b, end)
         if eof:
             self.carry = b""
@@ -653,7 +655,7 @@ def _server(server: str, pieces: list[str], family: str, options: Options, files
         kept = len(files_out), len(rows)
         try:
             return _server_fold(fold, server, pieces, family, files_out, rows, times, codes)
-        except _Unfoldable:
+        except (_Unfoldable, MemoryError):  # the replay reports running out of memory where it does
             del files_out[kept[0]:], rows[kept[1]:]
     return _server_replay(server, pieces, family, options, files_out, rows, times, codes)
 
@@ -695,7 +697,7 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, files_o
     """_server_replay without filters or --trace, by the C fold: blocks of whole lines go to
     fold_block; a block that is not one (an overlong line) or a reason from it: _Unfoldable."""
     stream = _Stream(pieces, server, deque(), files_out)
-    stream.notes = False
+    stream.for_replay = False
     stats = logparse.ParseStats(family=family)
     stream.stats = stats
     reader = logparse.line_reader(stats)
