@@ -24,7 +24,19 @@ from shadowlab.exitcodes import (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Subcommands whose options live in their own module (`add_arguments`). Importing all of them costs
+# ~0.25 s per start (httpx, the matrix package, ...), a quarter of `shadowlab logs` on 1 GB: main()
+# builds only the one named.
+MODULE_COMMANDS = {
+    "logs": ("shadowlab.logs", "read production llama-server logs: lifecycle counts, shared prefixes, trace"),
+    "simulate": ("shadowlab.simulate", "predict what each cache policy would reuse on a traffic (no engine)"),
+    "compare": ("shadowlab.compare", "baseline vs candidate run: deltas with their noise band"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only` naming a module-backed subcommand, the others of
+    MODULE_COMMANDS get their name and help but not their options (their modules stay unimported)."""
     parser = argparse.ArgumentParser(
         prog="shadowlab",
         description="Shadow experiments for context-checkpoint caching on hybrid engines.",
@@ -74,14 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("parts", type=Path, nargs="+", metavar="DIR",
                        help="the run directories `shadowlab run --shard I/N` wrote, one per shard")
     merge.add_argument("--out", type=Path, required=True, help="the merged run directory (new or empty)")
-    logs = sub.add_parser("logs", help="read production llama-server logs: lifecycle counts, shared prefixes, trace")
-    importlib.import_module("shadowlab.logs").add_arguments(logs)
-    simulate = sub.add_parser("simulate", help="predict what each cache policy would reuse on a traffic (no engine)")
-    importlib.import_module("shadowlab.simulate").add_arguments(simulate)
-    compare = sub.add_parser("compare", help="baseline vs candidate run: deltas with their noise band",
-                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    importlib.import_module("shadowlab.compare").add_arguments(compare)
+    for name, (module, text) in MODULE_COMMANDS.items():
+        p = sub.add_parser(name, help=text, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        if only is None or only == name:
+            importlib.import_module(module).add_arguments(p)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` names (its first word that is no option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 # ---------------------------------------------------------------- option values
@@ -144,7 +158,8 @@ def _known_faults() -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         code = _dispatch(args)
         sys.stdout.flush()  # a closed pipe (`| head -1`) shows here, not at interpreter exit

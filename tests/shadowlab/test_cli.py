@@ -194,3 +194,16 @@ def test_good_option_values_are_kept():
         ["run", "m.yaml", "--request-timeout", "2.5", "--jobs", "3", "--fault", "stale-restore",
          "--fault", "crash-after-requests=2"])
     assert (args.request_timeout, args.jobs, args.fault) == (2.5, 3, ["stale-restore", "crash-after-requests=2"])
+
+
+def test_a_module_backed_command_builds_only_its_own_options():
+    """`shadowlab logs` on a large log is timed against grep: the other subcommands' modules
+    (httpx, the matrix package, ...) stay unimported; every command still parses its options."""
+    code = ("import sys; from shadowlab import cli; p = cli.build_parser('logs'); "
+            "p.parse_args(['logs', 'x.log', '--json']); "
+            "print(sorted(m for m in ('shadowlab.simulate', 'shadowlab.compare', 'httpx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    for argv in (["simulate", "x.yaml", "--json"], ["compare", "a", "b", "--json"], ["logs", "x.log", "--json"]):
+        assert cli.build_parser(argv[0]).parse_args(argv).json is True
+        assert cli.build_parser().parse_args(argv).json is True
