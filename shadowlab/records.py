@@ -69,11 +69,21 @@ class CellStatus(str, enum.Enum):
 
 
 @dataclass
+class TopLogprob:
+    id: int = doc("A candidate token id.")
+    logprob: float = doc("Its log probability, as the engine computed it.")
+
+
+@dataclass
 class Completion:
     text: str = doc("Completion text as the engine returned it (its `content`).")
     tokens: list[int] = doc("Completion token ids as the engine returned them.")
     sha256: str = doc("sha256 of the UTF-8 bytes of `text`.")
     stop_type: str | None = doc("Why generation stopped, as the engine said (`limit`, `eos`, ...).")
+    top_logprobs: list[list[TopLogprob]] | None = doc(
+        "Per generated token, the engine's top candidates (`generation.n_probs` of them, from "
+        "llama.cpp's `completion_probabilities`); None when none were asked or given. Evidence for "
+        "a mismatch's triage.", default=None)
 
 
 @dataclass

@@ -1244,8 +1244,10 @@ class TurnExchange:
         record.prefill_ms = result.prompt_ms
         if record.prompt_tokens is None and result.reused_tokens is not None and result.processed_tokens is not None:
             record.prompt_tokens = result.reused_tokens + result.processed_tokens
+        top = None if result.top_logprobs is None else [
+            [records.TopLogprob(tok, lp) for tok, lp in per_token] for per_token in result.top_logprobs]
         record.completion = records.Completion(result.text, list(result.tokens),
-                                               records.sha256_text(result.text), result.stop_type)
+                                               records.sha256_text(result.text), result.stop_type, top)
 
     def _close_span(self, record: records.TurnRecord, span: LogSpan) -> records.TurnRecord:
         """Wait (bounded) for this turn's `prompt eval time` line; the span ends after it."""

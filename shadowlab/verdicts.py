@@ -851,15 +851,17 @@ def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, m
     from shadowlab import split_controls
 
     check = turn.identity
-    warm = identity.Output(check.text or "", check.tokens)
-    cold = identity.Output(check.reference_text or "", check.reference_tokens)
+    warm_record = next((t for t in meta.turns if t.index == turn.index), None)
+    cold_record = _reference_record(metas.get(check.reference_cell), warm_record)
+    warm = identity.Output(check.text or "", check.tokens, _logprobs(warm_record))
+    cold = identity.Output(check.reference_text or "", check.reference_tokens, _logprobs(cold_record))
     split_id = split_controls.cell_id(cell.cell_id, turn.index)
     split_meta = metas.get(split_id)
     split_out, why = None, ""
     # The control's output is its last turn (llama-server's: the last request of its sequence).
     record = max(split_meta.turns, key=lambda t: t.index, default=None) if split_meta else None
     if record is not None and _turn_ok(record):
-        split_out = identity.Output(record.completion.text, record.completion.tokens)
+        split_out = identity.Output(record.completion.text, record.completion.tokens, _logprobs(record))
     elif split_meta is not None:
         why = f"split control {split_id} did not run ({split_meta.reason or split_meta.status.value})"
     else:
@@ -882,6 +884,19 @@ def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, m
                          identity.describe(t.cold_vs_control))
 
 
+def _reference_record(reference: Any, warm: Any) -> Any:
+    """The reference cell's turn that computed the warm turn's prompt (same prompt sha256)."""
+    if reference is None or warm is None:
+        return None
+    return next((t for t in reference.turns if t.prompt_sha256 == warm.prompt_sha256), None)
+
+
+def _logprobs(record: Any) -> tuple[tuple[tuple[int, float], ...], ...] | None:
+    """A turn record's top logprobs as identity.Output takes them (None: not recorded)."""
+    top = record.completion.top_logprobs if record is not None and record.completion is not None else None
+    return None if top is None else tuple(tuple((c.id, c.logprob) for c in per_token) for per_token in top)
+
+
 def _missing_evidence(warm: Any, cold: Any, control_pair: Any) -> str:
     """What a live run would add to an undetermined mismatch (said, so nobody guesses)."""
     missing = []
@@ -889,6 +904,8 @@ def _missing_evidence(warm: Any, cold: Any, control_pair: Any) -> str:
         missing.append("the completion token ids (this record holds text only)")
     if control_pair is None:
         missing.append("a cold-vs-cold control (run-to-run noise)")
+    if warm.top_logprobs is None or cold.top_logprobs is None:
+        missing.append("the top logprobs where the outputs part (generation.n_probs)")
     return f"; a live run would add {' and '.join(missing)}" if missing else ""
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,7 @@ class TurnResult:
     processed_tokens: int | None
     prompt_ms: float | None
     timings: Mapping[str, Any] = field(default_factory=dict)
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None  # per token: (id, logprob)
 
 
 # Families whose builds print their checkpoint lines at the default level: ik_llama.cpp has no
@@ -153,6 +155,31 @@ class EngineAdapter(Protocol):
         """Token ids of text, as the running engine tokenizes it (no specials added)."""
 
 
+MAX_TOP_LOGPROBS = 64  # candidates kept per token: more than any matrix asks (n_probs <= 20)
+
+
+def top_logprobs(value: Any) -> tuple[tuple[tuple[int, float], ...], ...] | None:
+    """llama.cpp's `completion_probabilities` (one entry per generated token, each with its
+    `top_logprobs` list of {id, logprob}) as (id, logprob) pairs per token. Evidence only: an
+    answer without it, or in another shape (older builds' `probs`), gives None, never an error;
+    a candidate that is no id or no finite number is left out."""
+    if not isinstance(value, list) or not value:
+        return None
+    out = []
+    for entry in value:
+        top = entry.get("top_logprobs") if isinstance(entry, dict) else None
+        if not isinstance(top, list):
+            return None
+        pairs = []
+        for c in top[:MAX_TOP_LOGPROBS]:
+            tok, lp = (c.get("id"), c.get("logprob")) if isinstance(c, dict) else (None, None)
+            if (isinstance(tok, int) and not isinstance(tok, bool) and tok >= 0 and isinstance(lp, (int, float))
+                    and not isinstance(lp, bool) and math.isfinite(lp)):
+                pairs.append((tok, float(lp)))
+        out.append(tuple(pairs))
+    return tuple(out)
+
+
 class EngineAdapterBase:
     """Defaults for llama.cpp-shaped HTTP servers (the reference engine speaks the same API).
 
@@ -212,6 +239,8 @@ class EngineAdapterBase:
                 # events back into this answer's usual body; shadowlab/streamed.py).
                 "stream": True,
             }
+            if getattr(generation, "n_probs", 0):  # top logprobs per token: a mismatch's evidence
+                body["n_probs"] = generation.n_probs
             path = "/completion"
         body.update(turn.extra_body)
         return path, body
@@ -230,6 +259,7 @@ class EngineAdapterBase:
             processed_tokens=_opt_int(timings.get("prompt_n")),
             prompt_ms=_opt_float(timings.get("prompt_ms")),
             timings=timings,
+            top_logprobs=top_logprobs(body.get("completion_probabilities")),
         )
 
     def tokenize(self, client: httpx.Client, text: str) -> list[int]:

@@ -231,6 +231,9 @@ SCHEMA: dict[str, Section] = {
         Key("temperature", "number", 0.0, "Must be ≤ 0 (greedy) unless `allow_sampling`."),
         Key("allow_sampling", "bool", False, "Accept temperature > 0 (identity checks become meaningless)."),
         Key("ignore_eos", "bool", False, "Keep generating past end-of-sequence."),
+        Key("n_probs", "int", 0, "Top logprobs to record per generated token (llama.cpp's `n_probs`, "
+            "at most 20; raw /completion turns): a mismatch's triage then shows them where the "
+            "outputs part. 0: none asked."),
     )),
     "isolation": Section("isolation", (
         Key("cores_per_cell", "int", 1, "Dedicated CPU cores per running cell (at most the machine's)."),

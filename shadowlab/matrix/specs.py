@@ -219,6 +219,7 @@ class Generation:
     temperature: float = default("generation", "temperature")
     allow_sampling: bool = default("generation", "allow_sampling")
     ignore_eos: bool = default("generation", "ignore_eos")
+    n_probs: int = default("generation", "n_probs")
 
 
 @dataclass(frozen=True)

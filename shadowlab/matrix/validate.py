@@ -904,10 +904,14 @@ def _cells(value: Any, at: _At, engines: Mapping, configurations: Mapping, seque
     return CellsSpec(**{key: selections(key) for key in f})
 
 
+MAX_N_PROBS = 20  # llama-server's own bound on top logprobs per token is larger; 20 is plenty for triage
+
+
 def _generation(value: Any, at: _At) -> Generation:
     f = _fields(value, at, "generation")
     # Only the keys written: the dataclass fills the others with the schema's defaults.
-    read = {"n_predict": _tokens, "temperature": _number, "allow_sampling": _bool, "ignore_eos": _bool}
+    read = {"n_predict": _tokens, "temperature": _number, "allow_sampling": _bool, "ignore_eos": _bool,
+            "n_probs": functools.partial(_int, minimum=0, maximum=MAX_N_PROBS)}
     g = Generation(**{key: read[key](*f[key]) for key in f})
     if g.temperature > 0 and not g.allow_sampling:
         f["temperature"][1].fail(

@@ -116,3 +116,20 @@ def _refused(text: str) -> MatrixError:
     with pytest.raises(MatrixError) as info:
         loads(text, file="m.yaml", check_files=False)
     return info.value
+
+
+def test_top_logprobs_are_read_as_evidence_never_as_an_error():
+    """llama.cpp's completion_probabilities become (id, logprob) pairs per token; another shape
+    gives None (no evidence), a candidate that is no id or no finite number is left out."""
+    from shadowlab.engines import get_adapter, top_logprobs
+
+    good = [{"id": 5, "logprob": -0.1, "top_logprobs": [{"id": 5, "logprob": -0.1}, {"id": 9, "logprob": -2.5}]},
+            {"id": 7, "logprob": -0.3, "top_logprobs": [{"id": 7, "logprob": -0.3}]}]
+    assert top_logprobs(good) == (((5, -0.1), (9, -2.5)), ((7, -0.3),))
+    for other in (None, [], "x", [{"id": 5, "probs": [{"tok_str": "a", "prob": 0.9}]}], [5]):
+        assert top_logprobs(other) is None
+    hostile = [{"top_logprobs": [{"id": -1, "logprob": 0.0}, {"id": True, "logprob": 0.0}, {"id": 3, "logprob": "x"},
+                                 {"id": 4, "logprob": float("nan")}, {"id": 6, "logprob": -1.0}, 7]}]
+    assert top_logprobs(hostile) == (((6, -1.0),),)
+    body = {"content": "ab", "tokens": [5, 7], "completion_probabilities": good, "timings": {}}
+    assert get_adapter("llama-server").parse_response(body).top_logprobs == top_logprobs(good)

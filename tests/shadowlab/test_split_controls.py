@@ -29,10 +29,11 @@ _C = "  C: {kind: diverge, from: A, shared: 70, tokens: 130, seed: 2}"
 _EXT = "  EXT: {kind: append, from: A, extra: 26, seed: 2}"
 
 
-def _matrix(path: Path, extra: str) -> Path:
+def _matrix(path: Path, extra: str, generation: str = "") -> Path:
     path = test_run.write_matrix(path, name="split", sequences="  append: [A, EXT]", control=True)
     text = path.read_text()
-    for old, new in ((_C, _EXT), ("n_predict: 4", "n_predict: 24"), ("{control: true}", f"{{control: true{extra}}}")):
+    for old, new in ((_C, _EXT), ("n_predict: 4", f"n_predict: 24{generation}"),
+                     ("{control: true}", f"{{control: true{extra}}}")):
         assert old in text, old
         text = text.replace(old, new)
     path.write_text(text)
@@ -43,9 +44,9 @@ WARM = "reference.defaults.append"
 SPLIT = f"{WARM}.split.1"
 
 
-def _run(tmp_path: Path, *faults: str, extra: str = "") -> tuple[int, Path]:
+def _run(tmp_path: Path, *faults: str, extra: str = "", generation: str = "") -> tuple[int, Path]:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    matrix = _matrix(tmp_path / "m.yaml", extra)
+    matrix = _matrix(tmp_path / "m.yaml", extra, generation)
     out = tmp_path / "run"
     args = ["run", str(matrix), "--out", str(out)]
     for fault in faults:
@@ -85,6 +86,19 @@ def test_split_noise_is_split_sensitivity_and_fails_unless_allowed(tmp_path):
     assert _ext(out)["triage"]["cls"] == "split_sensitivity"
     assert code == EXIT_QUALIFIED, gate.evaluate(out).summary()
     assert "split_sensitivity" in (out / "report.md").read_text()  # accepted, still reported
+
+
+def test_top_logprobs_asked_are_recorded_and_shown_where_outputs_part(tmp_path):
+    """generation.n_probs: each turn records its top candidates, and the triage's evidence shows
+    them at the first differing token; without it, the undetermined text says they are missing."""
+    code, out = _run(tmp_path, "stale-restore", generation=", n_probs: 3")
+    turn = _ext(out)
+    assert turn["triage"]["cls"] == "corrupted_state" and "top logprobs [" in turn["triage"]["warm_vs_cold"]
+    meta = json.loads((out / "cells" / WARM / "meta.json").read_text())
+    top = meta["turns"][1]["completion"]["top_logprobs"]
+    assert len(top) == len(meta["turns"][1]["completion"]["tokens"]) and all(len(t) == 3 for t in top)
+    assert all(t[0]["logprob"] >= t[1]["logprob"] >= t[2]["logprob"] for t in top)  # engine order: best first
+    assert code == EXIT_CHECK_FAILED
 
 
 def test_nondeterministic_engine_is_nondeterminism(tmp_path):

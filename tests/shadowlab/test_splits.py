@@ -93,7 +93,8 @@ def test_ik_append_verdict_carries_the_undetermined_triage_and_why(tmp_path):
     t = classed.pop(("ik.cram0.append", 1))
     assert t.cls == "undetermined" and t.split_control_cell is None and t.warm_vs_cold == "byte 0"
     assert "re-entered at 4555" in t.detail and "not known for the ik_llama.cpp family" in t.detail
-    assert t.detail.endswith("a live run would add the completion token ids (this record holds text only)")
+    assert t.detail.endswith("a live run would add the completion token ids (this record holds text only) "
+                             "and the top logprobs where the outputs part (generation.n_probs)")
     assert all(c.cls for c in classed.values())  # every other mismatch is classed too
     assert all(t.triage is None for c in v.cells for t in c.turns
                if t.identity is None or t.identity.status.value != "mismatch")
