@@ -22,7 +22,7 @@
  * body        a bytes-like object; body[lo:hi] holds complete lines (the last may lack its
  *             newline), body[lo] is at file offset base_offset and starts line base_line + 1
  * search      which trigger search runs (0: the fastest here; see pick_search)
- * classes     tuple of the 13 event classes, in the order of enum kind below
+ * classes     tuple of the 14 event classes, in the order of enum kind below
  * strings     ("lru", "lcp"): the SlotSelected.method values
  * events      list of event records of the lines handled here, in line order
  * slow        list of (index, start, stop, line_no, word): a candidate line body[start:stop] for
@@ -39,12 +39,12 @@
 
 enum kind {
     K_CREATED, K_RESTORED, K_ERASED, K_ERASED_OLD, K_TOO_CLOSE, K_SUPERSEDED, K_FORCED,
-    K_NEW_PROMPT, K_TRIM, K_EVAL, K_SELECTED, K_SAVED, K_LOADED, N_KINDS
+    K_NEW_PROMPT, K_TRIM, K_EVAL, K_SELECTED, K_SAVED, K_LOADED, K_CLEARED, N_KINDS
 };
 /* the scan words of logparse._SCAN_WORDS, in its order */
 enum word { W_CK, W_PROMPT, W_TRIM, W_KV, W_SELECTED, W_NONE = -1 };
 
-#define LOGSCAN_ABI 5      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
+#define LOGSCAN_ABI 6      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
 #define MAX_LINE (1 << 20) /* logparse.MAX_LINE */
 #define LOOK_BACK (1 << 16) /* logparse.LOOK_BACK */
 #define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
@@ -257,7 +257,8 @@ static int trigger_at(cp s, cp e, cp p, int word)
             return 0;
         return BEFORE("forcing full ") || (BEFORE("new ") && AFTER("prompt,")) ||
                AFTER("prompt eval time") || AFTER("prompt cache") ||
-               (BEFORE("saving ") && AFTER("prompt with length")) || BEFORE("found better ");
+               (BEFORE("saving ") && AFTER("prompt with length")) || BEFORE("found better ") ||
+               (BEFORE("clearing ") && AFTER("prompt with"));
     }
     return 0;
 #undef AFTER
@@ -745,6 +746,15 @@ static int prompt_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
         r->n = 0; /* the regex's next alternatives */
     }
     if ((p = strict_head(s, e, &h)) != NULL) {
+        if ((q = LIT(p, e, "clearing prompt with ")) != NULL) {
+            q = LIT(uint_(q, e, &n), e, " tokens");
+            if (!end_(q, e))
+                return R_SLOW;
+            common(r, h.slot, NO_INT); /* task -1: between tasks */
+            *kind = K_CLEARED;
+            push_int(r, n);
+            return R_EVENT;
+        }
         if (!rest_without_bar(LIT(p, e, "forcing full prompt re-processing"), e))
             return R_SLOW;
         common(r, h.slot, h.task < 0 ? NO_INT : h.task);
@@ -1026,7 +1036,7 @@ static PyObject *record_object(builder_t *b, const rec_t *r, int64_t line, int64
 static int check_classes(PyObject *classes, PyObject *strings)
 {
     if (PyTuple_GET_SIZE(classes) != N_KINDS || PyTuple_GET_SIZE(strings) != 2) {
-        PyErr_SetString(PyExc_ValueError, "13 event classes and (\"lru\", \"lcp\") expected");
+        PyErr_SetString(PyExc_ValueError, "14 event classes and (\"lru\", \"lcp\") expected");
         return -1;
     }
     for (int i = 0; i < N_KINDS; i++) {
@@ -1149,7 +1159,7 @@ done:
  * specification; tests/shadowlab/test_logscan.py compares both on every log it has. A line
  * scan() would hand back to Python is handed back here too (fold_block stops at it; Python
  * reads it with logparse's own readers and gives its events to fold_events). Anything this code
- * does not handle exactly (a prompt-cache save or load, a number past int64, a ring or slot
+ * does not handle exactly (a prompt-cache save or load, a slot clear, a number past int64, a ring or slot
  * table past its bound) ends the fold with the reason as a str: logs.py then reads that server
  * again with the Python replay. `rows`: how many
  * of the first requests to give whole (logs.MAX_ROWS less the rows already shown). */
@@ -1954,8 +1964,9 @@ static void erase(fold_t *f, slot_t *s, const ev_t *ev, int which)
 static int fold_event(fold_t *f, const ev_t *ev)
 {
     int kind = ev->kind;
-    if (kind == K_SAVED || kind == K_LOADED) {
-        f->fallback = "a prompt-cache save or load";
+    if (kind == K_SAVED || kind == K_LOADED || kind == K_CLEARED) {
+        /* the slots' rings change outside any request: Replay's rules (lifecycle.py) */
+        f->fallback = "a prompt-cache save, load or slot clear";
         return -1;
     }
     if (f->cur < 0 || ev->task != f->cur_task || ev->slot != f->slots[f->cur].id) {

@@ -31,7 +31,12 @@ The ring
 Per slot, the checkpoints alive: ``created`` adds one (replacing one at the same n_tokens),
 ``erased_invalidated`` / ``erased_old`` / ``erased_too_close`` / ``erased_superseded`` remove it,
 ``cache_saved`` copies the ring into the prompt-cache entry of that length and ``cache_loaded``
-swaps the entry's ring in. An erase of a checkpoint never seen created (a log that starts
+swaps the entry's ring in. ``prompt_cleared`` (b11434's ``clearing prompt with N tokens``, task
+-1: ``--cache-idle-slots`` empties each idle slot when a task starts) empties its slot's ring at
+once, counted as no request's erase; the ``prompt_save`` of N tokens printed just before it
+(``save_of_clear``) was that slot's content, so that save goes to that slot's entries, not to the
+next request's slot. Entries are kept per slot: an entry loaded into another slot than the one
+it was saved from is noted as unknown and loads no checkpoint. An erase of a checkpoint never seen created (a log that starts
 mid-stream) is noted, not fatal.
 
 Per request
@@ -77,8 +82,10 @@ BASELINE_TOKENS = 512
 OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
 ERASE_KINDS = ("erased_invalidated", "erased_old", "erased_too_close", "erased_superseded")
 CACHE_KINDS = ("cache_saved", "cache_loaded")
-# Printed before the task owns its slot, and applied before its restore decision.
-HELD_KINDS = frozenset(CACHE_KINDS + ("slot_selected",))
+CLEARED = "prompt_cleared"  # b11434's `clearing prompt with N tokens`: the slot's ring empties
+# Printed before the task owns its slot, and applied before its restore decision (a clear names
+# its own slot: Replay applies it at once instead of holding it).
+HELD_KINDS = frozenset(CACHE_KINDS + ("slot_selected", CLEARED))
 _HELD = HELD_KINDS
 _PENDING_CHECKS = 4096  # `checking checkpoint` notes of tasks not closed yet (a hostile log: dropped)
 _NONE: Any = object()  # "no request being read"
@@ -201,6 +208,8 @@ class Ring:
             else:
                 self.alive = {}
                 self._note(f"line {ev.line}: prompt cache load of an entry saved before the log began")
+        elif kind == CLEARED:  # emptied by the server: its checkpoints left with the save, or nowhere
+            self.alive = {}
         return None
 
     def _note(self, text: str) -> None:
@@ -249,6 +258,8 @@ class Replay:
         self.rings: dict[int | None, Ring] = {}
         self._open: dict[int | None, Served] = {}
         self._held: list[Any] = []
+        self._last_save: Any = None  # the held save a clear may name (save_of_clear)
+        self._placed: set[int] = set()  # ids of held saves already applied to the slot cleared after them
         self._lcp: dict[int, SharedPrefix] = {}
         self._checks: dict[tuple[int, int], int] = {}  # (slot, task) -> `against`, the task's first
         self._last_task: int = -1
@@ -294,8 +305,12 @@ class Replay:
                     self._take_note(ev)
                     continue
                 if task is None or task < 0 or (kind in _HELD and slot not in opened):
-                    if kind in _HELD:
+                    if kind == CLEARED:
+                        self._clear(ev)
+                    elif kind in _HELD:
                         self._held.append(ev)
+                        if kind in CACHE_KINDS:
+                            self._last_save = ev if kind == "cache_saved" else None
                     continue
                 cur = opened.get(slot)
                 if cur is None or cur.task != task:
@@ -352,6 +367,19 @@ class Replay:
             self._checks.clear()
         self._checks.setdefault((note.slot, note.task), note.against)
 
+    def _clear(self, ev: Any) -> None:
+        """An idle slot emptied by the server (no request of its own, no erase line): its ring
+        empties; a held save it names goes to its ring now, not to the next request's slot."""
+        save, self._last_save = self._last_save, None
+        ring = self.rings.get(ev.slot)
+        if save_of_clear(save, ev) and any(h is save for h in self._held):
+            self._placed.add(id(save))  # still counted by the next request, as every held save
+            if ring is not None:
+                ring.apply(save)
+        if ring is not None:
+            ring.apply(ev)
+        self._lcp.pop(ev.slot, None)  # a `checking sim` line about the content just dropped
+
     def _finish(self, emit: Callable[[Served], Any], side: deque | None = None) -> None:
         if side:
             self._drain(side, float("inf"))
@@ -363,6 +391,8 @@ class Replay:
         self._finish(emit)
         self.rings.clear()
         self._held.clear()
+        self._placed.clear()
+        self._last_save = None
         self._lcp.clear()
         self._checks.clear()
         self._erased_by_last.clear()
@@ -377,9 +407,12 @@ class Replay:
         ring = self.rings.setdefault(slot, Ring())
         notes_before = len(ring.notes)
         held, self._held = self._held, []
+        placed, self._placed = self._placed, set()
+        self._last_save = None
         saved = loaded = 0
         for h in held:  # prompt-cache swaps come before the restore decision
-            ring.apply(h)
+            if id(h) not in placed:
+                ring.apply(h)
             saved += h.kind == "cache_saved"
             loaded += h.kind == "cache_loaded"
         lcp = self._lcp.get(slot) if slot is not None else None
@@ -454,6 +487,14 @@ class Replay:
         if against is not None:
             return against, "n_past"
         return re_entry, ("re_entry" if re_entry is not None else None)
+
+
+def save_of_clear(save: Any | None, clear: Any) -> bool:
+    """Whether ``save`` (the last prompt-cache save before this clear, with no other save, load
+    or clear between them) was of the slot ``clear`` empties: llama.cpp saves an idle slot, then
+    clears it (``--cache-idle-slots``), and its ``prompt_save`` line names no slot, only the
+    length the clear repeats. Such a save is that slot's entry, not the next request's."""
+    return save is not None and bool(clear.n_tokens) and save.n_tokens == clear.n_tokens
 
 
 def re_entry_point(restored: Any | None, trim: int | None, forced: bool) -> int | None:

@@ -82,7 +82,7 @@ try:  # the optional C accelerator of the fast path (setup.py builds it when a c
     from shadowlab import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 5  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
+_ACCEL_ABI = 6  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
 
 
 def _usable(module: Any) -> Any:
@@ -342,6 +342,18 @@ class PromptCacheLoaded(Event):
     similarity: float | None = None
 
 
+@_record
+class PromptCleared(Event):
+    """b11434's ``prompt_clear``: ``id S | task -1 | clearing prompt with N tokens``. The slot now
+    holds no tokens and no checkpoints (they went into the RAM cache with the ``prompt_save`` just
+    before, or nowhere); no erase line is printed for them. ``--cache-idle-slots`` prints one
+    per idle slot at each new task, and one per empty slot at start-up (N = 0)."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "prompt_cleared"
+    n_tokens: int | None = None
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -358,6 +370,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SlotSelected,
         PromptCacheSaved,
         PromptCacheLoaded,
+        PromptCleared,
     )
 }
 EVENT_KINDS = tuple(EVENT_TYPES)
@@ -367,7 +380,7 @@ EVENT_KINDS = tuple(EVENT_TYPES)
 _ACCEL_CLASSES = (
     CheckpointCreated, CheckpointRestored, CheckpointErased, CheckpointErasedOld, CheckpointErasedTooClose,
     CheckpointSuperseded, ForcedReprocessing, NewPrompt, CacheTrim, PromptEval, SlotSelected,
-    PromptCacheSaved, PromptCacheLoaded,
+    PromptCacheSaved, PromptCacheLoaded, PromptCleared,
 )
 _ACCEL_KINDS = ACCEL_KINDS = tuple(cls.kind for cls in _ACCEL_CLASSES)  # public: logs' fold numbers them
 _ACCEL_METHODS = ("lru", "lcp")
@@ -778,6 +791,7 @@ _TRIGGERS = (
     b"prompt cache",
     b"saving prompt with length",
     b"found better prompt",
+    b"clearing prompt with",
 )
 
 # Known lines with a trigger word that carry no event.
@@ -828,6 +842,7 @@ _TRIM = re.compile(r"(?:cached n_tokens|n_tokens|n_past)\s*=\s*(\d+)\s*,\s*memor
 _TRIM_P0 = re.compile(r"(?:memory_seq_rm|kv cache rm)\s*\[\s*(?:p0\s*=\s*)?(\d+)\s*,\s*end\)")
 _EVAL = re.compile(r"prompt eval time\s*=\s*(\d+(?:\.\d+)?)\s*ms\s*/\s*(\d+)\s*tokens")
 _SELECTED = re.compile(r"selected slot by\s+([A-Za-z]+)")
+_CLEARED = re.compile(r"clearing prompt with\s+(\d+)\s+tokens" + _DELIMITED)
 _SAVE_LEN = re.compile(r"saving prompt with length(?:\s+(\d+)" + _DELIMITED + r"|(?!\s*+\d))")
 _TRIM_KEY = re.compile(r"(?:n_tokens|n_past)\s*+=")  # a trim line naming its count, which _TRIM must read
 # What may stand before a message on a line without a slot prefix: timestamps, a level word,
@@ -1054,6 +1069,8 @@ class _Scanner:
                     return _new(PromptEval, (ln, off, slot, task, float(g[_PR_HL_MS]), int(g[_PR_HL_N])))
                 if k == _PR_K_SRV_BENIGN:
                     return _IGNORED
+                if k == _PR_K_CLEARED:  # task -1: the server clears an idle slot between tasks
+                    return _new(PromptCleared, (ln, off, int(g[_PR_S_SLOT]), None, int(g[_PR_CLR_N])))
                 if k == _PR_K_SAVED:  # no slot prefix: the line names neither slot nor task
                     return _new(PromptCacheSaved, (ln, off, None, None,
                                                    int(g[_PR_SAVE_N]), None, float(g[_PR_SAVE_SIZE])))
@@ -1319,7 +1336,8 @@ _PROMPT_ANY = (
     rb"|prompt eval time = +(?P<hl_ms>\d+(?:\.\d+)?) ms / +(?P<hl_n>\d+) tokens \([^)|\n]*\)(?P<K_HEADLESS_EVAL>)"
 )
 _PROMPT_STRICT = (
-    rb"|" + _STRICT_HEAD + rb"forcing full prompt re-processing[^|\n]*+(?P<K_FORCED>)"
+    rb"|" + _STRICT_HEAD + rb"(?:forcing full prompt re-processing[^|\n]*+(?P<K_FORCED>)"
+    rb"|clearing prompt with (?P<clr_n>\d+) tokens(?P<K_CLEARED>))"
     rb"|" + _SRV_HEAD + rb"get_availabl: (?:updating prompt cache|prompt cache update took \d+\.\d+ ms)(?P<K_SRV_BENIGN>)"
     rb"|" + _SRV_HEAD + rb"prompt_save: +- saving prompt with length (?P<save_n>\d+), "
     rb"total state size = (?P<save_size>\d+\.\d+) MiB(?: \(draft: \d+\.\d+ MiB\))?(?P<K_SAVED>)"
@@ -1362,10 +1380,10 @@ def _indices(match: Any, *names: str) -> tuple[int, ...]:
     "K_SUPERSEDED", "tc_min", "tc_max", "tc_n", "tc_size", "tc_took", "K_TOO_CLOSE", "K_SRV_BENIGN")
 (_PR_SLOT, _PR_TASK, _PR_NP_CTX, _PR_NP_KEEP, _PR_NP_N, _PR_K_NEW_PROMPT, _PR_EV_MS, _PR_EV_N, _PR_K_EVAL,
  _PR_HL_MS, _PR_HL_N, _PR_K_HEADLESS_EVAL, _PR_S_SLOT, _PR_S_TASK, _PR_K_FORCED, _PR_K_SRV_BENIGN,
- _PR_SAVE_N, _PR_SAVE_SIZE, _PR_K_SAVED) = _indices(
+ _PR_CLR_N, _PR_K_CLEARED, _PR_SAVE_N, _PR_SAVE_SIZE, _PR_K_SAVED) = _indices(
     _FAST_BY_WORD[_W_PROMPT][0], "slot", "task", "np_ctx", "np_keep", "np_n", "K_NEW_PROMPT", "ev_ms", "ev_n",
-    "K_EVAL", "hl_ms", "hl_n", "K_HEADLESS_EVAL", "s_slot", "s_task", "K_FORCED", "K_SRV_BENIGN", "save_n",
-    "save_size", "K_SAVED")
+    "K_EVAL", "hl_ms", "hl_n", "K_HEADLESS_EVAL", "s_slot", "s_task", "K_FORCED", "K_SRV_BENIGN", "clr_n",
+    "K_CLEARED", "save_n", "save_size", "K_SAVED")
 assert _FAST_BY_WORD[_W_TRIM][0].__self__.groups == 4  # slot, task, n_past, p0: built with map(int, ...)
 _SEL_SLOT, _SEL_TASK, _SEL_LCP, _SEL_SIM, _SEL_KEEP = _indices(
     _FAST_BY_WORD[_W_SELECTED][0], "s_slot", "s_task", "lcp", "sim", "keep")
@@ -1423,6 +1441,7 @@ _PHRASES = (
     "prompt cache:",
     "saving prompt with length",
     "found better prompt",
+    "clearing prompt with",
 )
 
 
@@ -1599,6 +1618,11 @@ def _build(msg: str, common: dict[str, Any], scanner: _Scanner, body: bytes, sta
         f = _fields(msg)
         length = m.group(1)
         return PromptCacheSaved(**common, n_tokens=None if length is None else int(length), size_mib=_opt_float(f, "size"))
+    if msg.startswith("clearing prompt with"):
+        m = _CLEARED.match(msg)
+        if m is None:
+            raise ValueError("broken clearing count")
+        return PromptCleared(**common, n_tokens=int(m.group(1)))
     if msg.startswith("found better prompt"):
         f = _fields(msg)
         f_keep, f_sim = _opt_float(f, "f_keep"), _opt_float(f, "f_sim", "sim")

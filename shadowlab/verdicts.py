@@ -450,14 +450,16 @@ def _ref(ev: Any, turn: int | None) -> CheckpointRef:
 
 
 def _slot_cache_for_turn(
-    events: list[Any], cache: list[int] | None, saved: dict[int | None, list[int] | None]
+    events: list[Any], cache: list[int] | None, saved: dict[int | None, list[int] | None], placed: set[int]
 ) -> tuple[list[int] | None, tuple[str, ...]]:
     """The slot's tokens when this turn's restore decision is made: the records' cache, unless
-    the RAM prompt cache swapped in a saved entry (its tokens: the cache when it was saved)."""
+    the RAM prompt cache swapped in a saved entry (its tokens: the cache when it was saved).
+    ``placed``: offsets of saves of another slot (cleared after them), already in ``saved``."""
     notes: tuple[str, ...] = ()
     for ev in events:
         if ev.kind == "cache_saved":
-            saved[ev.n_tokens] = cache
+            if ev.offset not in placed:
+                saved[ev.n_tokens] = cache
         elif ev.kind == "cache_loaded":
             if ev.n_tokens in saved and saved[ev.n_tokens] is not None:
                 cache = saved.pop(ev.n_tokens)
@@ -466,6 +468,23 @@ def _slot_cache_for_turn(
                 cache = None
                 notes += ("the prompt cache loaded an entry this run's records do not hold: divergence unknown",)
     return cache, notes
+
+
+def _save_owners(events: list[Any]) -> dict[int, int | None]:
+    """Index of each prompt-cache save that a slot clear names (lifecycle.save_of_clear, the
+    same rule as lifecycle.Replay's) -> the slot it was of."""
+    owners: dict[int, int | None] = {}
+    last: int | None = None
+    for i, ev in enumerate(events):
+        if ev.kind == "cache_saved" and ev.slot is None:
+            last = i
+        elif ev.kind == "cache_loaded":
+            last = None
+        elif ev.kind == lifecycle.CLEARED:
+            if last is not None and lifecycle.save_of_clear(events[last], ev):
+                owners[last] = ev.slot
+            last = None
+    return owners
 
 
 def _turn_ok(t: Any) -> bool:
@@ -496,9 +515,17 @@ def _turn_verdicts(
     turn_slots: dict[int, int | None] = {}
     out = []
     applied: set[int] = set()
+    owners = _save_owners([ev for ev, _ in assigned])
+    placed: set[int] = set()  # offsets of the saves owners gave to the slot cleared after them
 
     def apply(i: int, ev: Any, turn: int | None) -> tuple[_Ring, CheckpointRef | None]:
         slot = ev.slot if ev.slot is not None else turn_slots.get(turn, last_slot) if turn is not None else last_slot
+        if i in owners:  # an idle slot's save: its tokens and checkpoints, not this turn's slot's
+            slot = owners[i]
+            saved_tokens[ev.n_tokens] = caches.get(slot)
+            placed.add(ev.offset)
+        elif ev.kind == lifecycle.CLEARED and slot in caches:
+            caches[slot] = []  # emptied by the server; a slot no turn used stays fresh
         ring = rings.setdefault(slot, _Ring())
         applied.add(i)
         return ring, ring.apply(ev, turn)
@@ -532,7 +559,7 @@ def _turn_verdicts(
                 erased_by_turn.append((ev.kind, removed))
         fresh = t.index == 0 or (parsed is not None and slot not in caches)
         cache = [] if fresh else caches.get(slot)
-        turn_cache, cache_note = _slot_cache_for_turn(mine, cache, saved_tokens)
+        turn_cache, cache_note = _slot_cache_for_turn(mine, cache, saved_tokens, placed)
         prompt_ids = t.prompt_token_ids if t.prompt_token_ids is not None else engine_prompts.get(t.prompt_id)
         tail_unknown = not fresh and turn_cache is cache and open_tail.get(slot, False)
         tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None, fresh, tail_unknown,

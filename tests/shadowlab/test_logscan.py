@@ -78,6 +78,7 @@ def test_the_records_the_c_code_writes_have_the_fields_it_writes_them_in():
         "slot_selected": head + ("method", "similarity", "f_keep"),
         "cache_saved": head + ("n_tokens", "n_checkpoints", "size_mib"),
         "cache_loaded": head + ("n_tokens", "n_checkpoints", "f_keep", "similarity"),
+        "prompt_cleared": head + ("n_tokens",),
     }
     assert {cls.kind: cls._fields for cls in lp._ACCEL_CLASSES} == expected
     assert lp._ACCEL_KINDS == tuple(expected)
@@ -226,7 +227,7 @@ def test_scan_rejects_bad_arguments():
     with pytest.raises(ValueError):
         scan(data, 0, 4, 0, 0, lp._ACCEL_CLASSES[:3], lp._ACCEL_METHODS)
     with pytest.raises(TypeError):
-        scan(data, 0, 4, 0, 0, (int,) * 13, lp._ACCEL_METHODS)
+        scan(data, 0, 4, 0, 0, (int,) * 14, lp._ACCEL_METHODS)
 
 
 def test_a_build_from_another_version_is_not_used():
