@@ -123,3 +123,65 @@ def test_a_sim_line_is_stale_once_a_prompt_cache_entry_is_loaded():
     got = r.feed_all(ev)[0]
     assert (got.shared_prefix, got.shared_source, got.reused) == (4559, "n_past", 4556)
     assert not got.baseline_loss
+
+
+# ---------------------------------------------------------------- --cache-idle-slots (prompt_clear)
+
+IDLE = FIX / "llama.cpp-b11434-idle-slots" / "np4-pinned-cram8192.head422.log"
+
+
+def _idle_replay(text: bytes | None = None) -> tuple[lifecycle.Replay, list[lifecycle.Request]]:
+    replay = lifecycle.Replay()
+    source = IDLE if text is None else text.splitlines(keepends=True)
+    return replay, replay.feed_all(logparse.parse(source, "llama.cpp").events)
+
+
+def _kept_above_re_entry(reqs: list[lifecycle.Request]) -> list[tuple[int, int, int]]:
+    """(slot, task, n_tokens) of every checkpoint the cascade check would call stale."""
+    return [(r.slot, r.task, c.n_tokens) for r in reqs if r.outcome != "cold" and r.re_entry is not None
+            for c in lifecycle.cascade_missed(r.alive_before, r.erased, r.re_entry)]
+
+
+def test_real_b11434_idle_slot_clears_leave_the_slot_without_checkpoints():
+    """llama-server saves each idle slot to the RAM cache and clears it when a task starts, with
+    no erase line: slot 3's checkpoints of task 10 (831, 1343) are gone when task 41 re-enters
+    slot 3 at 0, so none is stale; the saves go to the slots they were of."""
+    replay, reqs = _idle_replay()
+    t41 = next(r for r in reqs if r.task == 41)
+    assert (t41.slot, t41.re_entry, t41.alive_before, t41.erased) == (3, 0, (), ())
+    assert _kept_above_re_entry(reqs) == []
+    assert replay.rings[0].alive == {}  # task 52's 1252 / 1764, cleared with its 1775 tokens at task 63
+    assert sorted(replay.rings[0].saved) == [499, 1775] and sorted(replay.rings[0].saved[1775]) == [1252, 1764]
+    assert sorted(replay.rings[3].saved) == [924, 1354] and sorted(replay.rings[3].saved[1354]) == [831, 1343]
+    assert sorted(replay.rings[3].alive) == [945, 1457]  # task 63 runs on slot 3: never cleared after it
+    # a clear is no request's erase, and every save is still counted, by the request it preceded
+    assert not any(r.erased for r in reqs)
+    assert sum(r.cache_saved for r in reqs) == IDLE.read_bytes().count(b"saving prompt with length") == 6
+
+
+@pytest.mark.parametrize("edit", ["dropped", "another slot"])
+def test_a_checkpoint_that_really_survives_the_re_entry_is_still_stale(edit):
+    """The same log without slot 3's clears (1354 tokens at task 21, 0 tokens at task 31 and
+    later), or with them naming slot 2: task 10's 831 and 1343 stay in slot 3 when task 41
+    re-enters it at 0, which the cascade check must call stale."""
+    lines = IDLE.read_bytes().splitlines(keepends=True)
+    mine = [k for k, line in enumerate(lines) if b"id  3 | task -1 | clearing prompt with" in line]
+    assert len(mine) >= 3
+    for k in mine:
+        lines[k] = b"" if edit == "dropped" else lines[k].replace(b"id  3 |", b"id  2 |")
+    _, reqs = _idle_replay(b"".join(lines))
+    stale = _kept_above_re_entry(reqs)
+    assert {(3, 41, 831), (3, 41, 1343)} <= set(stale) and {s for s, _, _ in stale} == {3}
+
+
+def test_verdicts_give_each_idle_slot_save_to_the_slot_the_replay_gives_it():
+    """verdicts.py (a run's turns) and Replay (a production log) apply the one rule,
+    lifecycle.save_of_clear, each in its own loop: they must agree on the real capture."""
+    from shadowlab import verdicts
+
+    events = logparse.parse(IDLE, "llama.cpp").events
+    replay, _ = _idle_replay()
+    by_replay = {n: slot for slot, ring in replay.rings.items() for n in ring.saved}  # lengths differ here
+    owners = verdicts._save_owners(events)
+    assert {events[i].n_tokens: slot for i, slot in owners.items()} == by_replay
+    assert sorted(by_replay.items()) == [(305, 2), (371, 1), (499, 0), (924, 3), (1354, 3), (1775, 0)]

@@ -171,6 +171,37 @@ def test_real_llama_server_prompt_cache_save_load_restore():
     assert superseded.n_tokens == 4556 and superseded.task == restored.task
 
 
+IDLE_SLOTS = LOGS / "llama.cpp-b11434-idle-slots" / "np4-pinned-cram8192.head422.log"
+
+
+@pytest.mark.parametrize("path", ["fast", "tolerant"])
+def test_real_llama_server_idle_slot_clears_are_events(path, monkeypatch):
+    """`--cache-idle-slots`: `prompt_clear: id S | task -1 | clearing prompt with N tokens` (no
+    trigger word before this event: the line was neither read nor counted unknown)."""
+    if path == "tolerant":
+        _tolerant_only(monkeypatch)
+    parsed = lp.parse(IDLE_SLOTS, "llama.cpp")
+    assert parsed.unknown_count == 0, parsed.unknown_samples
+    cleared = parsed.of("prompt_cleared")
+    assert len(cleared) == IDLE_SLOTS.read_bytes().count(b"clearing prompt with") == 21
+    assert all(isinstance(e, lp.PromptCleared) and e.task is None for e in cleared)
+    assert [(e.slot, e.n_tokens) for e in cleared if e.n_tokens] == [
+        (0, 499), (3, 1354), (1, 371), (2, 305), (3, 924), (0, 1775)]
+
+
+@pytest.mark.parametrize("line", [
+    "0.00.400.884 I slot prompt_clear: id  0 | task -1 | clearing prompt with 49x9 tokens",
+    "0.00.400.884 I slot prompt_clear: id  0 | task -1 | clearing prompt with tokens",
+    "0.00.400.884 I slot prompt_clear: id  0 | task -1 | clearing prompt with 499",
+])
+def test_a_broken_clearing_count_is_unknown_not_a_clear(line, monkeypatch):
+    for tolerant in (False, True):
+        if tolerant:
+            _tolerant_only(monkeypatch)
+        parsed = lp.parse([line], "llama.cpp")
+        assert (parsed.events, parsed.unknown_count) == ([], 1), tolerant
+
+
 REAL_EXPECTED = LOGS / "llama.cpp-b11434" / "expected.json"
 REAL_CASES = sorted(json.loads(REAL_EXPECTED.read_text()).items()) if REAL_EXPECTED.exists() else []
 

@@ -431,7 +431,8 @@ def test_fold_reads_a_log_that_lost_repeated_and_reordered_lines_as_python_does(
 @needs_c
 def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to_python(tmp_path, monkeypatch):
     """A line the C reader hands back is read by logparse's Python readers and folded in its
-    place; a number past int64 or a prompt-cache line makes the Python replay read the server."""
+    place; a number past int64, a prompt-cache line or a slot clear makes the Python replay read
+    the server."""
     _make_prodlogs().generate(tmp_path, "b11434", seed=5, requests=60, slots=2, pieces=1, days=1)
     lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
     created = [k for k, line in enumerate(lines) if b"created context checkpoint" in line]
@@ -446,6 +447,9 @@ def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to
         "sim past int64": (edited(sims[2:3], b"id  ", b"id  " + b"3" * 20), False),
         "prompt cache": (edited(created[4:5], b"", b"0.00.000.000 I srv   prompt_save:  - saving prompt with length 9, "
                                                      b"total state size = 1.000 MiB\n"), False),
+        # read by the C scan, but an idle slot emptied between tasks is Replay's rule
+        "slot clear": (edited(created[4:5], b"", b"0.00.000.000 I slot prompt_clear: id  0 | task -1 | "
+                                                   b"clearing prompt with 9 tokens\n"), False),
     }
     for name, (text, foldable) in cases.items():
         path = tmp_path / f"{name.replace(' ', '-')}.log"
