@@ -307,13 +307,31 @@ def materialize_traffic(sequence: TrafficSequence, tokenize: Tokenize) -> dict[s
     # Printable ASCII besides the seeded text: a byte tokenizer then gives ~95 tokens, so as many
     # requests may part ways at one point (traffic.Materialiser's one limit).
     vocabulary = sorted(set(tokenize(seeded_text(0, 4096) + _PRINTABLE)))
-    materialiser = traffic.Materialiser(vocabulary, seed=0)
+    shape = sequence.source
+    delimited = isinstance(shape, traffic.TrafficShape) and shape.user_delimiter
+    delimiter = tuple(tokenize(CHATML_MESSAGE_DELIMITERS[0]["delimiter"])) if delimited else ()
     try:
+        materialiser = traffic.Materialiser(vocabulary, seed=0, delimiter=delimiter)
         built = [materialiser.prompt(r) for r in sequence.requests]
         traffic.check_materialised(sequence.requests, built)
+        for index, (request, tokens) in enumerate(zip(sequence.requests, built)):
+            if delimiter:
+                check_delimited(index, request, tokens, delimiter)
     except ShadowlabError as exc:
         raise ShadowlabError(f"traffic {sequence.name!r}: {exc.message}",
                              hint=f"the engine's tokenizer gave {len(vocabulary)} distinct tokens to start "
                                   "the continuations of one prefix with") from None
     return {pid: MaterializedPrompt.of(pid, "traffic", tokens, None)
             for pid, tokens in zip(sequence.prompts, built)}
+
+
+def check_delimited(index: int, request: traffic.Request, tokens: Sequence[int], delimiter: Sequence[int]) -> None:
+    """The delimiter occurs in a traffic prompt exactly at its user starts: llama.cpp puts a
+    user-message checkpoint wherever it finds it, so one inside another block would be a
+    checkpoint the traffic (and the simulator) does not know of."""
+    n = len(delimiter)
+    found = tuple(i for i in range(len(tokens) - n + 1)
+                  if tokens[i] == delimiter[0] and tuple(tokens[i:i + n]) == tuple(delimiter))
+    if found != tuple(request.user_starts):
+        raise ShadowlabError(f"materialised request {index}: the user-message delimiter is at {list(found)[:8]}, "
+                             f"its user messages start at {list(request.user_starts)[:8]}")

@@ -36,6 +36,13 @@ from shadowlab.errors import TrafficError
 MOONCAKE_BLOCK = 512
 MAX_LINE_BYTES = 16 * 1024 * 1024  # a JSON line longer than this is refused, never read whole
 NEAR_ZERO = 512  # the case study's baseline-loss line: a turn sharing fewer tokens is a cold start
+# The user-message delimiter as a segment (TrafficShape.user_delimiter): one block shared by every
+# user message, so all its uses are equal tokens and the segment model stays exact. Its length is
+# fixed before any tokenizer is known (the traffic is realised at matrix load): room for
+# `<|im_start|>user` on any tokenizer, the rest of it the block's own tokens (ChatML's "\n" and
+# the start of the message, in effect). Block 0 is never one `generate` hands out.
+DELIMITER_BLOCK = 0
+DELIMITER_TOKENS = 8
 
 
 class Segment(NamedTuple):
@@ -219,6 +226,10 @@ class TrafficShape:
     `preamble` (length -> weight) starts every prompt with the first n tokens of ONE header block
     shared by all requests, n drawn per conversation and per interloper: the template header and
     BOS that make "unrelated" prompts share 1, 3 or 32 tokens in the case study.
+    `user_delimiter` opens every user message (each history block and the new user message) with
+    the delimiter segment (`DELIMITER_BLOCK`, `DELIMITER_TOKENS` long: the engine's tokens of
+    `<|im_start|>user` first, put there by `Materialiser(delimiter=...)`), so a request sent with
+    llama.cpp's `message_delimiters` gets checkpoints at `Request.user_starts`.
     """
 
     conversations: int = 4
@@ -239,6 +250,7 @@ class TrafficShape:
     gap_s: float = 1.0
     seed: int = 0
     preamble: tuple[tuple[int, float], ...] = ()
+    user_delimiter: bool = False
 
     KINDS = ("zero", "system", "near_duplicate")
     ARRIVALS = ("round_robin", "random", "bursts")
@@ -335,6 +347,8 @@ def _check_shape(s: TrafficShape, where: str) -> None:
             raise TrafficError(f"{where}: {key} must be an integer >= {0 if key == 'seed' else 1}, got {v!r}")
     if not isinstance(s.interloper_share, (int, float)) or not 0 <= s.interloper_share < 1:
         raise TrafficError(f"{where}: interloper_share must be in [0, 1), got {s.interloper_share!r}")
+    if not isinstance(s.user_delimiter, bool):
+        raise TrafficError(f"{where}: user_delimiter must be true or false, got {s.user_delimiter!r}")
     if s.arrival not in TrafficShape.ARRIVALS:
         raise TrafficError(f"{where}: arrival must be one of {TrafficShape.ARRIVALS}, got {s.arrival!r}")
     n_conv = s.conversations * s.turns
@@ -371,6 +385,7 @@ class _Conversation:
     turns_left: int = 0
     last: tuple[Segment, ...] = ()
     preamble: tuple[Segment, ...] = ()
+    last_starts: tuple[int, ...] = ()  # user_starts of `last`
 
 
 class _Preamble:
@@ -473,21 +488,22 @@ def _arrival_order(shape: TrafficShape, rng: random.Random) -> list[int]:
 
 
 def _turn(shape: TrafficShape, rng: random.Random, blocks: _Blocks, conv: _Conversation, t: float) -> Request:
-    history = [*conv.preamble, conv.system, *conv.history]
+    # Each history block starts with a user message, as does the new one (user_starts).
+    opening = (Segment(DELIMITER_BLOCK, 0, DELIMITER_TOKENS),) if shape.user_delimiter else ()
+    segments = [*conv.preamble, conv.system]
+    starts = []
+    for h in conv.history:
+        starts.append(sum(s.length for s in segments))
+        segments += [*opening, h]
     volatile = shape.volatile_tokens.draw(rng)
-    segments = list(history)
     if volatile:
         segments.append(blocks.new(volatile))
     user = blocks.new(max(1, shape.user_tokens.draw(rng)))
     user_start = sum(s.length for s in segments)
-    segments.append(user)
-    starts, pos = [], sum(s.length for s in conv.preamble) + conv.system.length
-    for h in conv.history:  # each history block starts with a user message
-        starts.append(pos)
-        pos += h.length
+    segments += [*opening, user]
     conv.history.append(blocks.new(max(1, shape.turn_tokens.draw(rng))))
-    conv.last = tuple(segments)
-    return Request(t, conv.name, tuple(segments), shape.output_tokens, (*starts, user_start), "turn")
+    conv.last, conv.last_starts = tuple(segments), (*starts, user_start)
+    return Request(t, conv.name, tuple(segments), shape.output_tokens, conv.last_starts, "turn")
 
 
 def _interloper(shape: TrafficShape, rng: random.Random, blocks: _Blocks, live: list[_Conversation],
@@ -504,7 +520,11 @@ def _interloper(shape: TrafficShape, rng: random.Random, blocks: _Blocks, live: 
         return Request(t, None, (*donor.preamble, donor.system, blocks.new(size)), shape.output_tokens, (), "system")
     total = sum(s.length for s in donor.last)
     keep = max(1, min(total - 1, int(total * rng.uniform(shape.near_duplicate_cut.a, shape.near_duplicate_cut.b))))
-    return Request(t, None, (*truncate(donor.last, keep), blocks.new(size)), shape.output_tokens, (), "near_duplicate")
+    # The copy holds the donor's user messages up to the cut (a chat request's checkpoints).
+    width = DELIMITER_TOKENS if shape.user_delimiter else 1  # a delimiter cut short is none
+    starts = tuple(s for s in donor.last_starts if s + width <= keep)
+    return Request(t, None, (*truncate(donor.last, keep), blocks.new(size)), shape.output_tokens, starts,
+                   "near_duplicate")
 
 
 # --------------------------------------------------------------------------- realised shape
@@ -576,15 +596,26 @@ class Materialiser:
     far, and a block met for the first time takes a token that no other continuation of that
     prefix starts with. Distinct blocks are unlimited; what is bounded is the number of different
     continuations of ONE prefix (len(vocabulary)), and a block reused after another prefix must
-    not collide there (both a TrafficError naming the request)."""
+    not collide there (both a TrafficError naming the request).
 
-    def __init__(self, vocabulary: Sequence[int], seed: int = 0) -> None:
+    `delimiter` (token ids, at most DELIMITER_TOKENS): the first tokens of DELIMITER_BLOCK (the
+    rest drawn as for any block). Its first token leaves the vocabulary, so no other block can
+    contain the delimiter: it occurs exactly at the requests' user starts."""
+
+    def __init__(self, vocabulary: Sequence[int], seed: int = 0, delimiter: Sequence[int] = ()) -> None:
+        if len(delimiter) > DELIMITER_TOKENS:
+            raise TrafficError(f"the user-message delimiter is {len(delimiter)} tokens; a traffic holds "
+                               f"{DELIMITER_TOKENS} for it", hint="a tokenizer that knows ChatML's <|im_start|>")
+        vocabulary = [v for v in vocabulary if not delimiter or v != delimiter[0]]
         if len(vocabulary) < 2:
             raise TrafficError("materialising needs a vocabulary of at least 2 token ids")
         self.vocabulary = list(vocabulary)
         self.seed = seed
         self._tokens: dict[int, list[int]] = {}
         self._rngs: dict[int, random.Random] = {}
+        if delimiter:
+            self._rngs[DELIMITER_BLOCK] = random.Random(f"shadowlab-block:{seed}:{DELIMITER_BLOCK}")
+            self._tokens[DELIMITER_BLOCK] = [int(t) for t in delimiter]
         self._root = _Branch()
         self._count = 0  # requests placed
 

@@ -159,3 +159,50 @@ def test_a_bad_shape_is_refused():
         traffic.shape_from_dict({"interloper_share": 1.5})
     with pytest.raises(TrafficError, match="arrival"):
         traffic.shape_from_dict({"arrival": "sometimes"})
+
+
+# ------------------------------------------------------------------ user-message delimiters
+
+DELIMITED = TrafficShape(**{**SHAPE.__dict__, "volatile_tokens": Dist("uniform", -50, 150, low=0),
+                            "user_delimiter": True})
+DELIMITER = (200, 201)  # stands for the engine's tokens of <|im_start|>user
+
+
+def test_a_delimited_shape_opens_every_user_message_with_the_delimiter_and_nothing_else():
+    from shadowlab.prompts import check_delimited
+
+    requests = traffic.generate(DELIMITED)
+    m = traffic.Materialiser([*range(32, 127), DELIMITER[0]], 0, delimiter=DELIMITER)
+    prompts = [m.prompt(r) for r in requests]
+    traffic.check_materialised(requests, prompts)
+    for i, (r, p) in enumerate(zip(requests, prompts)):
+        check_delimited(i, r, p, DELIMITER)  # the delimiter at the user starts, nowhere else
+        assert all(tuple(p[s:s + 2]) == DELIMITER for s in r.user_starts)
+    assert sum(len(r.user_starts) for r in requests if r.kind == "near_duplicate") > 0
+    # The same draws as the raw shape: each user message is the delimiter's 8 tokens longer.
+    raw = traffic.generate(TrafficShape(**{**DELIMITED.__dict__, "user_delimiter": False}))
+    assert [r.prompt_tokens + traffic.DELIMITER_TOKENS * len(r.user_starts) for r in raw if r.kind == "turn"] \
+        == [r.prompt_tokens for r in requests if r.kind == "turn"]
+
+
+def test_the_delimiter_check_fails_where_the_delimiter_is_missing_or_elsewhere():
+    from shadowlab.errors import ShadowlabError
+    from shadowlab.prompts import check_delimited
+
+    requests = traffic.generate(DELIMITED)
+    plain = traffic.Materialiser(range(32, 127), 0)  # no delimiter tokens at the user starts
+    turn = next(i for i, r in enumerate(requests) if len(r.user_starts) > 1)
+    with pytest.raises(ShadowlabError, match="delimiter is at"):
+        check_delimited(turn, requests[turn], plain.prompt(requests[turn]), DELIMITER)
+    m = traffic.Materialiser(range(32, 127), 0, delimiter=DELIMITER)
+    prompt = m.prompt(requests[turn])
+    prompt[1:3] = DELIMITER  # inside the system block: a checkpoint the traffic does not know of
+    with pytest.raises(ShadowlabError, match="delimiter is at"):
+        check_delimited(turn, requests[turn], prompt, DELIMITER)
+
+
+def test_user_delimiter_must_be_a_bool_and_a_long_delimiter_is_refused():
+    with pytest.raises(TrafficError, match="user_delimiter must be true or false"):
+        traffic.shape_from_dict({"user_delimiter": "yes"}, "m.yaml")
+    with pytest.raises(TrafficError, match="delimiter is 9 tokens"):
+        traffic.Materialiser(range(32, 127), 0, delimiter=range(300, 309))
