@@ -969,7 +969,9 @@ class CellRunner:
                 # (release, stop processing) belong to it, up to the next request.
                 previous[1].extend(span.start)
                 previous[1].apply(previous[0])
-            record = TurnExchange(self.ctx, self.engine, live, self.dir, turn, replies).run(span)
+            conf = self.ctx.matrix.configurations.get(self.cell.configuration)
+            record = TurnExchange(self.ctx, self.engine, live, self.dir, turn, replies,
+                                  delimiters=conf is not None and conf.message_delimiters).run(span)
             self.meta.turns.append(record)
             previous = record, span
             if record.error is None:
@@ -1091,9 +1093,10 @@ class TurnExchange:
     """Send one turn, keep the raw answer, find the turn's span in engine.log."""
 
     def __init__(self, ctx: RunContext, engine: PreparedEngine, live: LiveEngine, cell_dir: Path,
-                 turn: Turn, replies: Mapping[int, str]) -> None:
+                 turn: Turn, replies: Mapping[int, str], *, delimiters: bool = False) -> None:
         self.ctx, self.engine, self.live, self.cell_dir = ctx, engine, live, cell_dir
         self.turn = turn
+        self.delimiters = delimiters  # traffic turns: the configuration's message_delimiters
         self.replies = replies
         self.prefix_only = False  # set by _request: a split control's request up to a batch break
 
@@ -1167,6 +1170,8 @@ class TurnExchange:
             extra["id_slot"] = turn.slot
         if not turn.cache_prompt:
             extra["cache_prompt"] = False  # a replayed identity reference: no reuse
+        if self.delimiters:  # the reference too: it differs from the warm turn only in reuse
+            extra["message_delimiters"] = [dict(d) for d in prompts.CHATML_MESSAGE_DELIMITERS]
         tokens = self.engine.prompts[turn.prompt_id].tokens
         return TurnRequest(turn.index, turn.prompt_id, prompt_tokens=tuple(tokens), extra_body=extra)
 

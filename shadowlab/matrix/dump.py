@@ -68,6 +68,8 @@ def _configuration_to_dict(c: Any) -> dict[str, Any]:
     out = {"flags": list(c.flags), "env": dict(c.env), "description": c.description}
     if c.pin_slots:  # written only when set: a resume compares matrix.yaml as text
         out["pin_slots"] = c.pin_slots
+    if c.message_delimiters:
+        out["message_delimiters"] = True
     return out
 
 
@@ -137,6 +139,8 @@ def _traffic_to_dict(s: Any) -> dict[str, Any]:
             value = {k: w for k, w in value}
         elif isinstance(value, dict):  # a Dist
             value = dict(value)
+        elif name == "user_delimiter" and not value:  # written only when set: resumes compare text
+            continue
         shape[name] = value
     out["shape"] = shape
     return out

@@ -161,6 +161,9 @@ SCHEMA: dict[str, Section] = {
         Key("description", "str", "", "Free text shown in the plan and report."),
         Key("pin_slots", "int", 0, "Send llama.cpp's `id_slot` on traffic turns: the k-th conversation "
             "gets slot k mod (N - 1), interlopers slot N - 1 (the engine needs N slots: -np N); 0: none."),
+        Key("message_delimiters", "bool", False, "Send llama.cpp's `message_delimiters` (`<|im_start|>user`) "
+            "on traffic turns: user-message checkpoints where a shape with `user_delimiter` opens each "
+            "user message (llama-server only)."),
     )),
     "prompt.random": Section("prompts.<id> (kind: random)", _PROMPT_COMMON + (
         Key("tokens", "int", REQUIRED, "Exact length in tokens (at most 2^20; with n_predict it must "
@@ -208,7 +211,8 @@ SCHEMA: dict[str, Section] = {
             "user_tokens, interloper_share, interloper_tokens, interloper_kinds (zero, system, "
             "near_duplicate → weight), near_duplicate_cut, interloper_placement (random | before_turns: "
             "a job in front of every turn that continues a conversation), arrival (round_robin | "
-            "random | bursts), burst, output_tokens, gap_s, seed, preamble (header length → weight)); a size is `n`, `[low, high]` (uniform) or "
+            "random | bursts), burst, output_tokens, gap_s, seed, preamble (header length → weight), user_delimiter (true: every "
+            "user message opens with `<|im_start|>user`'s tokens, for a configuration's `message_delimiters`)); a size is `n`, `[low, high]` (uniform) or "
             "`{kind: lognormal, a: median, b: sigma, low, high}`. Not with `trace`."),
         Key("trace", "path", None, "Traffic from a file instead (relative to the matrix file): Mooncake "
             "JSON lines (`input_length`, `hash_ids`, optional `session_id`) or `shadowlab logs --trace`."),

@@ -48,6 +48,7 @@ class ConfigurationSpec:
     env: Mapping[str, str] = field(default_factory=lambda: dict(default("configuration", "env")))
     description: str = default("configuration", "description")
     pin_slots: int = default("configuration", "pin_slots")  # traffic: id_slot per conversation
+    message_delimiters: bool = default("configuration", "message_delimiters")  # traffic: chat checkpoints
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -498,7 +498,8 @@ def _configuration(name: str, body: Any, at: _At) -> ConfigurationSpec:
         return ConfigurationSpec(name)
     f = _fields(body, at, "configuration")
     # Only the keys written: the dataclass fills the others with the schema's defaults.
-    read = {"flags": _str_list, "env": _env, "description": _text, "pin_slots": _pin_slots}
+    read = {"flags": _str_list, "env": _env, "description": _text, "pin_slots": _pin_slots,
+            "message_delimiters": _bool}
     return ConfigurationSpec(name, **{key: read[key](*f[key]) for key in f})
 
 
