@@ -256,6 +256,13 @@ class TrafficShape:
     ARRIVALS = ("round_robin", "random", "bursts")
     PLACEMENTS = ("random", "before_turns")
 
+    @property
+    def requests(self) -> int:
+        """How many requests `generate` makes: every conversation turn, and interlopers making up
+        `interloper_share` of the whole (the one count the bounds and the generator use)."""
+        turns = self.conversations * self.turns
+        return round(turns / (1 - self.interloper_share)) if self.interloper_share else turns
+
     @classmethod
     def case_study(cls, seed: int = 0, scale: int = 1) -> TrafficShape:
         """The case study's production lane (seed 000; `CASE_STUDY` lists what it measured and
@@ -352,7 +359,7 @@ def _check_shape(s: TrafficShape, where: str) -> None:
     if s.arrival not in TrafficShape.ARRIVALS:
         raise TrafficError(f"{where}: arrival must be one of {TrafficShape.ARRIVALS}, got {s.arrival!r}")
     n_conv = s.conversations * s.turns
-    if n_conv / (1 - s.interloper_share) > MAX_REQUESTS:
+    if s.requests > MAX_REQUESTS:
         jobs = " and their interlopers" if s.interloper_share else ""
         raise TrafficError(f"{where}: {n_conv:,} conversation turns (conversations × turns){jobs} are more than "
                            f"{MAX_REQUESTS:,} requests")
@@ -410,8 +417,7 @@ def generate(shape: TrafficShape, where: str = "<shape>") -> list[Request]:
     blocks = _Blocks()
     header = _Preamble(shape, blocks)
     order = _arrival_order(shape, rng)
-    n_conv_turns = len(order)
-    n_total = round(n_conv_turns / (1 - shape.interloper_share)) if shape.interloper_share else n_conv_turns
+    n_total = shape.requests  # len(order) conversation turns, the rest interlopers
     inter_at = _interloper_positions(shape, rng, order, n_total)
     live: dict[int, _Conversation] = {}
     out: list[Request] = []

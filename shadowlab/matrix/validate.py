@@ -697,7 +697,7 @@ def _traffic(name: str, body: LineMap, at: _At, ctx: _Context) -> TrafficSequenc
             f[stray[0]][1].fail(f"{stray[0]!r} applies to a trace file only", "add `trace: path` or remove it")
         source = _shape(*f["shape"]) if "shape" in f else traffic.TrafficShape()
         shape_at = f["shape"][1] if "shape" in f else at
-        planned = round(source.conversations * source.turns / (1 - source.interloper_share))
+        planned = source.requests
         if planned > traffic_kind.MAX_TRAFFIC_REQUESTS:  # refused before generating them
             shape_at.fail(f"about {planned:,} requests; a traffic sequence may have at most "
                           f"{traffic_kind.MAX_TRAFFIC_REQUESTS}", "fewer conversations or turns")
