@@ -127,6 +127,8 @@ def _traffic_to_dict(s: Any) -> dict[str, Any]:
     import dataclasses
 
     out: dict[str, Any] = {"kind": "traffic", "description": s.description, "reference": s.reference}
+    if s.in_flight != 1:  # written only when set: resumes compare matrix.yaml as text
+        out["in_flight"] = s.in_flight
     src = s.source
     if hasattr(src, "sha256"):  # a trace file: its resolved path
         out.update(trace=str(src.path), format=src.format)

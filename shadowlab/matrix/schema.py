@@ -220,6 +220,11 @@ SCHEMA: dict[str, Section] = {
         Key("limit", "int", None, "Replay at most this many requests of the trace (the first ones)."),
         Key("reference", "replay | cold", "replay", "Identity reference per turn: `replay` one fresh "
             "process sends every turn again with `cache_prompt: false`; `cold` a fresh process per request."),
+        Key("in_flight", "int", 1, "Requests the warm cell keeps in flight at once (1 to 64): each is sent "
+            "in the traffic's order once fewer are in flight and its conversation's previous request "
+            "has been answered; 1 sends them one after another. Above 1 the log lines of requests "
+            "interleave and each turn is tied to its task by the figures both sides state "
+            "(docs/DESIGN.md §2). References stay one at a time."),
     ), "Either `shape` or `trace`. At most 4096 requests."),
     "cells": Section("cells", (
         Key("include", "list of selection", ({},), "Combinations to run (`[{}]`: everything)."),

@@ -177,6 +177,7 @@ class TrafficSequence(SequenceSpec):
     requests: tuple[TrafficRequest, ...] = ()  # shadowlab.traffic.Request, in arrival order
     reference: str = default("sequence.traffic", "reference")
     description: str = ""
+    in_flight: int = default("sequence.traffic", "in_flight")
 
     def conversation(self, index: int) -> str | None:
         return self.requests[index].conversation

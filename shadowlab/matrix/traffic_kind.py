@@ -17,6 +17,7 @@ from shadowlab import traffic
 REFERENCE_METHODS = ("replay", "cold")
 TRACE_FORMATS = ("auto", "mooncake", "shadowlab-trace")
 MAX_TRAFFIC_REQUESTS = 4096  # turns of one warm cell: each is an HTTP request and a record
+MAX_IN_FLIGHT = 64  # requests a warm traffic cell keeps in flight: one sending thread each
 
 
 @dataclass(frozen=True)

@@ -713,8 +713,10 @@ def _traffic(name: str, body: LineMap, at: _At, ctx: _Context) -> TrafficSequenc
                 line=body.line)
     reference = _given(f, "sequence.traffic", "reference", _choice, traffic_kind.REFERENCE_METHODS)
     ids = tuple(traffic_prompt_id(name, i) for i in range(len(requests)))
+    in_flight = _given(f, "sequence.traffic", "in_flight", _int, 1, traffic_kind.MAX_IN_FLIGHT)
     return TrafficSequence(name, ids, "traffic", source=source, requests=requests, reference=reference,
-                           description=_given(f, "sequence.traffic", "description", _text))
+                           description=_given(f, "sequence.traffic", "description", _text),
+                           in_flight=in_flight)
 
 
 def _shape(value: Any, at: _At) -> traffic.TrafficShape:
