@@ -627,8 +627,11 @@ class SlotPool:
                 raise
         return slot
 
-    def release(self, slot: Slot) -> None:
+    def release(self, slot: Slot, task: int | None = None, truncated: bool = False) -> None:
+        """Free the slot; after a finished task (``task``) its `stop processing` line first."""
         with self._cond:
+            if task is not None:
+                slot.release(task, truncated)
             slot.busy = False
             self._cond.notify_all()
 

@@ -17,6 +17,10 @@ variable `SHADOWLAB_ENGINE_FAULTS="a,b=3"`.
   differs from cold exactly when its batch schedule does.
 - `nondeterministic`: after each prefill batch the recurrent state gets a tiny perturbation
   drawn from a fresh random seed (time, pid, a counter), so two cold runs of one prompt differ.
+- `log-timing-skew`: each `prompt eval time` line prints a prefill time 1 ms longer than the
+  answer's `timings.prompt_ms` (a log that is not this answer's): requests sent concurrently
+  can then not be tied to their tasks.
+- `wrong-task-id`: each answer's `id_task` names the next task, not its own.
 - `crash-after-requests=N`: the process exits hard right after answering N completion requests.
 - `hang-on-request=N`: completion request N (1-based) never answers.
 - `slow-start=S`: sleep S seconds before loading the model (`/health` answers 503 meanwhile).
@@ -28,7 +32,8 @@ from dataclasses import dataclass
 
 ENV_VAR = "SHADOWLAB_ENGINE_FAULTS"
 
-_FLAGS = ("stale-restore", "skip-cascade", "wrong-conversation-restore", "split-noise", "nondeterministic")
+_FLAGS = ("stale-restore", "skip-cascade", "wrong-conversation-restore", "split-noise", "nondeterministic",
+          "log-timing-skew", "wrong-task-id")
 _COUNTS = ("crash-after-requests", "hang-on-request")
 _SECONDS = ("slow-start",)
 KNOWN = _FLAGS + _COUNTS + _SECONDS
@@ -49,6 +54,8 @@ class Faults:
     wrong_conversation_restore: bool = False
     split_noise: bool = False
     nondeterministic: bool = False
+    log_timing_skew: bool = False
+    wrong_task_id: bool = False
     crash_after_requests: int | None = None
     hang_on_request: int | None = None
     slow_start: float | None = None
@@ -66,6 +73,10 @@ class Faults:
             out.append("split-noise")
         if self.nondeterministic:
             out.append("nondeterministic")
+        if self.log_timing_skew:
+            out.append("log-timing-skew")
+        if self.wrong_task_id:
+            out.append("wrong-task-id")
         if self.crash_after_requests is not None:
             out.append(f"crash-after-requests={self.crash_after_requests}")
         if self.hang_on_request is not None:

@@ -300,6 +300,7 @@ class Engine:
             "content": result["content"],
             "tokens": result["tokens"],
             "id_slot": result["id_slot"],
+            "id_task": result["id_task"],  # not llama-server's: the task its log lines name
             "stop": True,
             "model": str(self.options.model_path),
             "tokens_predicted": result["timings"]["predicted_n"],
@@ -422,14 +423,17 @@ class Engine:
         slot = self.pool.acquire(prompt, gen.id_slot, task, gen.conversation)
         try:
             slot.log.slot(INFO, "launch_slot_", slot.id, task, "processing task")
-            return self._process(slot, task, prompt, gen, user_starts)
+            result = self._process(slot, task, prompt, gen, user_starts)
         except BaseException:
             # an unexpected failure mid-task leaves the state unknown: start the slot over
             slot.tokens, slot.checkpoints = [], []
             slot.state = slot.model.new_state(slot.cfg.n_ctx)
-            raise
-        finally:
             self.pool.release(slot)
+            raise
+        # The `stop processing` line is written as the slot becomes free (under the pool's
+        # lock): a log read in order never shows a slot free that a request found busy.
+        self.pool.release(slot, task, bool(result["truncated"]))
+        return result
 
     def _process(self, slot: Slot, task: int, prompt: list[int], gen: Generation, user_starts) -> dict:
         t0 = time.perf_counter()
@@ -441,12 +445,12 @@ class Engine:
         t2 = time.perf_counter()
         prompt_ms, predicted_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
         prompt_n = len(prompt) - reuse.re_entry
-        slot.log.slot(INFO, "print_timing", slot.id, task, slotlog.prompt_eval_time(prompt_ms, prompt_n))
+        logged_ms = prompt_ms + 1.0 if self.faults.log_timing_skew else prompt_ms
+        slot.log.slot(INFO, "print_timing", slot.id, task, slotlog.prompt_eval_time(logged_ms, prompt_n))
         slot.log.slot(INFO, "print_timing", slot.id, task, slotlog.eval_time(predicted_ms, n_decoded))
         slot.log.slot(INFO, "print_timing", slot.id, task, slotlog.total_time(prompt_ms + predicted_ms, prompt_n + n_decoded))
-        slot.release(task, out.truncated)
         return {
-            "id_task": task,
+            "id_task": task + 1 if self.faults.wrong_task_id else task,
             "id_slot": slot.id,
             "content": out.text if out.text is not None else self.tokenizer.decode(out.tokens),
             "stopping_word": out.stopping_word,
