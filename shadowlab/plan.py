@@ -231,10 +231,13 @@ def _traffic_cells(seq: TrafficSequence, warm_id: str, prefix: str, pin_slots: i
     replayed: list[Turn] = []
     for index, pid in enumerate(seq.prompts):
         cold_id, cold_turn = None, 0
-        if index > 0 and seq.reference == "replay":
+        # Sent concurrently, any request may be the one the fresh process serves first, and the
+        # first request sent may find cache: every turn gets its reference.
+        checked = index > 0 or seq.in_flight > 1
+        if checked and seq.reference == "replay":
             cold_id, cold_turn = replay_id, len(replayed)
             replayed.append(Turn(len(replayed), pid, "completion", reference="replay", cache_prompt=False))
-        elif index > 0:
+        elif checked:
             cold_id = f"{prefix}.cold.{pid}"
             refs.append(Cell(id=cold_id, kind=CellKind.COLD, sequence=None,
                              turns=(Turn(0, pid, "completion"),), **common))

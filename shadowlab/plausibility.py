@@ -99,8 +99,9 @@ def _times(turn: "TurnVerdict") -> Iterator[str]:
 
 
 def _cold_reuse(turn: "TurnVerdict") -> Iterator[str]:
-    """Turn 0 runs in a fresh engine process: there is nothing it could reuse."""
-    if turn.index != 0:
+    """The first turn a fresh engine process serves (turn 0, or the first served of requests
+    sent concurrently) has nothing it could reuse."""
+    if (turn.index if turn.processing_rank is None else turn.processing_rank) != 0:
         return
     claims = []
     if turn.reused_api:

@@ -51,7 +51,7 @@ from typing import Any
 from shadowlab.errors import RunDirError
 from shadowlab.escape import visible
 
-SCHEMA_VERSION = 2  # 2: TurnRecord.conversation
+SCHEMA_VERSION = 3  # 2: TurnRecord.conversation; 3: log_attribution, sent_ms, in_flight
 
 
 def doc(text: str, **kwargs: Any) -> Any:
@@ -134,6 +134,19 @@ class TurnRecord:
         "The conversation the turn belongs to (the plan's turn: an ordered sequence's name); None "
         "for cold and control turns, a prompt alone in a fresh process. Schema 1 records get it "
         "from their planned cell.", default=None)
+    log_attribution: str = doc(
+        "How the turn's lines were found in engine.log: `span` (sent alone: the lines between its "
+        "request and the next one) or `task` (sent while others were in flight, a traffic's "
+        "`in_flight`: the lines of the one task whose figures match the answer's, `task_ids`; "
+        "`log_offsets` then runs from the end of the task that finished before it to the end of "
+        "its own last line, and its own lines may begin earlier). Schema 2 records: `span`.",
+        default="span")
+    sent_ms: float | None = doc(
+        "Requests sent concurrently: when this one was sent, ms after the cell's first request; "
+        "None for turns sent one after another.", default=None)
+    in_flight: int | None = doc(
+        "Requests sent concurrently: how many were in flight once this one was sent, itself "
+        "included; None for turns sent one after another.", default=None)
 
 
 @dataclass
@@ -366,8 +379,16 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "turns": turns, "schema_version": 2}
 
 
+def _upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """meta.json 2 -> 3: every turn was sent alone, its lines found by span."""
+    turns = data.get("turns")
+    if isinstance(turns, list):
+        turns = [{**t, "log_attribution": "span"} if isinstance(t, dict) else t for t in turns]
+    return {**data, "turns": turns, "schema_version": 3}
+
+
 # schema_version n -> n + 1.
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _upgrade_v1}
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _upgrade_v1, 2: _upgrade_v2}
 
 
 # ---------------------------------------------------------------- atomic files

@@ -958,7 +958,21 @@ class CellRunner:
                                    f"for {'no GPU' if m.gpu.requested is None else m.gpu.requested}",
                                    engine=spec.name)
 
+    def _in_flight(self) -> int:
+        """Requests the cell keeps in flight: a traffic's `in_flight` for its warm cell, else 1."""
+        seq = self.ctx.matrix.sequences.get(self.cell.sequence) if self.cell.sequence else None
+        if isinstance(seq, TrafficSequence) and self.cell.kind is plan_module.CellKind.WARM:
+            return seq.in_flight
+        return 1
+
+    def _delimiters(self) -> bool:
+        conf = self.ctx.matrix.configurations.get(self.cell.configuration)
+        return conf is not None and conf.message_delimiters
+
     def _run_turns(self, live: LiveEngine) -> None:
+        if self._in_flight() > 1:
+            ConcurrentTurns(self, live, self._in_flight()).run()
+            return
         replies = self._earlier_replies()
         log = live.proc.log_path
         previous: tuple[records.TurnRecord, LogSpan] | None = None
@@ -969,25 +983,27 @@ class CellRunner:
                 # (release, stop processing) belong to it, up to the next request.
                 previous[1].extend(span.start)
                 previous[1].apply(previous[0])
-            conf = self.ctx.matrix.configurations.get(self.cell.configuration)
             record = TurnExchange(self.ctx, self.engine, live, self.dir, turn, replies,
-                                  delimiters=conf is not None and conf.message_delimiters).run(span)
+                                  delimiters=self._delimiters()).run(span)
             self.meta.turns.append(record)
             previous = record, span
             if record.error is None:
                 self._check_between_turns(live, turn)
             else:
-                code = live.proc.poll()
-                if code is None and record.http_status is None:
-                    # The connection broke: an engine that is dying says so within moments.
-                    with contextlib.suppress(Exception):
-                        code = live.proc.popen.wait(timeout=CRASH_WAIT_S)
-                if code is not None:
-                    raise EngineCrashError(f"engine exited with code {code} during turn {turn.index}: "
-                                           f"{record.error}", engine=self.engine.spec.name, returncode=code)
-                raise ProtocolError(f"turn {turn.index} failed: {record.error}", engine=self.engine.spec.name)
+                self._raise_turn_failure(live, turn, record)
             if record.completion is not None:
                 replies[turn.index] = record.completion.text
+
+    def _raise_turn_failure(self, live: LiveEngine, turn: Turn, record: records.TurnRecord) -> None:
+        code = live.proc.poll()
+        if code is None and record.http_status is None:
+            # The connection broke: an engine that is dying says so within moments.
+            with contextlib.suppress(Exception):
+                code = live.proc.popen.wait(timeout=CRASH_WAIT_S)
+        if code is not None:
+            raise EngineCrashError(f"engine exited with code {code} during turn {turn.index}: "
+                                   f"{record.error}", engine=self.engine.spec.name, returncode=code)
+        raise ProtocolError(f"turn {turn.index} failed: {record.error}", engine=self.engine.spec.name)
 
     def _check_between_turns(self, live: LiveEngine, turn: Turn) -> None:
         """After every answer: the engine still running, on loopback only, its log not full.
@@ -1062,6 +1078,124 @@ class CellRunner:
                                     f"by SIG{report.signal_used} (a crash, not the stop signal)")
 
 
+class ConcurrentTurns:
+    """A traffic's warm cell with `in_flight` N > 1 (DESIGN §2): up to N requests in flight, sent
+    in the traffic's order, each once its conversation's previous request has been answered (a
+    request that must wait holds back the ones after it, so the send order stays the traffic's).
+    Their log lines interleave: after the last answer every turn is tied to its task
+    (shadowlab/attribution.py), and a turn that cannot be tied fails the cell."""
+
+    def __init__(self, runner: CellRunner, live: LiveEngine, in_flight: int) -> None:
+        self.runner, self.live, self.in_flight = runner, live, in_flight
+        self.exchanges: dict[int, TurnExchange] = {}
+
+    def run(self) -> None:
+        r, live = self.runner, self.live
+        start = _line_boundary(live.proc.log_path)
+        pending = list(r.cell.turns)  # the traffic's order
+        running: dict[Future, tuple[Turn, float, int]] = {}
+        answered: dict[int, records.TurnRecord] = {}
+        busy: set[str] = set()  # conversations with a request in flight
+        failed: tuple[Turn, records.TurnRecord] | None = None
+        first_sent: float | None = None
+        pool = ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="shadowlab-turn")
+        try:
+            while pending or running:
+                while (failed is None and pending and len(running) < self.in_flight
+                       and pending[0].conversation not in busy):
+                    turn = pending.pop(0)
+                    exchange = TurnExchange(r.ctx, r.engine, live, r.dir, turn, {}, delimiters=r._delimiters())
+                    self.exchanges[turn.index] = exchange
+                    now = time.monotonic()
+                    first_sent = now if first_sent is None else first_sent
+                    running[pool.submit(exchange.run, None)] = (turn, (now - first_sent) * 1000.0, len(running) + 1)
+                    if turn.conversation is not None:
+                        busy.add(turn.conversation)
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    turn, sent_ms, in_flight = running.pop(future)
+                    record = future.result()
+                    record.sent_ms, record.in_flight, record.log_attribution = round(sent_ms, 3), in_flight, "task"
+                    answered[turn.index] = record
+                    busy.discard(turn.conversation)  # type: ignore[arg-type]
+                    if record.error is not None:
+                        failed = failed or (turn, record)
+                    elif failed is None:
+                        r._check_between_turns(live, turn)
+        finally:
+            # Requests still in flight end when the engine is stopped; never wait on them here.
+            pool.shutdown(wait=False, cancel_futures=True)
+            r.meta.turns = [answered[i] for i in sorted(answered)]
+        if failed is not None:
+            r._raise_turn_failure(live, *failed)
+        if r.engine.spec.log_family != "none":
+            self._attribute(start)
+
+    def _attribute(self, start: int) -> None:
+        from shadowlab import attribution, logparse  # the C scanner loads only when a log is read
+
+        r, log = self.runner, self.live.proc.log_path
+        turns = r.meta.turns
+        self._wait_for_lines(start, len(turns))
+        events = [ev for ev in logparse.parse(log, r.engine.spec.log_family).events if ev.offset >= start]
+        claims = [attribution.Claim(t.index, t.prompt_tokens, t.processed_tokens, t.prefill_ms,
+                                    *self.exchanges[t.index].claimed) for t in turns]
+        tied = attribution.tie(claims, attribution.tasks(events))
+        if tied.untied:
+            first = min(tied.untied)
+            more = f" ({len(tied.untied) - 1} more turns untied)" if len(tied.untied) > 1 else ""
+            raise ProtocolError(f"requests sent concurrently: {tied.untied[first]}{more}",
+                                engine=r.engine.spec.name)
+        ends = {task.task: _line_end(log, task.last) for task in tied.tasks.values()}
+        spans = attribution.spans(tied.tasks, ends, start)
+        for t in turns:
+            task = tied.tasks[t.index]
+            t.task_ids, t.log_offsets, t.log_complete = [task.task], list(spans[t.index]), True
+
+    def _wait_for_lines(self, start: int, count: int) -> None:
+        """Wait (bounded) until the log holds a `prompt eval time` line per turn: llama-server
+        prints it before the answer, an engine may flush it later."""
+        log, deadline = self.live.proc.log_path, time.monotonic() + LOG_SPAN_WAIT_S
+        seen, at = 0, start
+        while True:
+            end = _line_boundary(log)
+            seen += _count_lines(log, at, end, PROMPT_EVAL_RE)
+            at = end
+            if seen >= count or time.monotonic() >= deadline or self.live.proc.poll() is not None:
+                return
+            time.sleep(0.02)
+
+
+def _count_lines(path: Path, start: int, end: int, pattern: re.Pattern[bytes]) -> int:
+    """Lines of [start, end) (whole lines) that match, read SPAN_CHUNK bytes at a time."""
+    count, carry = 0, b""
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        left = end - start
+        while left > 0:
+            chunk = fh.read(min(SPAN_CHUNK, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+            body = carry + chunk
+            cut = body.rfind(b"\n") + 1 if left > 0 else len(body)
+            count += len(pattern.findall(body[:cut]))
+            carry = body[cut:]
+            if len(carry) > SPAN_CHUNK:  # one line longer than a chunk: count what it holds once
+                count += len(pattern.findall(carry))
+                carry = b""
+    return count
+
+
+def _line_end(path: Path, offset: int) -> int:
+    """Offset just after the line that starts at ``offset`` (bounded: at most 64 KiB on)."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        chunk = fh.read(1 << 16)
+    cut = chunk.find(b"\n")
+    return offset + (cut + 1 if cut >= 0 else len(chunk))
+
+
 def gpu_record(devices: int | Sequence[int] | None, live: LiveEngine) -> records.Gpu:
     """`requested` is the first leased device (the record's field is one index); `env` names all."""
     requested = devices[0] if isinstance(devices, Sequence) else devices
@@ -1099,9 +1233,11 @@ class TurnExchange:
         self.delimiters = delimiters  # traffic turns: the configuration's message_delimiters
         self.replies = replies
         self.prefix_only = False  # set by _request: a split control's request up to a batch break
+        self.claimed: tuple[int | None, int | None] = (None, None)  # the answer's (id_slot, id_task)
 
-    def run(self, span: LogSpan) -> records.TurnRecord:
-        """Send the turn; its log span starts at ``span.start`` (a byte offset of engine.log)."""
+    def run(self, span: LogSpan | None) -> records.TurnRecord:
+        """Send the turn; its log span starts at ``span.start`` (a byte offset of engine.log).
+        None: sent among others in flight, its lines found afterwards (ConcurrentTurns)."""
         request = self._request()
         path, body = self.engine.adapter.completion_request(request, self._generation())
         record = self._empty_record(request, path)
@@ -1245,6 +1381,7 @@ class TurnExchange:
             record.error = f"HTTP {status}: answer of an unexpected shape ({type(exc).__name__}: {exc})"
             return
         record.timings = dict(result.timings)
+        self.claimed = result.slot, result.task
         record.reused_tokens, record.processed_tokens = result.reused_tokens, result.processed_tokens
         record.prefill_ms = result.prompt_ms
         if record.prompt_tokens is None and result.reused_tokens is not None and result.processed_tokens is not None:
@@ -1254,8 +1391,10 @@ class TurnExchange:
         record.completion = records.Completion(result.text, list(result.tokens),
                                                records.sha256_text(result.text), result.stop_type, top)
 
-    def _close_span(self, record: records.TurnRecord, span: LogSpan) -> records.TurnRecord:
+    def _close_span(self, record: records.TurnRecord, span: LogSpan | None) -> records.TurnRecord:
         """Wait (bounded) for this turn's `prompt eval time` line; the span ends after it."""
+        if span is None:
+            return record
         # No line to wait for when the turn failed or the engine's log format is unknown.
         expect_line = record.error is None and self.engine.spec.log_family != "none"
         deadline = time.monotonic() + (LOG_SPAN_WAIT_S if expect_line else 0.0)

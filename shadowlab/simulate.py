@@ -174,6 +174,8 @@ class _Sim:
         first_t = -1 if self.llama else 0
         self.slots = [_Slot(i, t_last=first_t) for i in range(policy.slots)]
         self.clock = 0
+        self.busy: set[int] = set()  # slots serving a request (a schedule's starts without their ends)
+        self.scheduled = False  # t_last then moves at each request's end, as the engines release
         self.owner: dict[str, int] = {}
         self.cram: list[tuple[tuple[Segment, ...], int, tuple[tuple[int, int], ...]]] = []
         self.cfg = CacheConfig(n_batch=policy.n_batch, n_ubatch=policy.n_ubatch,
@@ -192,7 +194,7 @@ class _Sim:
             loaded = "cram" if self._cram_load(slot, prompt, L) else ""
         if self.llama and self.p.cache_ram_mib and self.p.cache_idle_slots:
             for other in self.slots:
-                if other is not slot:
+                if other is not slot and other.id not in self.busy:
                     if other.n:
                         self._cram_save(other)
                     other.tokens, other.n, other.ckpts = (), 0, []
@@ -206,9 +208,15 @@ class _Sim:
         out = max(0, r.output_length - 1)  # the last sampled token is never evaluated
         slot.tokens = prompt + ((Segment(-1 - index, 0, out),) if out else ())
         slot.n = L + out
+        if not self.scheduled:
+            self.end(slot)
+        return Turn(index, slot.id, outcome, L, re_entry, L - re_entry, created, restored, erased, loaded)
+
+    def end(self, slot: _Slot) -> None:
+        """A request on `slot` ended: the slot is free and the most recently used."""
+        self.busy.discard(slot.id)
         self.clock += 1
         slot.t_last = self.clock
-        return Turn(index, slot.id, outcome, L, re_entry, L - re_entry, created, restored, erased, loaded)
 
     # -- slot selection ------------------------------------------------------------------
 
@@ -217,10 +225,11 @@ class _Sim:
             slot = self.slots[self.owner[key]]
             f_keep = common_prefix(slot.tokens, prompt) / slot.n if slot.n else 0.0
             return slot, f_keep < 0.5
-        candidates = self.slots
+        idle = [s for s in self.slots if s.id not in self.busy] or self.slots
+        candidates = idle
         if self.p.affinity:
             owned = set(self.owner.values())
-            candidates = [s for s in self.slots if s.id not in owned] or self.slots
+            candidates = [s for s in idle if s.id not in owned] or idle
         slot, update = self._by_similarity_or_lru(candidates, prompt, L)
         if self.p.affinity:
             for k in [k for k, s in self.owner.items() if s == slot.id]:
@@ -455,9 +464,29 @@ def _f32(x: float) -> float:
 # --------------------------------------------------------------------------- a whole run
 
 
-def simulate(requests: Sequence[Request], policy: Policy) -> list[Turn]:
+def simulate(requests: Sequence[Request], policy: Policy,
+             schedule: Sequence[tuple[str, int]] | None = None) -> list[Turn]:
+    """Each request's turn under the policy, by request index. Without a schedule the requests
+    run one after another in their order. A ``schedule`` (`schedule_of` a run's log) gives
+    requests that overlapped: ``("start", i)`` and ``("end", i)`` in the order the engine
+    started and released them; a request starts on a slot no unfinished request holds."""
     sim = _Sim(policy)
-    return [sim.serve(i, r) for i, r in enumerate(requests)]
+    if schedule is None:
+        return [sim.serve(i, r) for i, r in enumerate(requests)]
+    sim.scheduled = True
+    turns: dict[int, Turn] = {}
+    for step, i in schedule:
+        if step == "start":
+            turns[i] = sim.serve(i, requests[i])
+            sim.busy.add(turns[i].slot)
+        elif step == "end" and i in turns:
+            sim.end(sim.slots[turns[i].slot])
+        else:
+            raise ValueError(f"schedule step {(step, i)!r}: not a start, or the end of a request not started")
+    missing = sorted(set(range(len(requests))) - set(turns))
+    if missing:
+        raise ValueError(f"the schedule starts no request {missing[0]} ({len(missing)} requests missing)")
+    return [turns[i] for i in range(len(requests))]
 
 
 def timing_dependent(requests: Sequence[Request], turns: Sequence[Turn], policy: Policy,

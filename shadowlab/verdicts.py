@@ -158,6 +158,9 @@ class TurnVerdict:
     # and with the previous request of the same conversation (shadowlab.traffic.ideals).
     ideal_tokens: int | None = None
     consecutive_ideal_tokens: int | None = None
+    # Requests sent concurrently: where the engine served this turn among the cell's (from 0,
+    # its task's first line); None when the turns were sent one after another, in order.
+    processing_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -382,7 +385,12 @@ def _cell_verdict(run: "RunDir", meta: Any, patterns: dict) -> CellVerdict:
     parsed = run.parse_log(meta.cell_id, family, extra) if family != "none" else None
     engine_prompts = run.prompts.get(engine, {})
     cell_notes: list[str] = []
-    turns = _turn_verdicts(meta, parsed, engine_prompts, cell_notes)
+    marks = None
+    if parsed is not None and _concurrent(meta):  # the launch lines tie task-less lines to tasks
+        from shadowlab import attribution
+
+        marks = attribution.markers(run.layout.engine_log(meta.cell_id))
+    turns = _turn_verdicts(meta, parsed, engine_prompts, cell_notes, marks)
     spans = [tuple(t.log_offsets) for t in meta.turns if t.log_offsets and len(t.log_offsets) == 2]
     unattributed = 0
     if parsed is not None:
@@ -491,8 +499,20 @@ def _turn_ok(t: Any) -> bool:
     return t.error is None and t.completion is not None and (t.http_status is None or 200 <= t.http_status < 300)
 
 
-def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None) -> list[tuple[Any, int | None]]:
-    """Every event with the turn it belongs to (lifecycle.attribute_by_span on the turns' spans)."""
+def _concurrent(meta: Any) -> bool:
+    """The turns were sent concurrently and tied to their tasks (records' `log_attribution`)."""
+    return any(getattr(t, "log_attribution", "span") == "task" for t in meta.turns)
+
+
+def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None,
+                   marks: Any = None) -> list[tuple[Any, int | None]]:
+    """Every event with the turn it belongs to: lifecycle.attribute_by_span on the turns' spans;
+    for turns sent concurrently attribution.assign by task (``marks``: the log's launch lines)."""
+    if marks is not None:
+        from shadowlab import attribution
+
+        owner = {task: t.index for t in meta.turns for task in (t.task_ids or ())}
+        return attribution.assign(parsed.events, marks, owner)
     spans = [lifecycle.TurnSpan(t.index, *(t.log_offsets if t.log_offsets and len(t.log_offsets) == 2
                                            else (None, None)), tuple(t.task_ids or ()))
              for t in meta.turns]
@@ -500,11 +520,12 @@ def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None) -> li
 
 
 def _turn_verdicts(
-    meta: Any, parsed: Any, engine_prompts: dict[str, list[int]], cell_notes: list[str] | None = None
+    meta: Any, parsed: Any, engine_prompts: dict[str, list[int]], cell_notes: list[str] | None = None,
+    marks: Any = None,
 ) -> list[TurnVerdict]:
     """Per-turn verdicts of one cell. State is kept per slot (checkpoint ring and cached tokens):
     with several slots a turn may land on another slot than the previous turn."""
-    assigned = _assign_events(meta, parsed, cell_notes) if parsed is not None else []
+    assigned = _assign_events(meta, parsed, cell_notes, marks) if parsed is not None else []
     rings: dict[int | None, _Ring] = {}
     caches: dict[int | None, list[int] | None] = {}  # tokens each slot holds (records); None: unknown
     # Slots whose last completion came back as text without token ids (ik_llama.cpp's /completion):
@@ -530,14 +551,16 @@ def _turn_verdicts(
         applied.add(i)
         return ring, ring.apply(ev, turn)
 
-    for t in meta.turns:
+    order, rank = _processing_order(meta, assigned)
+    concurrent = _concurrent(meta)
+    for t in order:
         mine = [ev for ev, turn in assigned if turn == t.index]
         slot = lifecycle.turn_slot(mine, last_slot)
         turn_slots[t.index] = slot
         start = t.log_offsets[0] if t.log_offsets else min((ev.offset for ev in mine), default=None)
         # Alive at turn start: replay earlier turns' events and unattributed lines before it.
         for i, (ev, turn) in enumerate(assigned):
-            earlier = turn is not None and turn < t.index
+            earlier = turn is not None and rank.get(turn, turn) < rank[t.index]
             before = turn is None and start is not None and ev.offset < start
             if i not in applied and (earlier or before):
                 apply(i, ev, turn)
@@ -557,15 +580,15 @@ def _turn_verdicts(
             _, removed = apply(i, ev, t.index)
             if removed is not None:
                 erased_by_turn.append((ev.kind, removed))
-        fresh = t.index == 0 or (parsed is not None and slot not in caches)
+        fresh = rank[t.index] == 0 or (parsed is not None and slot not in caches)
         cache = [] if fresh else caches.get(slot)
         turn_cache, cache_note = _slot_cache_for_turn(mine, cache, saved_tokens, placed)
         prompt_ids = t.prompt_token_ids if t.prompt_token_ids is not None else engine_prompts.get(t.prompt_id)
         tail_unknown = not fresh and turn_cache is cache and open_tail.get(slot, False)
         tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None, fresh, tail_unknown,
-                         from_entry=turn_cache is not cache)
+                         from_entry=turn_cache is not cache, processing_rank=rank[t.index] if concurrent else None)
         extra_notes = tuple(ring.notes[notes_before:]) + cache_note
-        if fresh and t.index > 0:
+        if fresh and rank[t.index] > 0:
             extra_notes += (f"ran on slot {slot}, which no earlier turn of this cell used",)
         if extra_notes:
             tv = dataclasses.replace(tv, notes=tv.notes + extra_notes)
@@ -574,7 +597,25 @@ def _turn_verdicts(
         caches[slot] = list(prompt_ids) + list(t.completion.tokens or []) if _turn_ok(t) and prompt_ids is not None else None
         open_tail[slot] = _turn_ok(t) and bool(t.completion.text) and not t.completion.tokens
         last_slot = slot
-    return out
+    return sorted(out, key=lambda tv: tv.index)
+
+
+def _processing_order(meta: Any, assigned: list[tuple[Any, int | None]]) -> tuple[list[Any], dict[int, int]]:
+    """The turns in the order the engine served them, and each one's place in it. Sent one after
+    another that is their order; sent concurrently (`log_attribution: task`), the order of their
+    tasks' first lines in the log (attribution.processing_order)."""
+    from shadowlab import attribution
+
+    turns = list(meta.turns)
+    if not _concurrent(meta):
+        return turns, {t.index: k for k, t in enumerate(turns)}
+    first: dict[int, int | None] = {t.index: None for t in turns}
+    for ev, turn in assigned:
+        if turn in first and (first[turn] is None or ev.offset < first[turn]):
+            first[turn] = ev.offset
+    by_index = {t.index: t for t in turns}
+    order = [by_index[i] for i in attribution.processing_order(first, [t.index for t in turns])]
+    return order, {t.index: k for k, t in enumerate(order)}
 
 
 def _judge_turn(
@@ -588,6 +629,7 @@ def _judge_turn(
     fresh: bool,
     tail_unknown: bool = False,
     from_entry: bool = False,
+    processing_rank: int | None = None,
 ) -> TurnVerdict:
     prompt_len = len(prompt_ids) if prompt_ids is not None else t.prompt_tokens
     if fresh:
@@ -688,6 +730,7 @@ def _judge_turn(
         log_complete=t.log_complete if has_log else None,
         error=t.error or (None if _turn_ok(t) else f"HTTP {t.http_status}"),
         notes=tuple(notes),
+        processing_rank=processing_rank,
     )
     return dataclasses.replace(verdict, implausible=plausibility.turn_problems(verdict, t.timings))
 
@@ -792,10 +835,10 @@ def _attach_identity(
         planned = {pt.get("index"): pt for pt in (meta.cell or {}).get("turns", []) if isinstance(pt, dict)}
         turns = []
         for tv in c.turns:
-            if tv.index == 0:
+            plan_turn = planned.get(tv.index) or {}
+            if tv.index == 0 and not plan_turn.get("cold_cell"):
                 turns.append(tv)
                 continue
-            plan_turn = planned.get(tv.index) or {}
             ref_id = plan_turn.get("cold_cell")
             check = _compare_turn(meta, tv.index, metas.get(ref_id) if ref_id else None, ref_id, tv.reused_tokens,
                                   identity, ref_index=plan_turn.get("cold_turn", 0))

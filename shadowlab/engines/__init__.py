@@ -92,6 +92,10 @@ class TurnResult:
     prompt_ms: float | None
     timings: Mapping[str, Any] = field(default_factory=dict)
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None  # per token: (id, logprob)
+    # What the answer says it ran as (llama.cpp's `id_slot`, the reference engine's `id_task`):
+    # claims, checked against the log where requests sent concurrently are tied to their tasks.
+    slot: int | None = None
+    task: int | None = None
 
 
 # Families whose builds print their checkpoint lines at the default level: ik_llama.cpp has no
@@ -260,6 +264,8 @@ class EngineAdapterBase:
             prompt_ms=_opt_float(timings.get("prompt_ms")),
             timings=timings,
             top_logprobs=top_logprobs(body.get("completion_probabilities")),
+            slot=_opt_int(body.get("id_slot")),
+            task=_opt_int(body.get("id_task")),
         )
 
     def tokenize(self, client: httpx.Client, text: str) -> list[int]:

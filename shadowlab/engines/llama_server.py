@@ -258,7 +258,7 @@ class LlamaServerAdapter(EngineAdapterBase):
             return result
         return TurnResult(result.text, result.tokens, result.stop_type,
                           reused_tokens(body, self.log_family), result.processed_tokens,
-                          result.prompt_ms, result.timings)
+                          result.prompt_ms, result.timings, slot=result.slot, task=result.task)
 
     def reported_device(self, props: Mapping[str, Any]) -> str | None:
         # llama-server's /props names no device; a CPU-only build is recorded by the runner's

@@ -39,7 +39,7 @@ def test_meta_round_trips_through_disk(tmp_path: Path):
     path = records.write_meta(layout, meta)
     assert path == tmp_path / "run" / "cells" / "c1" / "meta.json"
     raw = json.loads(path.read_text())
-    assert raw["status"] == "ok" and raw["schema_version"] == 2
+    assert raw["status"] == "ok" and raw["schema_version"] == 3
     assert raw["turns"][0]["completion"]["text"] == "h\ufffdi"
     back = records.read_meta(path)
     assert back == meta
@@ -58,7 +58,7 @@ def test_a_schema_1_record_gets_each_turns_conversation_from_its_planned_cell(tm
     assert data["turns"][0].pop("conversation", "absent") is None  # sample_meta sets none
     path.write_text(json.dumps({**data, "schema_version": 1, "cell": cell}))
     back = records.read_meta(path)
-    assert back.schema_version == records.SCHEMA_VERSION == 2
+    assert back.schema_version == records.SCHEMA_VERSION == 3
     assert back.turns[0].conversation == expected
 
 

@@ -1,0 +1,240 @@
+"""Tie requests sent concurrently to the llama.cpp tasks that served them (DESIGN §2, `in_flight`).
+
+Sent one after another, a turn's log lines are the bytes between its request and the next one.
+Sent concurrently, the lines of several requests interleave, and nothing in an answer names the
+task that produced it (llama-server's `/completion` body has `id_slot`, no task id). So each
+turn is tied to a task by what both sides state independently:
+
+- the log, per task id: its slot, `new prompt ... task.n_tokens` (the prompt length) and
+  `prompt eval time = X ms / N tokens` (prefill time to 0.01 ms and tokens processed);
+- the answer: `id_slot` (when given), the prompt length sent, `timings.prompt_n` and
+  `timings.prompt_ms` (the same clock value the log line prints with `%.2f`), and `id_task` where
+  the engine claims one (the reference engine): a claim, checked against the same figures.
+
+A turn is tied when exactly one task states its figures and no other turn claims that task. Any
+turn left over is not guessed at: `tie` says why, and the runner fails the cell with it. The
+spans it then gives each turn partition the log by the order tasks finished, so lines without a
+task id (llama-server's prompt-cache lines) go to the task that finished next after them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# llama.cpp's `launch_slot_: id N | task M | processing task` (the slot takes the task, in the
+# order the server took tasks from its queue) and `release: ... | stop processing` (the slot is
+# free again). The parser has no event for either (no cache state changes); a schedule needs both:
+# the task's first parsed line may come later (llama-server prints `new prompt` in slot order).
+MARKER_RE = re.compile(rb"id\s{0,8}(\d{1,9}) \| task (\d{1,18}) \| (processing task|stop processing)")
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one turn's request and answer say about the task that served it."""
+
+    index: int
+    prompt_tokens: int | None
+    processed: int | None  # timings.prompt_n
+    prefill_ms: float | None  # timings.prompt_ms
+    slot: int | None = None  # id_slot, when the answer names one
+    task: int | None = None  # id_task, when the answer claims one
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task id's lines in the log."""
+
+    task: int
+    slot: int | None
+    first: int  # byte offset of its first line
+    last: int  # byte offset of its last line
+    prompt_tokens: int | None  # `new prompt ... task.n_tokens`
+    processed: int | None  # the last `prompt eval time` line's tokens
+    prefill_ms: float | None  # ... and its milliseconds
+
+
+@dataclass(frozen=True)
+class Tied:
+    """Turn index -> its task, and why every other turn is not tied (empty: all were)."""
+
+    tasks: Mapping[int, Task]
+    untied: Mapping[int, str]
+
+
+def tasks(events: Iterable[object]) -> dict[int, Task]:
+    """Each task id's lines (logparse events; lines without a task id are skipped)."""
+    seen: dict[int, dict] = {}
+    for ev in events:
+        task = getattr(ev, "task", None)
+        if task is None:
+            continue
+        t = seen.setdefault(task, {"slot": None, "first": ev.offset, "last": ev.offset,
+                                   "prompt_tokens": None, "processed": None, "prefill_ms": None})
+        t["first"], t["last"] = min(t["first"], ev.offset), max(t["last"], ev.offset)
+        if t["slot"] is None and getattr(ev, "slot", None) is not None:
+            t["slot"] = ev.slot
+        if ev.kind == "new_prompt" and t["prompt_tokens"] is None:
+            t["prompt_tokens"] = ev.n_tokens
+        elif ev.kind == "prompt_eval":
+            t["processed"], t["prefill_ms"] = ev.n_tokens, ev.ms
+    return {task: Task(task, **fields) for task, fields in seen.items()}
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}"  # as llama.cpp's `%10.2f` prints it (both round the binary value)
+
+
+def states(claim: Claim, task: Task) -> bool:
+    """Whether the task's lines state every figure the turn's answer gives."""
+    if claim.task is not None and claim.task != task.task:
+        return False
+    if task.processed is None or task.prefill_ms is None:  # the task never finished its prefill
+        return False
+    if claim.processed is None or claim.prefill_ms is None or claim.processed != task.processed:
+        return False
+    if _ms(claim.prefill_ms) != _ms(task.prefill_ms):
+        return False
+    if claim.slot is not None and task.slot is not None and claim.slot != task.slot:
+        return False
+    return task.prompt_tokens is None or claim.prompt_tokens is None or claim.prompt_tokens == task.prompt_tokens
+
+
+def _figures(c: Claim) -> str:
+    ms = "?" if c.prefill_ms is None else _ms(c.prefill_ms)
+    slot = "" if c.slot is None else f"slot {c.slot}, "
+    claim = "" if c.task is None else f", claimed task {c.task}"
+    return f"{slot}{c.prompt_tokens} prompt tokens, {c.processed} processed in {ms} ms{claim}"
+
+
+def tie(claims: Sequence[Claim], by_task: Mapping[int, Task]) -> Tied:
+    """Each turn's task: the one task that states its figures, unclaimed by any other turn."""
+    candidates = {c.index: {t for t in by_task if states(c, by_task[t])} for c in claims}
+    tied: dict[int, int] = {}
+    changed = True
+    while changed:  # a tie removes its task from every other turn's candidates
+        changed = False
+        taken = set(tied.values())
+        for index, found in candidates.items():
+            free = found - taken
+            if index not in tied and len(free) == 1:
+                tied[index] = next(iter(free))
+                changed = True
+                taken = set(tied.values())
+    untied: dict[int, str] = {}
+    for c in claims:  # each task is tied once at most: a tie takes it from every other turn
+        found = candidates[c.index]
+        if c.index in tied:
+            continue
+        if not found:
+            untied[c.index] = f"no task in engine.log states turn {c.index}'s figures ({_figures(c)})"
+        else:
+            shown = ", ".join(str(t) for t in sorted(found)[:5])
+            untied[c.index] = (f"{len(found)} tasks of engine.log (task {shown}) state turn {c.index}'s "
+                               f"figures ({_figures(c)}): its lines cannot be told apart")
+    return Tied({i: by_task[t] for i, t in tied.items()}, untied)
+
+
+def spans(tied: Mapping[int, Task], ends: Mapping[int, int], start: int) -> dict[int, tuple[int, int]]:
+    """[start, end) per tied turn, partitioning the log from ``start`` by the order tasks
+    finished: each span runs from the previous task's end to the end of its own last line
+    (``ends``: task id -> that offset)."""
+    out: dict[int, tuple[int, int]] = {}
+    at = start
+    for index, task in sorted(tied.items(), key=lambda kv: (ends[kv[1].task], kv[0])):
+        end = max(ends[task.task], at)
+        out[index] = (at, end)
+        at = end
+    return out
+
+
+@dataclass(frozen=True)
+class Markers:
+    """Task id -> byte offset of its `processing task` line (the first) and of its `stop
+    processing` line (the last)."""
+
+    launched: Mapping[int, int]
+    released: Mapping[int, int]
+    slots: Mapping[int, int]  # task id -> the slot its launch line names
+
+
+def markers(path: Path, start: int = 0, end: int | None = None) -> Markers:
+    """The launch and release lines in [start, end) of the log, read a line-aligned chunk at a
+    time (memory bounded whatever the log holds)."""
+    launched: dict[int, int] = {}
+    released: dict[int, int] = {}
+    slots: dict[int, int] = {}
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        at, carry = start, b""
+        while end is None or at < end:
+            chunk = fh.read(CHUNK if end is None else min(CHUNK, end - at))
+            if not chunk:
+                break
+            at += len(chunk)
+            body = carry + chunk
+            cut = body.rfind(b"\n") + 1
+            if cut == 0 and len(body) > CHUNK:  # a line longer than a chunk holds no release line
+                carry = b""
+                continue
+            base = at - len(body)
+            for line in re.finditer(rb"[^\n]*\n", body[:cut]):
+                m = MARKER_RE.search(line.group())
+                if m is None:
+                    continue
+                task, at_line = int(m.group(2)), base + line.start()
+                if m.group(3) == b"processing task":
+                    if task not in launched:
+                        launched[task], slots[task] = at_line, int(m.group(1))
+                else:
+                    released[task] = at_line
+            carry = body[cut:]
+    return Markers(launched, released, slots)
+
+
+def assign(events: Iterable[object], marks: Markers, owner: Mapping[int, int]) -> list[tuple[object, int | None]]:
+    """Every event with the turn it belongs to, for requests sent concurrently: by its task id
+    (``owner``: task -> turn); a line without one (llama-server's `selected slot by ...` says
+    `task -1`, its prompt-cache lines name no slot) belongs to the task launched next after it,
+    on its slot when it names one: the server prints them while it hands that task a slot."""
+    launches = sorted((at, task) for task, at in marks.launched.items())
+    out = []
+    for ev in events:
+        task = getattr(ev, "task", None)
+        if task is None:
+            slot = getattr(ev, "slot", None)
+            k = bisect.bisect_right(launches, (ev.offset, float("inf")))
+            while k < len(launches) and slot is not None and marks.slots.get(launches[k][1]) != slot:
+                k += 1
+            task = launches[k][1] if k < len(launches) else None
+        out.append((ev, owner.get(task) if task is not None else None))
+    return out
+
+
+def schedule(tied: Mapping[int, Task], marks: Markers) -> list[tuple[str, int]]:
+    """("start", turn) where each tied task began (its launch line, or its first parsed line
+    if earlier: the reference engine's slot choice) and ("end", turn) at its release, in log
+    order: the overlap `simulate.simulate(..., schedule=)` replays. A task never released ends
+    after every line (its slot stayed busy to the end)."""
+    steps = []
+    for index, task in tied.items():
+        begin = min(task.first, marks.launched.get(task.task, task.first))
+        steps.append((begin, 0, "start", index))
+        end = marks.released.get(task.task)
+        steps.append((end if end is not None and end >= begin else float("inf"), 1, "end", index))
+    return [(kind, index) for _, _, kind, index in sorted(steps)]
+
+
+def processing_order(first_offsets: Mapping[int, int | None], indices: Iterable[int]) -> list[int]:
+    """Turn indices in the order the engine started them (their first own line); turns without
+    lines keep their planned place after the others."""
+    known = sorted((off, i) for i, off in first_offsets.items() if off is not None)
+    seen = {i for _, i in known}
+    return [i for _, i in known] + [i for i in indices if i not in seen]
+
+
+__all__ = ["Claim", "Task", "Tied", "Markers", "assign", "markers", "processing_order", "schedule", "spans", "states", "tasks", "tie"]

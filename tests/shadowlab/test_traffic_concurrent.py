@@ -1,0 +1,192 @@
+"""Requests sent concurrently (a traffic's `in_flight`, docs/DESIGN.md §2) on the live reference
+engine: each turn tied to its task by the figures its answer and the log both state, the engine's
+realised overlap read back as a schedule, and the simulator exact on it turn by turn; then the
+whole path through `shadowlab run`, where a broken engine still fails the gate and a log that is
+not the answers' fails the cell instead of being guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from shadowlab import attribution, cli, gate, logparse, simulate, traffic
+from shadowlab.identity import IdentityStatus
+from shadowlab.matrix import load as load_matrix
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+import engine_process  # noqa: E402
+import test_traffic_replay as replay_tests  # noqa: E402
+from test_simulate import ENGINE_FLAGS, REFERENCE, VOCAB, exactness_shape, reference_policy  # noqa: E402
+
+IN_FLIGHT = 3
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return engine_process.tiny_model()
+
+
+def send_concurrently(engine, requests, seed: int, workers: int = IN_FLIGHT) -> list[dict]:
+    """Every request's answer, `workers` in flight at a time, sent in traffic order."""
+    m = traffic.Materialiser(VOCAB, seed)
+
+    def one(r):
+        body = {"prompt": m.prompt(r), "n_predict": r.output_length, "temperature": 0, "cache_prompt": True}
+        if r.conversation is not None:
+            body["prompt_cache_key"] = r.conversation
+        resp = engine.post("/completion", body)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, requests))
+
+
+def tie_answers(log: Path, requests, answers) -> attribution.Tied:
+    claims = [attribution.Claim(i, r.prompt_tokens, a["timings"]["prompt_n"], a["timings"]["prompt_ms"],
+                                a.get("id_slot"), a.get("id_task")) for i, (r, a) in enumerate(zip(requests, answers))]
+    return attribution.tie(claims, attribution.tasks(logparse.parse(log, "llama.cpp").events))
+
+
+@pytest.mark.parametrize("config", ["policy0", "retention", "slots3", "affinity"])
+def test_the_simulator_is_exact_on_the_schedule_the_engine_ran(config, model, tmp_path):
+    """Several requests in flight: slot choice depends on which slots were busy, LRU on the
+    order they were released. Given the schedule read from the log, the simulator agrees
+    turn by turn (reuse and slot); the order the engine served them is recorded, not assumed."""
+    flags, env, policy = REFERENCE[config]
+    requests = traffic.generate(exactness_shape(2))
+    with engine_process.running(model, [*ENGINE_FLAGS, *flags], tmp_path, env=env) as engine:
+        answers = send_concurrently(engine, requests, 2)
+        log = engine.log_file
+        tied = tie_answers(log, requests, answers)
+        assert not tied.untied and len(tied.tasks) == len(requests)
+        assert all(tied.tasks[i].task == a["id_task"] for i, a in enumerate(answers))  # the claim checked out
+        schedule = attribution.schedule(tied.tasks, attribution.markers(log))
+    if "-np" in flags:  # several slots: requests ran side by side (one slot serves one at a time)
+        assert _overlapping(schedule), "no request overlapped another: the test did not exercise concurrency"
+    else:
+        assert not _overlapping(schedule)
+    measured = [(a["timings"]["cache_n"], a["id_slot"]) for a in answers]
+    want = [(t.reused, t.slot) for t in simulate.simulate(requests, reference_policy(policy), schedule)]
+    assert measured == want
+    assert any(reused for reused, _ in measured)
+
+
+def _overlapping(schedule) -> list[int]:
+    """Requests that started while another had not ended."""
+    live, out = set(), []
+    for step, i in schedule:
+        if step == "start":
+            if live:
+                out.append(i)
+            live.add(i)
+        else:
+            live.discard(i)
+    return out
+
+
+def test_a_schedule_is_needed_where_slots_overlap(model, tmp_path):
+    """The sequential model is not the concurrent truth on several slots: without the schedule
+    the prediction differs from what the engine did (so the schedule carries information)."""
+    flags, env, policy = REFERENCE["slots3"]
+    requests = traffic.generate(exactness_shape(2))
+    with engine_process.running(model, [*ENGINE_FLAGS, *flags], tmp_path, env=env) as engine:
+        answers = send_concurrently(engine, requests, 2)
+    measured = [(a["timings"]["cache_n"], a["id_slot"]) for a in answers]
+    assert measured != [(t.reused, t.slot) for t in simulate.simulate(requests, reference_policy(policy))]
+
+
+def test_a_log_that_is_not_the_answers_ties_nothing(model, tmp_path):
+    requests = traffic.generate(exactness_shape(1))[:12]
+    flags, env, _ = REFERENCE["policy0"]
+    with engine_process.running(model, [*ENGINE_FLAGS, "--fault", "log-timing-skew"], tmp_path, env=env) as engine:
+        answers = send_concurrently(engine, requests, 1)
+        tied = tie_answers(engine.log_file, requests, answers)
+    assert not tied.tasks and set(tied.untied) == set(range(len(requests)))
+    assert "no task in engine.log states turn 0's figures" in tied.untied[0]
+
+
+# ---------------------------------------------------------------- through `shadowlab run`
+
+# test_traffic_replay's small traffic and engine, sent IN_FLIGHT at a time.
+MATRIX = replay_tests.MATRIX.replace("    kind: traffic\n", "    kind: traffic\n    in_flight: {in_flight}\n", 1)
+assert MATRIX != replay_tests.MATRIX
+CONFIGURATIONS = {
+    "policy0": "{flags: [-np, 1], env: {PXA_CKPT_PROMPT_POLICY: 0}}",
+    "affinity": "{flags: [-np, 3], env: {PXA_CKPT_PROMPT_POLICY: 0, SHADOWLAB_SLOT_AFFINITY: 1}}",
+    "retention": "{flags: [-np, 1], env: {PXA_CKPT_PROMPT_POLICY: 0, SHADOWLAB_CKPT_RETAIN_MIB: 64}}",
+}
+
+
+def write_matrix(path: Path, names: tuple[str, ...], name: str = "traffic-concurrent") -> Path:
+    confs = "\n".join(f"  {n}: {CONFIGURATIONS[n]}" for n in names)
+    path.write_text(MATRIX.format(name=name, b=replay_tests.B, n_predict=replay_tests.N_PREDICT,
+                                  configurations=confs, in_flight=IN_FLIGHT))
+    return path
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("concurrent")
+    matrix = write_matrix(tmp / "m.yaml", tuple(CONFIGURATIONS))
+    code = cli.main(["run", str(matrix), "--out", str(tmp / "run")])
+    return code, gate.evaluate(tmp / "run"), load_matrix(matrix).sequences["traffic"].requests
+
+
+def test_concurrent_traffic_qualifies_with_every_turn_tied_and_checked(healthy):
+    code, result, requests = healthy
+    assert code == 0, result.summary()
+    run = result.inputs.run
+    for configuration in CONFIGURATIONS:
+        warm = run.metas[f"reference.{configuration}.traffic"]
+        assert [t.index for t in warm.turns] == list(range(len(requests)))
+        assert all(t.log_attribution == "task" and len(t.task_ids) == 1 and t.log_complete for t in warm.turns)
+        assert len({t.task_ids[0] for t in warm.turns}) == len(requests)
+        # Sent without waiting on each other: the traffic's first two requests are of
+        # different conversations, so the second went out while the first was in flight.
+        assert requests[0].conversation != requests[1].conversation
+        assert warm.turns[1].in_flight == 2 and max(t.in_flight for t in warm.turns) <= IN_FLIGHT
+        verdict = result.inputs.verdict.cell(f"reference.{configuration}.traffic")
+        # Every turn has a reference, turn 0 too: any request may find the cache first.
+        assert all(t.identity is not None and t.identity.status in (IdentityStatus.IDENTICAL,
+                                                                    IdentityStatus.IDENTICAL_NO_REUSE)
+                   for t in verdict.turns), configuration
+        ranks = sorted(t.processing_rank for t in verdict.turns)
+        assert ranks == list(range(len(requests)))
+    assert any(t.reused_tokens for t in run.metas["reference.affinity.traffic"].turns)
+
+
+def test_one_slot_serves_concurrent_requests_one_task_at_a_time(healthy):
+    """On -np 1 the tied tasks' lines never interleave: each span holds its own task's lines."""
+    _, result, _ = healthy
+    run = result.inputs.run
+    meta = run.metas["reference.policy0.traffic"]
+    events = logparse.parse(run.layout.engine_log(meta.cell_id), "llama.cpp").events
+    for t in meta.turns:
+        a, b = t.log_offsets
+        tasks = {ev.task for ev in events if a <= ev.offset < b and ev.task is not None}
+        assert tasks == set(t.task_ids), t.index
+
+
+def test_wrong_conversation_restore_under_concurrency_fails_the_gate(tmp_path):
+    matrix = write_matrix(tmp_path / "m.yaml", ("retention",), name="concurrent-fault")
+    code = cli.main(["run", str(matrix), "--out", str(tmp_path / "run"), "--fault", "wrong-conversation-restore"])
+    result = gate.evaluate(tmp_path / "run")
+    assert code == 1, result.summary()
+    assert {c.check for c in result.failures} == {"identity"}, result.summary()
+
+
+@pytest.mark.parametrize("fault", ["log-timing-skew", "wrong-task-id"])
+def test_turns_that_cannot_be_tied_fail_the_cell(fault, tmp_path):
+    matrix = write_matrix(tmp_path / "m.yaml", ("policy0",), name="concurrent-untied")
+    code = cli.main(["run", str(matrix), "--out", str(tmp_path / "run"), "--fault", fault])
+    result = gate.evaluate(tmp_path / "run")
+    assert code == 3, result.summary()
+    meta = json.loads((tmp_path / "run" / "cells" / "reference.policy0.traffic" / "meta.json").read_text())
+    assert meta["status"] == "failed"
+    assert "requests sent concurrently: no task in engine.log states turn" in meta["reason"]
