@@ -1100,7 +1100,7 @@ class ConcurrentTurns:
         first_sent: float | None = None
         pool = ThreadPoolExecutor(max_workers=self.in_flight, thread_name_prefix="shadowlab-turn")
         try:
-            while pending or running:
+            while running or (pending and failed is None):  # after a failure: wait for the rest only
                 while (failed is None and pending and len(running) < self.in_flight
                        and pending[0].conversation not in busy):
                     turn = pending.pop(0)
