@@ -198,20 +198,45 @@ def markers(path: Path, start: int = 0, end: int | None = None) -> Markers:
 
 def assign(events: Iterable[object], marks: Markers, owner: Mapping[int, int]) -> list[tuple[object, int | None]]:
     """Every event with the turn it belongs to, for requests sent concurrently: by its task id
-    (``owner``: task -> turn); a line without one (llama-server's `selected slot by ...` says
-    `task -1`, its prompt-cache lines name no slot) belongs to the task launched next after it,
-    on its slot when it names one: the server prints them while it hands that task a slot."""
+    (``owner``: task -> turn); a line without one (llama-server's prompt-cache lines name no
+    slot) and every slot choice (`selected slot by ...`) belong to the task launched next after
+    it, on its slot when it names one: the server prints them while it hands that task a slot."""
     launches = sorted((at, task) for task, at in marks.launched.items())
     out = []
     for ev in events:
         task = getattr(ev, "task", None)
-        if task is None:
+        # llama.cpp prints a slot choice with the slot's task at that moment: -1 when idle, the
+        # running task when a request pinned by id_slot finds it busy (and is deferred). Either
+        # way the line is the choice for the task launched next on that slot.
+        if task is None or ev.kind == "slot_selected":
             slot = getattr(ev, "slot", None)
             k = bisect.bisect_right(launches, (ev.offset, float("inf")))
             while k < len(launches) and slot is not None and marks.slots.get(launches[k][1]) != slot:
                 k += 1
             task = launches[k][1] if k < len(launches) else None
         out.append((ev, owner.get(task) if task is not None else None))
+    return out
+
+
+def loads_into_busy_slots(events: Iterable[object], marks: Markers) -> list[tuple[object, int, int]]:
+    """(prompt-cache load, slot, task running there) for every load into a slot that was
+    processing another task. llama-server names the slot of a load only by the slot choice just
+    before it (`selected slot by ...`); b11434 chooses a slot pinned by `id_slot` and updates its
+    prompt cache (save, then load the best saved prompt into it) before it sees the slot is busy
+    and defers the request: the running task's state is replaced under it."""
+    spans: dict[int, list[tuple[int, float, int]]] = {}
+    for task, at in marks.launched.items():
+        end = marks.released.get(task)
+        spans.setdefault(marks.slots[task], []).append((at, end if end is not None and end > at else float("inf"), task))
+    out = []
+    chosen: int | None = None
+    for ev in events:
+        if ev.kind == "slot_selected":
+            chosen = ev.slot
+        elif ev.kind == "cache_loaded" and chosen is not None:
+            running = [task for a, b, task in spans.get(chosen, ()) if a < ev.offset < b]
+            if running:
+                out.append((ev, chosen, running[0]))
     return out
 
 
@@ -237,4 +262,4 @@ def processing_order(first_offsets: Mapping[int, int | None], indices: Iterable[
     return [i for _, i in known] + [i for i in indices if i not in seen]
 
 
-__all__ = ["Claim", "Task", "Tied", "Markers", "assign", "markers", "processing_order", "schedule", "spans", "states", "tasks", "tie"]
+__all__ = ["Claim", "Task", "Tied", "Markers", "assign", "loads_into_busy_slots", "markers", "processing_order", "schedule", "spans", "states", "tasks", "tie"]

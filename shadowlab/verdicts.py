@@ -526,6 +526,7 @@ def _turn_verdicts(
     """Per-turn verdicts of one cell. State is kept per slot (checkpoint ring and cached tokens):
     with several slots a turn may land on another slot than the previous turn."""
     assigned = _assign_events(meta, parsed, cell_notes, marks) if parsed is not None else []
+    intruded, unknown_from = _loads_into_busy_slots(meta, parsed, marks, cell_notes)
     rings: dict[int | None, _Ring] = {}
     caches: dict[int | None, list[int] | None] = {}  # tokens each slot holds (records); None: unknown
     # Slots whose last completion came back as text without token ids (ik_llama.cpp's /completion):
@@ -587,6 +588,12 @@ def _turn_verdicts(
         tail_unknown = not fresh and turn_cache is cache and open_tail.get(slot, False)
         tv = _judge_turn(t, mine, alive, erased_by_turn, turn_cache, prompt_ids, parsed is not None, fresh, tail_unknown,
                          from_entry=turn_cache is not cache, processing_rank=rank[t.index] if concurrent else None)
+        since = unknown_from.get(slot)
+        if t.index in intruded or (since is not None and start is not None and since[0] < start):
+            # Its slot's state was replaced while a task ran on it: the ring is unknown from then.
+            why = intruded.get(t.index) or [f"slot {slot}'s checkpoints are unknown since line {since[1]} "
+                                            "(a prompt-cache load into it while it was busy): cascade not judged"]
+            tv = dataclasses.replace(tv, cascade_checked=False, cascade_missed=(), notes=tv.notes + tuple(why))
         extra_notes = tuple(ring.notes[notes_before:]) + cache_note
         if fresh and rank[t.index] > 0:
             extra_notes += (f"ran on slot {slot}, which no earlier turn of this cell used",)
@@ -598,6 +605,35 @@ def _turn_verdicts(
         open_tail[slot] = _turn_ok(t) and bool(t.completion.text) and not t.completion.tokens
         last_slot = slot
     return sorted(out, key=lambda tv: tv.index)
+
+
+STATE_REPLACED = "that task's state was replaced under it"  # ends a turn note; triage reads it
+
+
+def _loads_into_busy_slots(meta: Any, parsed: Any, marks: Any, cell_notes: list[str] | None
+                           ) -> tuple[dict[int, list[str]], dict[int, tuple[int, int]]]:
+    """(turn -> why its slot's state is unknown, slot -> (offset, line) of the first such load):
+    the prompt cache loaded another prompt into the slot while a task ran there
+    (attribution.loads_into_busy_slots). Outputs are still compared with cold; the cascade of a
+    turn on that slot from then on cannot be judged from a ring replaced under a running task."""
+    if parsed is None or marks is None:
+        return {}, {}
+    from shadowlab import attribution
+
+    owner = {task: t.index for t in meta.turns for task in (t.task_ids or ())}
+    out: dict[int, list[str]] = {}
+    since: dict[int, tuple[int, int]] = {}
+    for ev, slot, task in attribution.loads_into_busy_slots(parsed.events, marks):
+        since.setdefault(slot, (ev.offset, ev.line))
+        turn = owner.get(task)
+        text = (f"line {ev.line}: the prompt cache loaded a saved prompt of {ev.n_tokens} tokens into slot "
+                f"{slot} while it was processing task {task}"
+                + ("" if turn is None else f" (turn {turn})") + ": " + STATE_REPLACED)
+        if turn is not None:
+            out.setdefault(turn, []).append(text)
+        if cell_notes is not None and len(cell_notes) < 20:
+            cell_notes.append(text)
+    return out, since
 
 
 def _processing_order(meta: Any, assigned: list[tuple[Any, int | None]]) -> tuple[list[Any], dict[int, int]]:
@@ -947,6 +983,13 @@ def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, m
     if t is None:  # cannot happen for a MISMATCH check; kept total for a hand-made record
         return TriageVerdict("undetermined", "warm equals cold on re-comparison")
     detail = t.detail
+    replaced = next((n for n in turn.notes if n.endswith(STATE_REPLACED)), None)
+    if replaced is not None and t.cls.value == "undetermined":
+        # The log shows the slot's state swapped while the turn ran: the evidence split controls
+        # and cold controls would only approach.
+        return TriageVerdict("corrupted_state", f"warm differs from cold at {identity.describe(t.warm_vs_cold)}; "
+                             f"{replaced}", None, identity.describe(t.warm_vs_cold), None,
+                             identity.describe(t.cold_vs_control))
     if t.cls.value == "undetermined":
         detail += _missing_evidence(warm, cold, pair)
     return TriageVerdict(t.cls.value, detail, split_id if split_out is not None else None,

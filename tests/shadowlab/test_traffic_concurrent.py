@@ -8,6 +8,7 @@ not the answers' fails the cell instead of being guessed at.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -190,3 +191,46 @@ def test_turns_that_cannot_be_tied_fail_the_cell(fault, tmp_path):
     meta = json.loads((tmp_path / "run" / "cells" / "reference.policy0.traffic" / "meta.json").read_text())
     assert meta["status"] == "failed"
     assert "requests sent concurrently: no task in engine.log states turn" in meta["reason"]
+
+
+# ---------------------------------------------------------------- a real b11434 run, offline
+
+BUSY_SLOT_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "llama.cpp-b11434-busy-slot-load"
+
+
+def test_a_prompt_cache_load_into_a_busy_slot_explains_the_mismatch_and_spares_the_cascade(tmp_path):
+    """traffic-llama's np4_pinned_cram sent four at a time on llama-server b11434: two turns
+    that reused nothing differ from cold. The log shows why (the prompt cache loaded another
+    prompt into slot 3 while their task ran there), the triage says so, and the checkpoints of
+    a ring replaced under a running task are not held against the engine's cascade."""
+    run = tmp_path / "run"
+    shutil.copytree(BUSY_SLOT_RUN, run)
+    result = gate.evaluate(run)
+    assert result.exit_code == 1
+    failed = sorted((c.check, c.subject) for c in result.checks if not c.passed)
+    assert [check for check, _ in failed] == ["identity", "identity"]
+    cell = result.inputs.verdict.cell("llama.np4_pinned_cram.traffic_in_flight")
+    mismatched = {t.index: t for t in cell.turns if t.identity.status is IdentityStatus.MISMATCH}
+    assert sorted(mismatched) == [9, 12] and not any(mismatched[i].reused_tokens for i in mismatched)
+    for index, line in ((9, 617), (12, 817)):
+        triage = mismatched[index].triage
+        assert triage.cls == "corrupted_state"
+        assert f"line {line}: the prompt cache loaded a saved prompt" in triage.detail
+        assert "into slot 3 while it was processing task" in triage.detail
+    later = [t for t in cell.turns if any("slot 3's checkpoints are unknown since line 617" in n for n in t.notes)]
+    assert later and not any(t.cascade_checked for t in later)
+    log = run / "cells" / cell.cell_id / "engine.log"
+    hits = attribution.loads_into_busy_slots(logparse.parse(log, "llama.cpp").events, attribution.markers(log))
+    assert [(ev.line, slot) for ev, slot, _ in hits] == [(617, 3), (681, 3), (817, 3)]
+
+
+def test_an_engine_that_dies_with_requests_in_flight_fails_the_cell_and_the_run_ends(tmp_path):
+    """The requests still in flight when one fails are waited for (they fail too), nothing
+    more is sent, every answered turn is kept, and the cell fails with the crash."""
+    matrix = write_matrix(tmp_path / "m.yaml", ("policy0",), name="concurrent-crash")
+    code = cli.main(["run", str(matrix), "--out", str(tmp_path / "run"), "--fault", "crash-after-requests=5"])
+    assert code == 3
+    meta = json.loads((tmp_path / "run" / "cells" / "reference.policy0.traffic" / "meta.json").read_text())
+    assert meta["status"] == "failed" and "engine exited with code" in meta["reason"], meta["reason"]
+    answered = [t for t in meta["turns"] if t["error"] is None]
+    assert len(answered) == 5 and len(meta["turns"]) <= 5 + IN_FLIGHT
