@@ -29,6 +29,8 @@ def run(tmp_path_factory, model_cache, llama_binary):
     tmp = tmp_path_factory.mktemp("traffic-chat")
     data = yaml.safe_load((REPO / "matrices" / "traffic-llama.yaml").read_text())
     data["configurations"] = {n: data["configurations"][n] for n in CONFIGURATIONS}
+    data["sequences"] = {"traffic": data["sequences"]["traffic"]}  # sent one after another
+    data.pop("cells")
     data["identity"]["control"] = False  # the control is the ordered matrices' business
     path = tmp / "traffic-chat.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
