@@ -413,7 +413,7 @@ def render_html(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellM
         inputs=inputs, matrix=inputs.matrix, run=run, result=result, metas=metas,
         env=inputs.environment, grids=build_grids(inputs), warm=warm,
         timelines=[build_timeline(c) for c in warm if c.turns],
-        traffic=report_traffic.build(run, _traffic_sequences(inputs)),
+        traffic=_traffic_sections(inputs, metas),
         identity_rows=identity_rows(run), controls=[c for c in run.cells if c.kind == "control"],
         expectation_checks=[c for c in result.checks if c.source != "default"],
         default_checks=[c for c in result.checks if c.source == "default"],
@@ -524,7 +524,7 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
             lines.append(f"| {'pass' if c.passed else '**' + c.status.value + '**'} | {md_cell(c.check)} | "
                          f"{md_cell(c.subject)} | {md_cell(c.expected)} | {md_cell(c.actual)} |")
         lines.append("")
-    lines += report_traffic.markdown(report_traffic.build(run, _traffic_sequences(inputs)), md_cell)
+    lines += report_traffic.markdown(_traffic_sections(inputs, metas), md_cell)
     lines += _md_processes(engine_processes(metas or {}))
     env = inputs.environment
     sl = env.get("shadowlab", {}) if isinstance(env.get("shadowlab"), dict) else {}
@@ -532,6 +532,14 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
                  f"{' (dirty)' if sl.get('dirty') else ''} · host {md_cell(env.get('host'))} · "
                  f"full report: report.html</sub>")
     return "\n".join(lines) + "\n"
+
+
+def _traffic_sections(inputs: RunInputs, metas: Mapping[str, CellMeta]) -> list[report_traffic.TrafficSection]:
+    """The traffic sections, with each sequence's `in_flight` and how many each cell reached."""
+    in_flight = {name: getattr(seq, "in_flight", 1) for name, seq in inputs.matrix.sequences.items()}
+    reached = {cell_id: max(t.in_flight for t in m.turns if t.in_flight is not None)
+               for cell_id, m in metas.items() if any(t.in_flight is not None for t in m.turns)}
+    return report_traffic.build(inputs.verdict, _traffic_sequences(inputs), in_flight, reached)
 
 
 def _traffic_sequences(inputs: RunInputs) -> list[str]:

@@ -10,7 +10,7 @@ knows, and that turn's conversation owns it. Pure: a function of the RunVerdict.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shadowlab.verdicts import CellVerdict, RunVerdict, traffic_summary
@@ -47,10 +47,17 @@ class TrafficRow:
     reused_w: float
     ideal_x: float  # x of prompt − ideal: what a perfect cache would have processed
     erasures: tuple[Erasure, ...]
+    max_in_flight: int | None = None  # most requests in flight at once, as sent (records); None: one at a time
 
     @property
     def processed(self) -> int:
         return self.prompt - self.reused
+
+    @property
+    def label(self) -> str:
+        """The configuration, and which repeat (`<cell>.r<k>`) when the matrix repeats cells."""
+        head, _, tail = self.cell_id.rpartition(".")
+        return f"{self.configuration} {tail}" if head and tail[:1] == "r" and tail[1:].isdigit() else self.configuration
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,17 @@ class TrafficSection:
     height: int
     ticks: tuple[tuple[float, str], ...]
     left: int = TR_LEFT  # x where the bars start
+    in_flight: int = 1  # the sequence's `in_flight`
+
+    @property
+    def in_flight_text(self) -> str:
+        """What the section's sending was, in a sentence ('' for one request at a time)."""
+        if self.in_flight <= 1:
+            return ""
+        seen = sorted({r.max_in_flight for r in self.rows if r.max_in_flight is not None})
+        reached = "" if not seen else f" (reached: {'/'.join(map(str, seen))})"
+        return (f"Sent with up to {self.in_flight} requests in flight{reached}, a conversation waiting for its "
+                "reply; turns tied to their tasks and judged in the order the engine served them.")
 
 
 def erasures(cell: CellVerdict) -> tuple[Erasure, ...]:
@@ -80,19 +98,23 @@ def erasures(cell: CellVerdict) -> tuple[Erasure, ...]:
     return tuple(out)
 
 
-def build(run: RunVerdict, traffic_sequences: Sequence[str]) -> list[TrafficSection]:
-    """One section per (engine, traffic sequence) with a warm cell that has ideals."""
+def build(run: RunVerdict, traffic_sequences: Sequence[str], in_flight: Mapping[str, int] | None = None,
+          reached: Mapping[str, int] | None = None) -> list[TrafficSection]:
+    """One section per (engine, traffic sequence) with a warm cell that has ideals.
+    ``in_flight``: sequence -> its `in_flight`; ``reached``: cell id -> the most requests its
+    records had in flight at once."""
     sections = []
     for engine in dict.fromkeys(c.engine for c in run.cells):
         for sequence in traffic_sequences:
             cells = [c for c in run.cells if c.kind == "warm" and c.engine == engine and c.sequence == sequence
                      and any(t.ideal_tokens is not None for t in c.turns)]
             if cells:
-                sections.append(_section(engine, sequence, cells))
+                sections.append(_section(engine, sequence, cells, (in_flight or {}).get(sequence, 1), reached or {}))
     return sections
 
 
-def _section(engine: str, sequence: str, cells: list[CellVerdict]) -> TrafficSection:
+def _section(engine: str, sequence: str, cells: list[CellVerdict], in_flight: int = 1,
+             reached: Mapping[str, int] | None = None) -> TrafficSection:
     sums = [traffic_summary(c) for c in cells]
     longest = max((s[0] for s in sums), default=1) or 1
     scale = TR_WIDTH / longest
@@ -102,11 +124,11 @@ def _section(engine: str, sequence: str, cells: list[CellVerdict]) -> TrafficSec
             configuration=cell.configuration, cell_id=cell.cell_id, prompt=prompt, ideal=ideal, reused=reused,
             share=share, y=TR_TOP + i * TR_ROW, processed_w=round((prompt - reused) * scale, 1),
             reused_w=round(reused * scale, 1), ideal_x=round(TR_LEFT + (prompt - ideal) * scale, 1),
-            erasures=erasures(cell)))
+            erasures=erasures(cell), max_in_flight=(reached or {}).get(cell.cell_id)))
     step = _step(longest)
     ticks = tuple((round(TR_LEFT + v * scale, 1), f"{v:,}") for v in range(0, longest + 1, step))
     return TrafficSection(engine, sequence, tuple(rows), TR_LEFT + TR_WIDTH + 130,
-                          TR_TOP + len(rows) * TR_ROW + 8, ticks)
+                          TR_TOP + len(rows) * TR_ROW + 8, ticks, in_flight=in_flight)
 
 
 def _step(span: int, ticks: int = 6) -> int:
@@ -119,17 +141,19 @@ def markdown(sections: Sequence[TrafficSection], md_cell) -> list[str]:
     """The report.md lines of the traffic sections (md_cell escapes engine and matrix text)."""
     lines: list[str] = []
     for s in sections:
-        lines += [f"### Traffic `{md_cell(s.sequence)}` — engine `{md_cell(s.engine)}`", "",
-                  "| configuration | prompt tokens | ideal processed | processed | recovered of the ideal |",
+        lines += [f"### Traffic `{md_cell(s.sequence)}` — engine `{md_cell(s.engine)}`", ""]
+        if s.in_flight_text:
+            lines += [s.in_flight_text, ""]
+        lines += ["| configuration | prompt tokens | ideal processed | processed | recovered of the ideal |",
                   "|---|---|---|---|---|"]
         for r in s.rows:
             share = "–" if r.share is None else f"{r.share:.1%}"
-            lines.append(f"| {md_cell(r.configuration)} | {r.prompt:,} | {r.prompt - r.ideal:,} | "
+            lines.append(f"| {md_cell(r.label)} | {r.prompt:,} | {r.prompt - r.ideal:,} | "
                          f"{r.processed:,} | {share} |")
         lines.append("")
         for r in s.rows:
             if r.erasures:
-                lines.append(f"Erased checkpoints under `{md_cell(r.configuration)}`:")
+                lines.append(f"Erased checkpoints under `{md_cell(r.label)}`:")
                 lines += [f"- {md_cell(e.text())}" for e in r.erasures]
                 lines.append("")
     return lines

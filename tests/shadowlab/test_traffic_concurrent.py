@@ -234,3 +234,20 @@ def test_an_engine_that_dies_with_requests_in_flight_fails_the_cell_and_the_run_
     assert meta["status"] == "failed" and "engine exited with code" in meta["reason"], meta["reason"]
     answered = [t for t in meta["turns"] if t["error"] is None]
     assert len(answered) == 5 and len(meta["turns"]) <= 5 + IN_FLIGHT
+
+
+def test_the_report_says_how_the_traffic_was_sent(healthy):
+    _, result, _ = healthy
+    md = (result.inputs.run.layout.root / "report.md").read_text(encoding="utf-8")
+    assert f"Sent with up to {IN_FLIGHT} requests in flight (reached: " in md
+    html = (result.inputs.run.layout.root / "report.html").read_text(encoding="utf-8")
+    assert f"Sent with up to {IN_FLIGHT} requests in flight" in html
+
+
+def test_repeated_cells_are_labelled_by_repeat():
+    from shadowlab.report_traffic import TrafficRow
+
+    row = dict(configuration="affinity", prompt=1, ideal=1, reused=0, share=0.0, y=0, processed_w=0,
+               reused_w=0, ideal_x=0, erasures=())
+    assert TrafficRow(cell_id="reference.affinity.traffic.r2", **row).label == "affinity r2"
+    assert TrafficRow(cell_id="reference.affinity.traffic", **row).label == "affinity"
