@@ -8,13 +8,17 @@ times it, then reads every cell's meta.json. Per cell:
 
     cell        lease → engine stopped (meta.json elapsed_ms)
     start-up    spawn → ready (startup_ms), stop (stop.stop_ms)
-    turns       client-side time of the turns' HTTP requests (Σ response_ms): the engine's share
+    turns       client-side time of the turns' HTTP requests (Σ response_ms): the engine's share;
+                for requests sent concurrently (`in_flight`) their wall span, first send to last
+                answer (max of sent_ms + response_ms), so the harness figure then includes the
+                log attribution after the last answer
     harness     (cell − start-up − stop − turns) / turns: building each request, writing its
                 response and record, waiting for its log span, the liveness and loopback checks
                 after it. An upper bound per turn: the ready probe and lease bookkeeping (once
                 per cell) are in it too.
     http        per turn, response_ms − the engine's own prompt_ms + predicted_ms (timings): the
-                HTTP and JSON of both sides, reported apart (it is not shadowlab's alone)
+                HTTP and JSON of both sides, reported apart (it is not shadowlab's alone); with
+                requests in flight it includes the time a request waited behind the others
 
 A cell's harness time is once-per-cell work (lease, ready probe, meta.json) plus per-turn work; the
 least-squares line through (turns, harness ms) of all cells separates them: its slope is the
@@ -51,7 +55,10 @@ def per_turn(run_dir: Path) -> list[tuple[str, int, float, float]]:
     for cell_id, meta in rundir.read_cell_metas(run_dir).items():
         if meta.status is not records.CellStatus.OK or not meta.turns:
             continue
-        turns_ms = sum(t.response_ms or 0.0 for t in meta.turns)
+        if any(t.sent_ms is not None for t in meta.turns):  # sent concurrently: the turns' wall span
+            turns_ms = max((t.sent_ms or 0.0) + (t.response_ms or 0.0) for t in meta.turns)
+        else:
+            turns_ms = sum(t.response_ms or 0.0 for t in meta.turns)
         stop_ms = meta.stop.stop_ms if meta.stop else 0.0
         rest = (meta.elapsed_ms or 0.0) - (meta.startup_ms or 0.0) - stop_ms - turns_ms
         http = [t.response_ms - (t.timings.get("prompt_ms", 0.0) + t.timings.get("predicted_ms", 0.0))
