@@ -1115,7 +1115,7 @@ class ConcurrentTurns:
                 for future in finished:
                     turn, sent_ms, in_flight = running.pop(future)
                     record = future.result()
-                    record.sent_ms, record.in_flight, record.log_attribution = round(sent_ms, 3), in_flight, "task"
+                    record.sent_ms, record.in_flight = round(sent_ms, 3), in_flight
                     answered[turn.index] = record
                     busy.discard(turn.conversation)  # type: ignore[arg-type]
                     if record.error is not None:
@@ -1151,6 +1151,7 @@ class ConcurrentTurns:
         for t in turns:
             task = tied.tasks[t.index]
             t.task_ids, t.log_offsets, t.log_complete = [task.task], list(spans[t.index]), True
+            t.log_attribution = "task"
 
     def _wait_for_lines(self, start: int, count: int) -> None:
         """Wait (bounded) until the log holds a `prompt eval time` line per turn: llama-server
