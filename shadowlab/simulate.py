@@ -585,14 +585,86 @@ def summarise(requests: Sequence[Request], turns: Sequence[Turn], ideal: Sequenc
     }
 
 
+@dataclass(frozen=True)
+class RunCell:
+    """A warm traffic cell of a run directory as a simulator source: its traffic, the schedule
+    its engine served it on (None: one request after another), what it reused per turn."""
+
+    loaded: traffic.Loaded
+    schedule: tuple[tuple[str, int], ...] | None
+    reused: tuple[int | None, ...]
+    sizes: dict[str, float] | None = None  # checkpoint_mib, kv_mib_per_token, state_mib of its engine
+
+    def sized(self, policy: Policy, text: str) -> Policy:
+        """The policy with the cell's engine's sizes (its /props), where the policy text sets none:
+        what a retention or RAM-cache budget holds depends on them."""
+        if not self.sizes:
+            return policy
+        given = {part.split("=", 1)[0].strip() for part in text.partition(":")[2].split(",")}
+        return dataclasses.replace(policy, **{k: v for k, v in self.sizes.items() if k not in given})
+
+
+def is_run_cell(path: Path) -> bool:
+    return path.is_dir() and (path / "meta.json").is_file() and path.parent.name == "cells"
+
+
+def load_run_cell(path: Path) -> RunCell:
+    """`RUN/cells/<cell>`: the traffic from the run's matrix, the schedule from the cell's
+    records and engine.log (attribution.schedule of its tied tasks), its reuse per turn."""
+    from shadowlab import attribution, logparse, rundir
+    from shadowlab.errors import RunDirError
+
+    run = rundir.load(path.parent.parent)
+    meta = run.metas.get(path.name)
+    cell = (meta.cell or {}) if meta is not None else {}
+    seq = run.matrix.sequences.get(cell.get("sequence") or "") if run.matrix is not None else None
+    if meta is None or cell.get("kind") != "warm" or getattr(seq, "kind", None) != "traffic":
+        raise RunDirError("not a warm cell of a traffic sequence", path=str(path),
+                          hint="give RUN/cells/<engine>.<configuration>.<sequence> of a traffic run")
+    turns = sorted(meta.turns, key=lambda t: t.index)
+    if [t.index for t in turns] != list(range(len(seq.requests))):
+        raise RunDirError(f"the cell answered {len(turns)} of its {len(seq.requests)} requests", path=str(path),
+                          hint="a cell that failed part-way has no whole schedule to replay")
+    schedule = None
+    if any(t.log_attribution == "task" for t in turns):
+        log = run.layout.engine_log(path.name)
+        by_task = attribution.tasks(logparse.parse(log, meta.engine.log_family if meta.engine else "llama.cpp").events)
+        missing = [t.index for t in turns if not t.task_ids or t.task_ids[0] not in by_task]
+        if missing:
+            raise RunDirError(f"turn {missing[0]}'s task is not in engine.log", path=str(log))
+        tied = {t.index: by_task[t.task_ids[0]] for t in turns}
+        schedule = tuple(attribution.schedule(tied, attribution.markers(log)))
+    loaded = traffic.Loaded(tuple(seq.requests), (), str(path), "run cell")
+    props = meta.engine.props if meta.engine is not None and isinstance(meta.engine.props, dict) else {}
+    ckpt, kv = props.get("checkpoint_bytes"), props.get("kv_bytes_per_token")
+    sizes = None
+    if all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**40 for v in (ckpt, kv)):
+        # The reference engine's /props: a checkpoint's bytes and the attention KV per token; its
+        # prompt-cache entry is counted without a separate state (as in the live tests).
+        sizes = {"checkpoint_mib": ckpt / MIB, "kv_mib_per_token": kv / MIB, "state_mib": 0.0}
+    return RunCell(loaded, schedule, tuple(t.reused_tokens for t in turns), sizes)
+
+
+def agreement(measured: Sequence[int | None], turns: Sequence[Turn]) -> dict[str, Any]:
+    """How a policy's per-turn reuse compares with a run's: turns equal, and the first that is not."""
+    diff = [i for i, (m, t) in enumerate(zip(measured, turns)) if m != t.reused]
+    return {"equal_turns": len(turns) - len(diff), "turns": len(turns),
+            "first_difference": None if not diff else {"turn": diff[0], "measured": measured[diff[0]],
+                                                       "predicted": turns[diff[0]].reused}}
+
+
 def run_policies(loaded: traffic.Loaded, policies: Sequence[Policy], prefill_tps: float,
-                 per_turn: bool = True) -> dict[str, Any]:
+                 per_turn: bool = True, cell: RunCell | None = None) -> dict[str, Any]:
     requests = loaded.requests
     ideal = list(traffic.ideals(requests))
     results = []
     for policy in policies:
-        turns = simulate(requests, policy)
+        turns = simulate(requests, policy, cell.schedule if cell is not None else None)
         doc = summarise(requests, turns, ideal, policy, prefill_tps)
+        if cell is not None:
+            doc["versus_run"] = agreement(cell.reused, turns)
+            if cell.schedule is not None:
+                doc["timing_dependent_turns"] = []  # the measured schedule says which slot was free
         if per_turn:
             doc["turns"] = {"reused": [t.reused for t in turns], "outcome": [t.outcome for t in turns],
                             "slot": [t.slot for t in turns], "created": [t.created for t in turns]}
@@ -607,14 +679,27 @@ def run_policies(loaded: traffic.Loaded, policies: Sequence[Policy], prefill_tps
         "prefill_tps": prefill_tps,
         "shape": traffic.realised_shape(requests),
         "ideal": {"perfect": [i for i, _ in ideal], "consecutive": [c for _, c in ideal]} if per_turn else None,
-        "notes": _notes(loaded),
+        "notes": _notes(loaded, cell),
+        "schedule": None if cell is None or cell.schedule is None else [list(step) for step in cell.schedule],
+        "measured_reused": None if cell is None else list(cell.reused),
         "policies": results,
     }
 
 
-def _notes(loaded: traffic.Loaded) -> list[str]:
-    notes = ["requests are served one after another; a turn listed as timing-dependent would "
-             "meet busy slots on a real server with several slots, so its slot (and its reuse) may differ"]
+def _notes(loaded: traffic.Loaded, cell: RunCell | None = None) -> list[str]:
+    if cell is not None and cell.schedule is not None:
+        notes = ["requests are served on the schedule the run's engine served them on (its launch and "
+                 "release lines): a request starts on a slot no unfinished request holds"]
+    else:
+        notes = ["requests are served one after another; a turn listed as timing-dependent would "
+                 "meet busy slots on a real server with several slots, so its slot (and its reuse) may differ"]
+    if cell is not None:
+        notes.append("versus the run: each policy's reused tokens per turn against the cell's "
+                     "(timings.cache_n); the policy must describe the cell's engine flags to agree")
+        if cell.sizes:
+            notes.append(f"sizes from the cell's engine (/props), unless a policy sets them: checkpoint "
+                         f"{cell.sizes['checkpoint_mib']:.4g} MiB, attention KV {cell.sizes['kv_mib_per_token']:.4g} "
+                         "MiB per token")
     if loaded.format == "trace":
         notes.append("a logs trace states only the prefix each request shared with its slot's previous "
                      "request: the ideal is that consecutive one, and no request names a conversation "
@@ -662,6 +747,14 @@ def summary(doc: dict[str, Any]) -> str:
         if late:
             lines.append(f"  {p['policy']}: {len(late)} timing-dependent turn(s), first: "
                          + ", ".join(map(str, late[:10])))
+    for p in doc["policies"]:
+        vs = p.get("versus_run")
+        if vs is not None:
+            first_diff = vs["first_difference"]
+            tail = "" if first_diff is None else (f"; first difference at turn {first_diff['turn']}: run reused "
+                                                  f"{first_diff['measured']}, predicted {first_diff['predicted']}")
+            lines.append(f"  {p['policy']} versus the run: {vs['equal_turns']} of {vs['turns']} turns reuse "
+                         f"exactly what the cell reused{tail}")
     lines += [f"  note: {n}" for n in doc["notes"]]
     lines += [f"  skipped: {s}" for s in doc["skipped"][:20]]
     return "\n".join(lines) + "\n"
@@ -694,7 +787,9 @@ def render_html(doc: dict[str, Any]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", type=Path, metavar="SOURCE",
                    help="a Mooncake JSON-lines trace, a `shadowlab logs --trace` file, a traffic shape (YAML/JSON), "
-                        "or a named shape: " + ", ".join(f"shape:{n}[:seed]" for n in traffic.PRESETS))
+                        "a named shape (" + ", ".join(f"shape:{n}[:seed]" for n in traffic.PRESETS) + "), or a "
+                        "warm traffic cell of a run, RUN/cells/CELL: its traffic on the schedule its engine "
+                        "served it on, each policy compared turn by turn with what the cell reused")
     p.add_argument("--policy", action="append", default=[], metavar="NAME[:key=value,...]",
                    help="a preset (" + ", ".join(PRESETS) + ") with optional parameters; repeatable "
                         "(default: baseline, policy0, prompt-end, affinity, retention)")
@@ -713,10 +808,13 @@ def run(args: argparse.Namespace) -> int:
         if not math.isfinite(args.prefill_tps) or args.prefill_tps <= 0:
             raise TrafficError(f"--prefill-tps must be a positive number, got {args.prefill_tps}")
         policies = [parse_policy(t) for t in (args.policy or DEFAULT_POLICIES)]
-        loaded = traffic.load(args.source)
+        cell = load_run_cell(args.source) if is_run_cell(args.source) else None
+        if cell is not None:
+            policies = [cell.sized(p, t) for p, t in zip(policies, args.policy or DEFAULT_POLICIES)]
+        loaded = cell.loaded if cell is not None else traffic.load(args.source)
         if not loaded.requests:
             raise TrafficError("no request in the traffic", file=str(args.source))
-        doc = run_policies(loaded, policies, args.prefill_tps)
+        doc = run_policies(loaded, policies, args.prefill_tps, cell=cell)
     except ShadowlabError as exc:
         from shadowlab.records import terminal_safe
 

@@ -251,3 +251,37 @@ def test_repeated_cells_are_labelled_by_repeat():
                reused_w=0, ideal_x=0, erasures=())
     assert TrafficRow(cell_id="reference.affinity.traffic.r2", **row).label == "affinity r2"
     assert TrafficRow(cell_id="reference.affinity.traffic", **row).label == "affinity"
+
+
+SIM_FLAGS = f"n_batch={replay_tests.B},n_ubatch=32,ctx_checkpoints=64"
+
+
+@pytest.mark.parametrize("configuration, policy", [
+    ("policy0", f"policy0:{SIM_FLAGS}"),
+    ("affinity", f"affinity+policy0:slots=3,{SIM_FLAGS}"),
+    ("retention", f"retention+policy0:retain_mib=64,{SIM_FLAGS}"),
+])
+def test_simulate_replays_a_concurrent_cell_exactly_from_its_run_directory(healthy, configuration, policy, capsys):
+    """`shadowlab simulate RUN/cells/CELL`: the cell's traffic on the schedule its engine served
+    it on (sizes from its /props); the policy that describes the cell's flags reuses exactly what
+    the cell reused, turn by turn, and one that does not (one slot for the affinity cell) differs."""
+    _, result, requests = healthy
+    cell = result.inputs.run.layout.root / "cells" / f"reference.{configuration}.traffic"
+    wrong = f"policy0:slots=1,{SIM_FLAGS}"
+    assert simulate.main([str(cell), "--policy", policy, "--policy", wrong, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schedule"] and doc["measured_reused"] == [t.reused_tokens for t in result.inputs.run.metas[cell.name].turns]
+    right, other = doc["policies"]
+    assert right["versus_run"] == {"equal_turns": len(requests), "turns": len(requests), "first_difference": None}
+    if configuration != "policy0":  # one slot without a fix: the interlopers leave nothing to reuse
+        assert any(doc["measured_reused"])
+    if configuration == "affinity":
+        assert other["versus_run"]["first_difference"] is not None
+
+
+def test_simulate_refuses_a_cell_that_is_no_warm_traffic_cell(healthy, capsys):
+    _, result, _ = healthy
+    cell = result.inputs.run.layout.root / "cells" / "reference.policy0.cold.traffic"
+    assert simulate.main([str(cell)]) == 2
+    err = capsys.readouterr().err
+    assert "not a warm cell of a traffic sequence" in err and "Traceback" not in err
