@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -618,6 +619,17 @@ class EngineHTTPServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], engine: Engine) -> None:
         super().__init__(address, Handler)
         self.engine = engine
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (reset, broken pipe) is no server error: socketserver would
+        print a traceback into the log, which llama-server never does and which moves every
+        later line of the log the harness reads."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            self.engine.log.server(slotlog.DEBUG, "handle_error",
+                                   f"client {client_address[0]}:{client_address[1]} hung up ({type(exc).__name__})")
+            return
+        super().handle_error(request, client_address)
 
 
 _LOADING = (503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})

@@ -231,3 +231,22 @@ def test_concurrent_requests_to_one_slot_are_serialized(engine):
     assert len(set(tasks)) == 2
     first_switch = next(i for i, t in enumerate(tasks) if t != tasks[0])
     assert all(t == tasks[-1] for t in tasks[first_switch:])
+
+
+def test_a_client_that_resets_its_connection_leaves_no_traceback_in_the_log(engine):
+    """A keep-alive connection reset by the client (a streamed answer closed after its final
+    event) is not a server error: nothing but the engine's own lines reaches the log."""
+    import socket
+    import struct
+
+    before = len(engine.stderr())  # what shadowlab's engine.log gets besides the log lines
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", engine.port))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.recv(4096)  # the answer; the server now waits for the next request line
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # RST
+    assert engine.complete(P, n_predict=2)["tokens"]  # still serving; its lines follow the resets
+    tail = engine.stderr()[before:]
+    assert "Traceback" not in tail and "ConnectionResetError" not in tail
+    assert "| task" in tail
