@@ -227,8 +227,10 @@ def test_the_reference_engine_streams_the_ids_and_text_it_answers_unstreamed(ref
     assert answer["tokens"] == plain["tokens"] and len(plain["tokens"]) > 0
     assert seed == 1 or "\ufffd" in plain["content"]
     assert answer["content"] == plain["content"]
-    assert {k: v for k, v in answer.items() if k not in ("timings", "tokens_cached")} == \
-        {k: v for k, v in plain.items() if k not in ("timings", "tokens_cached")}
+    per_request = ("timings", "tokens_cached", "id_task")  # id_task: two requests, two tasks
+    assert {k: v for k, v in answer.items() if k not in per_request} == \
+        {k: v for k, v in plain.items() if k not in per_request}
+    assert answer["id_task"] == plain["id_task"] + 1
     assert answer["timings"].keys() == plain["timings"].keys()
 
 
