@@ -92,20 +92,28 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Policy)}
 
 def parse_policy(text: str) -> Policy:
     """`NAME` (a preset) or `NAME:key=value,key=value` (a preset with parameters changed)."""
-    name, _, params = text.partition(":")
+    name = text.partition(":")[0]
     if name not in PRESETS:
         raise TrafficError(f"unknown policy {name!r}", hint="presets: " + ", ".join(PRESETS))
     kw: dict[str, Any] = dict(PRESETS[name])
-    for item in filter(None, params.split(",")):
+    for key, value in _params(text):
+        kw[key] = _value(key, value, text)
+    policy = Policy(name=text, **kw)
+    _check_policy(policy)
+    return policy
+
+
+def _params(text: str) -> list[tuple[str, str]]:
+    """The `key=value` items after a policy's `NAME:`, keys with `-` read as `_`."""
+    out = []
+    for item in filter(None, text.partition(":")[2].split(",")):
         key, eq, value = item.partition("=")
         key = key.strip().replace("-", "_")
         if not eq or key not in _FIELDS or key == "name":
             raise TrafficError(f"policy {text!r}: {item!r} is not key=value with a known key",
                                hint="keys: " + ", ".join(k for k in _FIELDS if k != "name"))
-        kw[key] = _value(key, value.strip(), text)
-    policy = Policy(name=text, **kw)
-    _check_policy(policy)
-    return policy
+        out.append((key, value.strip()))
+    return out
 
 
 def _value(key: str, value: str, text: str) -> Any:
@@ -595,12 +603,12 @@ class RunCell:
     reused: tuple[int | None, ...]
     sizes: dict[str, float] | None = None  # checkpoint_mib, kv_mib_per_token, state_mib of its engine
 
-    def sized(self, policy: Policy, text: str) -> Policy:
-        """The policy with the cell's engine's sizes (its /props), where the policy text sets none:
-        what a retention or RAM-cache budget holds depends on them."""
+    def sized(self, policy: Policy) -> Policy:
+        """The policy with the cell's engine's sizes (its /props), where its text (`name`, as
+        parse_policy read it) sets none: what a retention or RAM-cache budget holds depends on them."""
         if not self.sizes:
             return policy
-        given = {part.split("=", 1)[0].strip() for part in text.partition(":")[2].split(",")}
+        given = {key for key, _ in _params(policy.name)}
         return dataclasses.replace(policy, **{k: v for k, v in self.sizes.items() if k not in given})
 
 
@@ -810,7 +818,7 @@ def run(args: argparse.Namespace) -> int:
         policies = [parse_policy(t) for t in (args.policy or DEFAULT_POLICIES)]
         cell = load_run_cell(args.source) if is_run_cell(args.source) else None
         if cell is not None:
-            policies = [cell.sized(p, t) for p, t in zip(policies, args.policy or DEFAULT_POLICIES)]
+            policies = [cell.sized(p) for p in policies]
         loaded = cell.loaded if cell is not None else traffic.load(args.source)
         if not loaded.requests:
             raise TrafficError("no request in the traffic", file=str(args.source))

@@ -504,6 +504,11 @@ def _concurrent(meta: Any) -> bool:
     return any(getattr(t, "log_attribution", "span") == "task" for t in meta.turns)
 
 
+def _task_owner(meta: Any) -> dict[int, int]:
+    """Task id -> the turn tied to it (records' `task_ids`)."""
+    return {task: t.index for t in meta.turns for task in (t.task_ids or ())}
+
+
 def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None,
                    marks: Any = None) -> list[tuple[Any, int | None]]:
     """Every event with the turn it belongs to: lifecycle.attribute_by_span on the turns' spans;
@@ -511,8 +516,7 @@ def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None,
     if marks is not None:
         from shadowlab import attribution
 
-        owner = {task: t.index for t in meta.turns for task in (t.task_ids or ())}
-        return attribution.assign(parsed.events, marks, owner)
+        return attribution.assign(parsed.events, marks, _task_owner(meta))
     spans = [lifecycle.TurnSpan(t.index, *(t.log_offsets if t.log_offsets and len(t.log_offsets) == 2
                                            else (None, None)), tuple(t.task_ids or ()))
              for t in meta.turns]
@@ -620,7 +624,7 @@ def _loads_into_busy_slots(meta: Any, parsed: Any, marks: Any, cell_notes: list[
         return {}, {}
     from shadowlab import attribution
 
-    owner = {task: t.index for t in meta.turns for task in (t.task_ids or ())}
+    owner = _task_owner(meta)
     out: dict[int, list[str]] = {}
     since: dict[int, tuple[int, int]] = {}
     for ev, slot, task in attribution.loads_into_busy_slots(parsed.events, marks):

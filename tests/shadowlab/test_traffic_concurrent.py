@@ -285,3 +285,13 @@ def test_simulate_refuses_a_cell_that_is_no_warm_traffic_cell(healthy, capsys):
     assert simulate.main([str(cell)]) == 2
     err = capsys.readouterr().err
     assert "not a warm cell of a traffic sequence" in err and "Traceback" not in err
+
+
+def test_a_run_cells_sizes_fill_only_what_the_policy_text_leaves_unset():
+    """Sizes from the cell's /props replace the policy's defaults, never a size the policy
+    names, however it spells the key (parse_policy reads `-` as `_`)."""
+    cell = simulate.RunCell(traffic.Loaded(()), None, (), {"checkpoint_mib": 0.5, "kv_mib_per_token": 0.01,
+                                                          "state_mib": 0.0})
+    own = cell.sized(simulate.parse_policy("retention:checkpoint-mib=62.9"))
+    assert (own.checkpoint_mib, own.kv_mib_per_token, own.state_mib) == (62.9, 0.01, 0.0)
+    assert cell.sized(simulate.parse_policy("retention")).checkpoint_mib == 0.5
