@@ -9,7 +9,9 @@ once on one machine can never hand the same core or port to two engines.
 
 An engine runs in its own session (``start_new_session``), so it and anything it
 forks form one process group that :meth:`EngineProcess.stop` signals as a whole
-(TERM, bounded wait, KILL) and then verifies is gone, together with its port.
+(TERM, bounded wait, KILL) and then verifies is gone, together with its port. What left the
+group (``setsid``) is found by the engine's marker in its environment, or as a holder of the
+engine's listening socket, and killed too; what cannot be killed is named (pid and command).
 
 An engine's output goes straight to its log file (no pipe through shadowlab, which would
 slow a fast-logging engine down and skew its timings); the kernel caps that file instead
@@ -23,6 +25,7 @@ import errno
 import json
 import os
 import random
+import re
 import resource
 import signal
 import socket
@@ -46,8 +49,13 @@ DEFAULT_LOCK_DIR = Path("/tmp/shadowlab-locks")
 # the engine's bind.
 PORT_RANGE = range(20000, 32000)
 
-# Set in every engine's environment to a value unique to that engine process.
+# Set in every engine's environment to a value unique to that engine process: `<pid>:<start>:<random>`,
+# the pid and creation time of the shadowlab that started it (reap_orphans: is that one gone?).
 ENGINE_MARKER_ENV = "SHADOWLAB_ENGINE_MARKER"
+_MARKER_RE = re.compile(r"(\d+):(\d+\.\d+):[0-9a-f]+\Z")
+# Escaped processes are killed round after round (each round finds what the last one's forked
+# before dying) for at most this long; what is still alive then is a survivor.
+ESCAPED_KILL_S = 5.0
 
 # Environment variables that make GPU runtimes see no device.
 GPU_VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -153,6 +161,41 @@ def reap_orphans() -> list[int]:
             reaped += _reap_claim(claim)
         finally:
             lease.release()
+    return reaped + [pid for pid in _reap_marked_orphans() if pid not in reaped]
+
+
+def new_marker() -> str:
+    """A marker for one engine: this shadowlab's pid and creation time, and 48 random bits."""
+    return f"{os.getpid()}:{psutil.Process().create_time():.2f}:{random.getrandbits(48):x}"
+
+
+def _marker_owner_alive(marker: str) -> bool | None:
+    """Whether the shadowlab that wrote ``marker`` still runs (same pid, same creation time);
+    None for a marker of another form (an older shadowlab's: not judged)."""
+    match = _MARKER_RE.match(marker)
+    if match is None:
+        return None
+    try:
+        owner = psutil.Process(int(match.group(1)))
+        return abs(owner.create_time() - float(match.group(2))) < 0.05
+    except (psutil.NoSuchProcess, psutil.AccessDenied, OverflowError):
+        return False
+
+
+def _reap_marked_orphans() -> list[int]:
+    """Kill every process carrying an engine marker whose shadowlab is gone: a descendant that
+    escaped its engine's stop (setsid) and outlived the run, or the engines of a killed shadowlab
+    whose claims are lost. Their shadowlab stops its engines before it exits, so nothing it
+    marked may outlive it."""
+    if not listeners.available():
+        return []
+    reaped = []
+    for pid, marker in listeners.environment_values(ENGINE_MARKER_ENV).items():
+        if pid == os.getpid() or _marker_owner_alive(marker) is not False:
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            psutil.Process(pid).kill()
+            reaped.append(pid)
     return reaped
 
 
@@ -380,6 +423,25 @@ class StopReport:
     stop_ms: float
     survivors: list[int]
     port_free: bool
+    # Who holds a listener on the port when it is still bound: pid -> command line. A holder of
+    # the engine's own socket is a survivor too; another is a program that took the port since.
+    port_holders: dict[int, str] = field(default_factory=dict)
+    commands: dict[int, str] = field(default_factory=dict)  # survivor pid -> command line
+
+    def problem(self) -> str | None:
+        """What was left, with pids and commands (untrusted text: escaped where shown); None: all gone."""
+        parts = [f"could not stop {_named(self.survivors, self.commands)}"] if self.survivors else []
+        if not self.port_free:
+            holders = _named(list(self.port_holders), self.port_holders) if self.port_holders \
+                else "a process shadowlab may not see"
+            parts.append(f"its port is still bound, held by {holders}")
+        return "; ".join(parts) or None
+
+
+def _named(pids: Sequence[int], commands: Mapping[int, str], shown: int = 5) -> str:
+    """`pid 12 (python x.py), pid 13 (?)`, the first `shown` of them and how many more."""
+    text = ", ".join(f"pid {pid} ({commands.get(pid) or '?'})" for pid in pids[:shown])
+    return text + (f" and {len(pids) - shown} more" if len(pids) > shown else "")
 
 
 class EngineProcess:
@@ -408,7 +470,7 @@ class EngineProcess:
         self.started_at = time.monotonic()
         # Inherited by everything the engine starts: finds a descendant that left the group
         # *and* the process tree (setsid, then its parent exited) when the engine is stopped.
-        self.marker = f"{os.getpid()}-{time.monotonic_ns()}-{random.getrandbits(48):x}"
+        self.marker = new_marker()
         try:
             self.popen = _spawn_pinned(
                 self.argv,
@@ -432,6 +494,9 @@ class EngineProcess:
         # time, so a recycled pid is never mistaken for (or signalled as) one of ours.
         self._members: dict[int, psutil.Process] = {}
         self._remember(self.pid)
+        # Inodes of the listening sockets the engine held on its port: a process holding one of
+        # them after the stop holds the engine's own socket (inherited), whatever its environment.
+        self._port_inodes: set[int] = set()
         self._stopped: StopReport | None = None
         self._stop_lock = threading.Lock()
 
@@ -459,6 +524,11 @@ class EngineProcess:
 
     def remember_marked(self) -> None:
         """Record every process that carries this engine's marker in its environment."""
+        if listeners.available():
+            for pid, marker in listeners.environment_values(ENGINE_MARKER_ENV).items():
+                if marker == self.marker and pid != os.getpid() and not self._is_member(pid):
+                    self._remember(pid)
+            return
         uid = os.getuid()
         for proc in psutil.process_iter(["pid", "uids"]):
             try:
@@ -502,9 +572,11 @@ class EngineProcess:
         turn, so read from the kernel directly: shadowlab/listeners.py; psutil where /proc is absent)."""
         self.remember_members()
         alive = [pid for pid, member in list(self._members.items()) if member.is_running()]
-        if listeners.available():
-            return listeners.listeners(alive)
-        return _psutil_listeners(self._members[pid] for pid in alive)
+        if not listeners.available():
+            return _psutil_listeners(self._members[pid] for pid in alive)
+        found = listeners.listeners(alive)
+        self._port_inodes |= {entry.inode for entry in found if entry.port == self.port}
+        return found
 
     def listens_on_port(self) -> bool:
         """True when the engine (or a descendant) holds a listening socket on its port.
@@ -545,11 +617,9 @@ class EngineProcess:
             if self._stopped is None:
                 self._stop(grace_s, port_wait_s)
             assert self._stopped is not None
-            if self._stopped.survivors or not self._stopped.port_free:
-                raise ProcessSurvived(
-                    f"engine pid {self.pid}: survivors {self._stopped.survivors}, port {self.port} "
-                    f"{'free' if self._stopped.port_free else 'still bound'}"
-                )
+            problem = self._stopped.problem()
+            if problem is not None:
+                raise ProcessSurvived(f"engine pid {self.pid} on port {self.port}: {problem}")
             return self._stopped
 
     @property
@@ -558,7 +628,7 @@ class EngineProcess:
 
     def _stop(self, grace_s: float, port_wait_s: float) -> None:
         t0 = time.monotonic()
-        self.remember_members()
+        self.listening_sockets()  # its descendants now, and the sockets they listen on
         self.remember_marked()
         signal_used = "none"
         if self.popen.poll() is None or self.group_members():
@@ -568,6 +638,7 @@ class EngineProcess:
                 signal_used = "KILL"
                 self._signal_group(signal.SIGKILL)
                 self._wait_group_gone(time.monotonic() + 5.0)
+        self._kill_escaped(time.monotonic() + ESCAPED_KILL_S)
         try:
             self.popen.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
@@ -575,13 +646,48 @@ class EngineProcess:
         self._log.close()
         survivors = self.group_members()
         port_free = wait_port_free(self.port, time.monotonic() + port_wait_s, self.host)
+        holders = {} if port_free else {pid: listeners.command_line(pid) for pid in self._port_holders()}
         self._stopped = StopReport(
             returncode=self.popen.returncode,
             signal_used=signal_used,
             stop_ms=(time.monotonic() - t0) * 1000.0,
             survivors=survivors,
             port_free=port_free,
+            port_holders=holders,
+            commands={pid: listeners.command_line(pid) for pid in survivors},
         )
+
+    def _kill_escaped(self, deadline: float) -> None:
+        """KILL what left the group and is alive once the group is gone: a descendant that called
+        setsid() (found by its marker or as a holder of the engine's socket), also one forked at
+        the stop itself (on SIGTERM), after the scans that came before the signal. Round after
+        round: a killed process forks no more, and the next scan finds what it forked before."""
+        while time.monotonic() < deadline:
+            escaped = self._escaped()
+            if not escaped:
+                return
+            for member in escaped:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    member.send_signal(signal.SIGKILL)  # psutil refuses when the pid was recycled
+            while any(_alive(m) for m in escaped) and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+    def _escaped(self) -> list[psutil.Process]:
+        """Live members other than the engine itself, after a fresh look for marked processes and,
+        while the port is bound, for holders of the engine's listening socket (a process that
+        overwrote its environment still holds that)."""
+        self.remember_marked()
+        if self._port_inodes and not port_is_free(self.port, self.host):
+            for pid in listeners.socket_holders(self._port_inodes):
+                if not self._is_member(pid):
+                    self._remember(pid)
+        return [m for pid, m in list(self._members.items()) if pid != self.pid and _alive(m)]
+
+    def _port_holders(self) -> list[int]:
+        """Processes holding a listener on the port (any address), ours or not."""
+        if not listeners.available():
+            return []
+        return listeners.socket_holders({entry.inode for entry in listeners.on_port(self.port)})
 
     def _signal_group(self, sig: signal.Signals) -> None:
         try:
@@ -607,6 +713,14 @@ class EngineProcess:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.005 if not leader_gone else 0.02)
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie (a killed orphan stays one until its new parent reaps it)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def cap_file_size(pid: int, limit: int) -> None:

@@ -17,6 +17,10 @@ host. Here:
   table on a host with 262,144 buckets, however few sockets it holds, where the LISTEN-only dump
   walks the listening hash alone (0.04 ms).
 
+When an engine is stopped, what left its process group and tree is found here too: the processes
+whose environment carries its marker (``/proc/<pid>/environ``), and those holding its listening
+socket (the inode in their fd links).
+
 Everything read here comes from the kernel; a process that exits, or whose files we may not read,
 between two reads is skipped (the next check sees what is left).
 """
@@ -127,6 +131,52 @@ def socket_inodes(pid: int) -> set[int]:
     return inodes
 
 
+def _pids() -> list[int]:
+    """Every process on the host now (those that end meanwhile fail their next read)."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def environment_values(name: str) -> dict[int, str]:
+    """pid -> the value of ``name`` in that process's environment, for every process that has it
+    and whose environment we may read. The kernel shows the block exec wrote (inherited through
+    fork and setsid alike; setenv() does not change it, though a process may overwrite that memory
+    itself); a zombie shows none."""
+    prefix = name.encode() + b"="
+    found: dict[int, str] = {}
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                block = fh.read()
+        except OSError:
+            continue  # gone, or not ours to read
+        for entry in block.split(b"\0"):
+            if entry.startswith(prefix):
+                found[pid] = entry[len(prefix):].decode("utf-8", "replace")
+                break
+    return found
+
+
+def socket_holders(inodes: set[int]) -> list[int]:
+    """Every process that holds one of the sockets ``inodes`` open (one read of every process's
+    fd links: a scan of the host, for the rare case that asks who holds a socket)."""
+    return [pid for pid in _pids() if inodes and socket_inodes(pid) & inodes]
+
+
+def command_line(pid: int, limit: int = 200) -> str:
+    """What ``pid`` runs: its argv joined by spaces on one line (a character that does not print,
+    a newline or a bidi control among them, written as its escape), at most ``limit`` characters
+    of it; "" when it is gone or not ours to read. The process chose that text: escape it for
+    where it is shown too."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read(limit * 4 + 1)
+    except OSError:
+        return ""
+    text = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:limit + 1]
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 # ---------------------------------------------------------------------------- listeners
 
 
@@ -143,6 +193,12 @@ def listeners(pids: Iterable[int]) -> list[Listener]:
     for netns, (reader, inodes) in by_netns.items():
         found += [entry for entry in _namespace_listeners(reader, netns == own) if entry.inode in inodes]
     return found
+
+
+def on_port(port: int) -> list[Listener]:
+    """The listening TCP sockets on ``port`` (any address, IPv4 or IPv6) in shadowlab's own network
+    namespace, whoever holds them."""
+    return [entry for entry in _namespace_listeners(os.getpid(), True) if entry.port == port]
 
 
 def _namespace_listeners(reader: int, own_namespace: bool) -> list[Listener]:

@@ -395,10 +395,14 @@ def materialize_prompts(ctx: RunContext) -> None:
                 engine.prompts = prompts.materialize(ctx.matrix.prompts, live.tokenize)
                 for sequence in traffic:
                     engine.prompts.update(prompts.materialize_traffic(sequence, live.tokenize))
-        except (EngineError, httpx.HTTPError, ValueError, ResponseTooLarge, isolation.ProcessSurvived) as exc:
+        except (EngineError, httpx.HTTPError, ValueError, ResponseTooLarge) as exc:
             hint = f" (kind {engine.spec.kind}: {engine.adapter.tokenize_hint})" \
                 if engine.adapter.tokenize_hint else ""
             ctx.unavailable[name] = f"prompts could not be tokenized: {exc}{hint}"
+            ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
+            continue
+        except isolation.ProcessSurvived as exc:
+            ctx.unavailable[name] = f"the engine process that tokenized its prompts could not be stopped: {exc}"
             ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
             continue
         finally:

@@ -24,6 +24,15 @@ Modes (repeatable):
   nan-timings      timings.prompt_ms NaN (every answer also has predicted_ms Infinity, 10^30)
   setsid-child     fork a child that forks a grandchild calling setsid() (escapes the group)
   double-fork      fork a grandchild calling setsid() whose parent exits (reparented)
+  setsid-keeps-port  once listening, fork a grandchild that calls setsid(), ignores SIGTERM and
+                   keeps the inherited listening socket open; its parent exits (reparented)
+  setsid-on-term   the same grandchild, forked when SIGTERM arrives (after any scan shadowlab
+                   made before signalling); then the engine exits 0
+  rebind-on-term   on SIGTERM: close the listener, start a process in a session of its own with
+                   an empty environment that listens on the same port (a new socket), exit 0 once
+                   it listens: nothing ties that process to the engine
+  scrub-environ    with setsid-keeps-port / setsid-on-term: the grandchild zeroes its environment
+                   block (what /proc/<pid>/environ shows), so no marker can find it
   bind-all         listen on 0.0.0.0 instead of 127.0.0.1
   ignore-term      ignore SIGTERM
   exit-after-health  exit 0 right after the first /health answer
@@ -65,6 +74,7 @@ Modes (repeatable):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import json
 import os
@@ -382,6 +392,59 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+def escape_with_socket(pidfile: str | None) -> None:
+    """setsid-keeps-port / setsid-on-term: a double fork whose grandchild leaves the session and
+    keeps every inherited descriptor, the listening socket with them, until it is killed."""
+    if os.fork():
+        return  # the intermediate exits at once; its zombie stays the engine's until it exits
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if "scrub-environ" in MODES:
+        scrub_environment()
+    if pidfile:
+        with open(pidfile, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+    while True:
+        time.sleep(3600)
+
+
+REBIND = """
+import os, socket, sys, time
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", int(sys.argv[1])))
+sock.listen()
+if sys.argv[2]:
+    with open(sys.argv[2], "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
+time.sleep(3600)
+"""
+
+
+def rebind_and_exit(server: ThreadingHTTPServer, port: int, pidfile: str | None) -> None:
+    server.socket.close()
+    subprocess.Popen([sys.executable, "-c", REBIND, str(port), pidfile or ""], env={},
+                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.01)
+    os._exit(0)
+
+
+def scrub_environment() -> None:
+    """Zero the block the kernel shows as /proc/self/environ (env_start, env_end: fields 50 and 51
+    of /proc/self/stat, counted from 1; the command name before them may hold spaces)."""
+    with open("/proc/self/stat", "rb") as fh:
+        fields = fh.read().rpartition(b")")[2].split()
+    start, end = int(fields[47]), int(fields[48])
+    ctypes.memset(start, 0, end - start)
+
+
 def sleeper(pidfile: str | None, setsid: bool) -> subprocess.Popen:
     code = ("import os,signal,time\n"
             + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if "ignore-term" in MODES else "")
@@ -431,6 +494,15 @@ def main() -> None:
     port = args.port + 1 if "other-port" in MODES else args.port
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
+    if "setsid-keeps-port" in MODES:
+        escape_with_socket(args.pidfile)
+    if "setsid-on-term" in MODES:
+        def escape_and_exit(signum: int, frame: object) -> None:
+            escape_with_socket(args.pidfile)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, escape_and_exit)
+    if "rebind-on-term" in MODES:
+        signal.signal(signal.SIGTERM, lambda signum, frame: rebind_and_exit(server, port, args.pidfile))
     log(f"hostile engine listening on {host}:{port} pid {os.getpid()} modes {sorted(MODES)}".encode())
     server.serve_forever()
 
