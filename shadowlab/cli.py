@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from shadowlab.bounds import Bounds
 from shadowlab.errors import EngineError, InfrastructureError, QualificationError, ShadowlabError
 from shadowlab.exitcodes import (
     EPILOG, EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE, TRACEBACK_NAME, write_traceback,
@@ -55,14 +56,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="reuse --out: skip cells whose meta.json says ok, rerun the rest")
     run.add_argument("--dry-run", action="store_true", help="print the planned cells; start nothing")
-    run.add_argument("--jobs", type=positive_int, default=None,
+    run.add_argument("--jobs", type=jobs, default=None,
                      help="cells run at once, each on its own cores (default: the matrix's isolation.jobs)")
     run.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]", type=fault_spec,
                      help="pass --fault to every reference-engine cell (repeatable; "
                           "one of the reference engine's faults: " + ", ".join(_known_faults()) + ")")
-    run.add_argument("--request-timeout", type=seconds, default=None, metavar="S",
-                     help="seconds a turn may take before its cell fails (default: the engine's "
-                          "request_timeout_s, else 300)")
+    run.add_argument("--request-timeout", type=REQUEST_TIMEOUT.argument, default=None, metavar="S",
+                     help="seconds a turn may take before its cell fails (default 300)")
     run.add_argument("--no-report", action="store_true",
                      help="skip verdicts/report/gate after the run (exit 0 if every cell ran, else 3)")
     shard = run.add_mutually_exclusive_group()
@@ -100,9 +100,10 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
 # ---------------------------------------------------------------- option values
 # Checked while parsing, so a bad value is argparse's usage error (exit 2), never a traceback
-# or a run that silently does something else.
+# or a run that silently does something else. A number's bounds are shadowlab/bounds.py's.
 
 MAX_REQUEST_TIMEOUT_S = 86400.0  # a day; beyond it threading's waits overflow
+REQUEST_TIMEOUT = Bounds(0, MAX_REQUEST_TIMEOUT_S, low_open=True, unit="seconds")
 
 
 def positive_int(text: str) -> int:
@@ -115,16 +116,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    # nan compares false with everything, so test what is allowed, not what is not.
-    if not 0 < value <= MAX_REQUEST_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(
-            f"expected seconds above 0 and at most {MAX_REQUEST_TIMEOUT_S:g}, got {text}")
-    return value
+def jobs(text: str) -> int:
+    """--jobs overrides the matrix's isolation.jobs: the same bounds (read only when given)."""
+    from shadowlab.matrix.schema import schema_key
+
+    return int(schema_key("isolation", "jobs").bounds.argument(text))
 
 
 def shard_spec(text: str) -> object:

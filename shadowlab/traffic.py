@@ -318,8 +318,10 @@ _DIST_KEYS = {"system_tokens", "turn_tokens", "volatile_tokens", "user_tokens", 
               "near_duplicate_cut"}
 
 
-def shape_from_dict(doc: Any, where: str = "<shape>") -> TrafficShape:
-    """A TrafficShape from a YAML/JSON mapping (unknown keys refused)."""
+def shape_from_dict(doc: Any, where: str = "<shape>", *, count: bool = True) -> TrafficShape:
+    """A TrafficShape from a YAML/JSON mapping (unknown keys refused). `count=False`: the request
+    count, which several keys make, is left to the caller (one key checked by itself: the other
+    keys' defaults are no figures of the shape; a matrix, with its own lower bound)."""
     if not isinstance(doc, dict):
         raise TrafficError(f"{where}: a traffic shape is a mapping of {sorted(SHAPE_KEYS)}")
     unknown = set(doc) - SHAPE_KEYS
@@ -343,11 +345,11 @@ def shape_from_dict(doc: Any, where: str = "<shape>") -> TrafficShape:
         else:
             kw[key] = value
     shape = TrafficShape(**kw)
-    _check_shape(shape, where)
+    _check_shape(shape, where, count)
     return shape
 
 
-def _check_shape(s: TrafficShape, where: str) -> None:
+def _check_shape(s: TrafficShape, where: str, count: bool = True) -> None:
     for key in ("conversations", "turns", "concurrent", "burst", "output_tokens", "seed"):
         v = getattr(s, key)
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1):
@@ -359,7 +361,7 @@ def _check_shape(s: TrafficShape, where: str) -> None:
     if s.arrival not in TrafficShape.ARRIVALS:
         raise TrafficError(f"{where}: arrival must be one of {TrafficShape.ARRIVALS}, got {s.arrival!r}")
     n_conv = s.conversations * s.turns
-    if s.requests > MAX_REQUESTS:
+    if count and s.requests > MAX_REQUESTS:
         jobs = " and their interlopers" if s.interloper_share else ""
         raise TrafficError(f"{where}: {n_conv:,} conversation turns (conversations × turns){jobs} are more than "
                            f"{MAX_REQUESTS:,} requests")

@@ -16,7 +16,7 @@ DOC_END = "<!-- END GENERATED -->"
 
 
 def reference_markdown() -> str:
-    """Markdown tables of every section and key of the schema."""
+    """Markdown tables of every section and key of the schema (a numeric key's type with its bounds)."""
     parts = []
     for section in SCHEMA.values():
         parts.append(f"### `{section.title}`\n")
@@ -24,7 +24,8 @@ def reference_markdown() -> str:
             parts.append(section.doc + "\n")
         parts.append("| key | type | default | meaning |\n|---|---|---|---|")
         for k in section.keys:
-            cells = (f"`{k.name}`", k.type, _doc_default(k), k.doc)
+            kind = f"{k.type} ({k.bounds.text()})" if k.bounds is not None else k.type
+            cells = (f"`{k.name}`", kind, _doc_default(k), k.doc)
             parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         parts.append("")
     parts.append(engine_kinds_markdown())

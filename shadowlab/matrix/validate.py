@@ -18,12 +18,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
+from shadowlab.bounds import Bounds
 from shadowlab.engines import EngineAdapter, get_adapter, known_kinds
 from shadowlab.errors import MatrixError
 from shadowlab.matrix.schema import (
     BUDGET_KEYS,
     CHAT_ROLES,
     CHECK_KEYS,
+    COUNT,
+    MAX_SIGMA,
     COMMAND_PLACEHOLDERS,
     ENDPOINTS,
     LOG_FAMILIES,
@@ -37,8 +40,11 @@ from shadowlab.matrix.schema import (
     PROMPT_KINDS,
     SCHEMA,
     SEQUENCE_KINDS,
+    SHAPE_LENGTHS,
+    TOKENS,
     default,
     default_endpoint,
+    schema_key,
 )
 from shadowlab.matrix.specs import (
     AppendPrompt,
@@ -71,8 +77,7 @@ from shadowlab.matrix.traffic_kind import TraceSource
 from shadowlab.matrix.yamlpos import LineList, LineMap, parse_yaml
 from shadowlab.records import FileRefused, read_regular_file
 
-_MAX_INT = (1 << 63) - 1
-MAX_TRACE_BYTES = 64 << 20  # a trace file is read whole at load  # every integer must fit an engine's int64
+MAX_TRACE_BYTES = 64 << 20  # a trace file is read whole at load
 _CTX_FLAGS = ("-c", "--ctx-size")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CASCADE_HINT = ("write `cascade: true` (every checkpoint above the re-entry point must be erased) or "
@@ -147,22 +152,24 @@ def _given(f: dict[str, tuple[Any, _At]], section: str, key: str, read: Callable
     return read(*f[key], *args) if key in f else default(section, key)
 
 
-def _int(value: Any, at: _At, minimum: int | None = None, maximum: int = _MAX_INT,
-         hint: str | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        at.fail(f"expected an integer, got {_describe(value)}")
-    if minimum is not None and value < minimum:
-        at.fail(f"expected an integer ≥ {minimum}, got {value}")
-    if value > maximum:
-        shown = str(value) if len(str(value)) <= 24 else f"a {len(str(value))}-digit number"
-        at.fail(f"{shown} is too large (at most {maximum})", hint)
+def _bounded(value: Any, at: _At, bounds: Bounds) -> Any:
+    """A number within `bounds` (finite; an integer where they say so: a YAML float is none)."""
+    if isinstance(value, bool) or not isinstance(value, int if bounds.integer else (int, float)):
+        at.fail(f"expected {bounds.what} {bounds.text()}, got {_describe(value)}")
+    problem = bounds.problem(value)
+    if problem is not None:
+        at.fail(problem, bounds.hint)
     return value
 
 
-def _number(value: Any, at: _At) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        at.fail(f"expected a number, got {_describe(value)}")
-    return float(value)
+def _num(f: dict[str, tuple[Any, _At]], section: str, key: str) -> Any:
+    """A numeric key as written, within its schema bounds; omitted: the schema's default."""
+    return _given(f, section, key, _bounded, schema_key(section, key).bounds)
+
+
+def _int(value: Any, at: _At) -> int:
+    """A whole number ≥ 0 that is no key of its own (a turn index inside a message)."""
+    return _bounded(value, at, COUNT)
 
 
 def _bool(value: Any, at: _At, hint: str | None = None) -> bool:
@@ -310,7 +317,7 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
     if data is None:
         root.fail("the matrix file is empty", "start from matrices/ckpt.yaml")
     f = _fields(data, root, "matrix")
-    version = _int(*f["version"])
+    version = _num(f, "matrix", "version")
     if version != MATRIX_VERSION:
         f["version"][1].fail(f"matrix version {version} is not supported (this shadowlab reads {MATRIX_VERSION})",
                              "upgrade shadowlab" if version > MATRIX_VERSION else None)
@@ -374,14 +381,12 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
         at.fail("missing required key 'model'", "e.g. model: {preset: tiny, seed: 0}", line=body.line)
     binary = _given(f, "engine", "binary", _binary, ctx)
     command = _command(*f["command"]) if "command" in f else None
-    threads = _int(*f["threads"], minimum=1) if "threads" in f else ctx.cores_per_cell
+    threads = _num(f, "engine", "threads") if "threads" in f else ctx.cores_per_cell
     if threads > ctx.cores_per_cell:
         (f["threads"][1]).fail(
             f"threads {threads} exceeds isolation.cores_per_cell {ctx.cores_per_cell}",
             "a cell's threads run on its own cores; raise isolation.cores_per_cell or lower threads")
-    timeout = float(_given(f, "engine", "ready_timeout_s", _number))
-    if timeout <= 0:
-        f["ready_timeout_s"][1].fail(f"expected a positive number of seconds, got {timeout:g}")
+    timeout = float(_num(f, "engine", "ready_timeout_s"))
     family = _choice(*f["log_family"], LOG_FAMILIES) if "log_family" in f else adapter.log_family
     return EngineSpec(
         name=name,
@@ -419,9 +424,9 @@ def _model(value: Any, at: _At, ctx: _Context, adapter: EngineAdapter) -> ModelS
         if "seed" in f:
             f["seed"][1].fail("put the seed inside gguf: {preset: ..., seed: ...}")
         g = _fields(*f["gguf"], "gguf")
-        seed = _given(g, "gguf", "seed", _int, 0)
+        seed = _num(g, "gguf", "seed")
         return ModelSpec("gguf", preset=_str(*g["preset"]), seed=seed)
-    seed = _given(f, "model", "seed", _int, 0)
+    seed = _num(f, "model", "seed")
     preset = _str(*f["preset"])
     known = adapter.presets()
     if known and preset not in known:
@@ -503,15 +508,8 @@ def _configuration(name: str, body: Any, at: _At) -> ConfigurationSpec:
     return ConfigurationSpec(name, **{key: read[key](*f[key]) for key in f})
 
 
-def _fraction(value: Any, at: _At) -> float:
-    x = _number(value, at)
-    if not 0 <= x <= 1:
-        at.fail(f"expected a fraction between 0 and 1, got {x:g}", "70% is written 0.7")
-    return x
-
-
 def _pin_slots(value: Any, at: _At) -> int:
-    n = _int(value, at, minimum=0, maximum=4096)
+    n = _bounded(value, at, schema_key("configuration", "pin_slots").bounds)
     if n == 1:
         at.fail("pin_slots 1 would put conversations and interlopers on the same slot",
                 "use 0 (no id_slot) or at least 2 (with -np N)")
@@ -576,38 +574,32 @@ def _prompt(pid: str, body: Any, at: _At, names: list[str], kinds: Mapping[str, 
             src_at.fail(f"prompt {src!r} is a chat prompt; only token prompts can be a source")
         return spec
 
+    def num(key: str) -> int:
+        return _num(f, f"prompt.{kind}", key)
+
     if kind == "random":
-        return RandomPrompt(**common, tokens=_tokens(*f["tokens"]), seed=_int(*f["seed"], minimum=0))
+        return RandomPrompt(**common, tokens=num("tokens"), seed=num("seed"))
     if kind == "diverge":
         src = source()
-        tokens = _tokens(*f["tokens"], minimum=2)
-        shared = _int(*f["shared"], minimum=1)
+        tokens, shared = num("tokens"), num("shared")
         if shared >= src.length:
             f["shared"][1].fail(f"shared {shared} must be below the length of {src.id!r} ({src.length} tokens)",
                                 "token `shared` is where the prompts differ; to continue all of it use kind: append")
         if shared >= tokens:
             f["shared"][1].fail(f"shared {shared} must be below tokens {tokens}",
                                 "the prompt needs at least one token after the divergence point")
-        return DivergePrompt(**common, source=src.id, shared=shared, tokens=tokens, seed=_int(*f["seed"], minimum=0))
+        return DivergePrompt(**common, source=src.id, shared=shared, tokens=tokens, seed=num("seed"))
     if kind == "append":
         src = source()
-        extra = _tokens(*f["extra"])
+        extra = num("extra")
         if src.length + extra > MAX_PROMPT_TOKENS:
             f["extra"][1].fail(f"{src.id!r} ({src.length} tokens) + extra {extra} is longer than "
-                               f"{MAX_PROMPT_TOKENS} tokens", _TOKENS_HINT)
-        return AppendPrompt(**common, source=src.id, extra=extra,
-                            seed=_int(*f["seed"], minimum=0), source_length=src.length)
+                               f"{MAX_PROMPT_TOKENS} tokens", TOKENS.hint)
+        return AppendPrompt(**common, source=src.id, extra=extra, seed=num("seed"), source_length=src.length)
     if kind == "unrelated":
-        return UnrelatedPrompt(**common, tokens=_tokens(*f["tokens"]), seed=_int(*f["seed"], minimum=0),
+        return UnrelatedPrompt(**common, tokens=num("tokens"), seed=num("seed"),
                                unrelated_to=_unrelated_to(pid, f, names, kinds, build))
     return ChatPrompt(**common, messages=_messages(*f["messages"]))
-
-
-_TOKENS_HINT = "a prompt is built in memory and must fit the engine's context (-c/--ctx-size)"
-
-
-def _tokens(value: Any, at: _At, minimum: int = 1) -> int:
-    return _int(value, at, minimum=minimum, maximum=MAX_PROMPT_TOKENS, hint=_TOKENS_HINT)
 
 
 def _unrelated_to(pid: str, f: dict[str, tuple[Any, _At]], names: list[str], kinds: Mapping[str, Any],
@@ -646,7 +638,7 @@ def _messages(value: Any, at: _At) -> tuple[ChatMessage, ...]:
             if set(content) != {"from_turn"}:
                 c_at.fail("expected {from_turn: <turn index>}",
                           _closest_hint(str(next(iter(content), "")), ("from_turn",), "keys"))
-            turn = _int(content["from_turn"], c_at.key("from_turn", content.value_lines["from_turn"]), minimum=0)
+            turn = _int(content["from_turn"], c_at.key("from_turn", content.value_lines["from_turn"]))
             out.append(ChatMessage(role, from_turn=turn))
         else:
             out.append(ChatMessage(role, content=_str(content, c_at, nonempty=False)))
@@ -713,14 +705,16 @@ def _traffic(name: str, body: LineMap, at: _At, ctx: _Context) -> TrafficSequenc
                 line=body.line)
     reference = _given(f, "sequence.traffic", "reference", _choice, traffic_kind.REFERENCE_METHODS)
     ids = tuple(traffic_prompt_id(name, i) for i in range(len(requests)))
-    in_flight = _given(f, "sequence.traffic", "in_flight", _int, 1, traffic_kind.MAX_IN_FLIGHT)
+    in_flight = _num(f, "sequence.traffic", "in_flight")
     return TrafficSequence(name, ids, "traffic", source=source, requests=requests, reference=reference,
                            description=_given(f, "sequence.traffic", "description", _text),
                            in_flight=in_flight)
 
 
 def _shape(value: Any, at: _At) -> traffic.TrafficShape:
-    """traffic.shape_from_dict, each key tried alone first, so an error names its own line."""
+    """traffic.shape_from_dict, each key's numbers held to its schema bounds and the key tried
+    alone first, so an error names its own line. The request count, which several keys make, is
+    _traffic's to judge, on the whole shape: with the matrix's own figures."""
     if not isinstance(value, LineMap):
         at.fail(f"expected a mapping of shape keys, got {_describe(value)}")
     known = sorted(traffic.SHAPE_KEYS)
@@ -728,14 +722,37 @@ def _shape(value: Any, at: _At) -> traffic.TrafficShape:
         k_at = at.key(key, value.key_lines[key])
         if key not in traffic.SHAPE_KEYS:
             k_at.fail(f"unknown key {key!r}", _closest_hint(str(key), known, "shape keys"))
+        v_at = at.key(key, value.value_lines[key])
+        _shape_numbers(value[key], v_at, schema_key("shape", key).bounds)
         try:
-            traffic.shape_from_dict({key: _plain(value[key])}, "")
+            traffic.shape_from_dict({key: _plain(value[key])}, "", count=False)
         except (TrafficError, TypeError, ValueError) as exc:
-            at.key(key, value.value_lines[key]).fail(_traffic_message(exc), getattr(exc, "hint", None))
+            v_at.fail(_traffic_message(exc), getattr(exc, "hint", None))
     try:
-        return traffic.shape_from_dict(_plain(value), "")
+        return traffic.shape_from_dict(_plain(value), "", count=False)  # _traffic's bound is lower
     except (TrafficError, TypeError, ValueError) as exc:
         at.fail(_traffic_message(exc), getattr(exc, "hint", None), line=value.line)
+
+
+def _shape_numbers(value: Any, at: _At, bounds: Bounds | None) -> None:
+    """Every number a shape key holds — itself, a size's (`[low, high]`, `{a, b, low, high}`), a
+    weight — within the key's bounds; a lognormal's sigma within MAX_SIGMA, a preamble's header
+    lengths within SHAPE_LENGTHS. What is no number is left to traffic.shape_from_dict."""
+    if bounds is None or isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        problem = bounds.problem(value)
+        if problem is not None:
+            at.fail(problem, bounds.hint)
+    elif isinstance(value, LineList):
+        for item, item_at in _list(value, at):
+            _shape_numbers(item, item_at, bounds)
+    elif isinstance(value, LineMap):
+        sigma = Bounds(0, MAX_SIGMA) if value.get("kind") == "lognormal" else bounds
+        for key, item in value.items():
+            if isinstance(key, (int, float)):
+                _shape_numbers(key, at.key(key, value.key_lines[key]), SHAPE_LENGTHS)
+            _shape_numbers(item, at.key(key, value.value_lines[key]), sigma if key == "b" else bounds)
 
 
 def _plain(value: Any) -> Any:
@@ -757,7 +774,7 @@ def _trace_source(f: dict[str, tuple[Any, _At]], ctx: _Context) -> tuple[TraceSo
     path_value, p_at = f["trace"]
     path = ctx.base_dir / _str(path_value, p_at)
     fmt = _given(f, sec, "format", _choice, traffic_kind.TRACE_FORMATS)
-    limit = _int(*f["limit"], minimum=1, maximum=traffic_kind.MAX_TRAFFIC_REQUESTS) if "limit" in f else None
+    limit = _num(f, sec, "limit")
     try:
         data = read_regular_file(path, MAX_TRACE_BYTES)
     except FileNotFoundError:
@@ -907,15 +924,11 @@ def _cells(value: Any, at: _At, engines: Mapping, configurations: Mapping, seque
     return CellsSpec(**{key: selections(key) for key in f})
 
 
-MAX_N_PROBS = 20  # llama-server's own bound on top logprobs per token is larger; 20 is plenty for triage
-
-
 def _generation(value: Any, at: _At) -> Generation:
     f = _fields(value, at, "generation")
     # Only the keys written: the dataclass fills the others with the schema's defaults.
-    read = {"n_predict": _tokens, "temperature": _number, "allow_sampling": _bool, "ignore_eos": _bool,
-            "n_probs": functools.partial(_int, minimum=0, maximum=MAX_N_PROBS)}
-    g = Generation(**{key: read[key](*f[key]) for key in f})
+    g = Generation(**{key: _bool(*f[key]) if key in ("allow_sampling", "ignore_eos")
+                      else _num(f, "generation", key) for key in f})
     if g.temperature > 0 and not g.allow_sampling:
         f["temperature"][1].fail(
             f"temperature {g.temperature:g} is not greedy; warm-vs-cold identity needs greedy decoding",
@@ -925,10 +938,8 @@ def _generation(value: Any, at: _At) -> Generation:
 
 def _isolation(value: Any, at: _At) -> Isolation:
     f = _fields(value, at, "isolation")
-    positive = functools.partial(_int, minimum=1)
-    read = {"cores_per_cell": positive, "gpu": _gpu, "gpus_per_cell": positive, "keep_scratch": _bool,
-            "jobs": positive, "max_log_mib": positive}
-    isolation = Isolation(**{key: read[key](*f[key]) for key in f})
+    read = {"gpu": _gpu, "keep_scratch": _bool}
+    isolation = Isolation(**{key: read[key](*f[key]) if key in read else _num(f, "isolation", key) for key in f})
     pool = isolation.devices
     if pool is not None and isolation.gpus_per_cell > len(pool):
         f["gpus_per_cell"][1].fail(f"{isolation.gpus_per_cell} devices per cell, but isolation.gpu names "
@@ -939,14 +950,15 @@ def _isolation(value: Any, at: _At) -> Isolation:
 def _gpu(raw: Any, at: _At) -> int | tuple[int, ...] | None:
     if raw == "none":
         return None
+    index = schema_key("isolation", "gpu").bounds
     if isinstance(raw, list):
-        if not raw or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in raw) \
+        if not raw or any(isinstance(d, bool) or not isinstance(d, int) for d in raw) \
                 or len(set(raw)) != len(raw):
             at.fail(f"expected a list of distinct device indices (0, 1, ...), got {_describe(raw)}")
-        return tuple(raw)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        at.fail(f"expected none or a device index (0, 1, ...) or a list of them, got {_describe(raw)}")
-    return raw
+        return tuple(_bounded(d, a, index) for d, a in _list(raw, at))
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        at.fail(f"expected none or a device index ({index.text()}) or a list of them, got {_describe(raw)}")
+    return _bounded(raw, at, index)
 
 
 def _identity(value: Any, at: _At, engines: Any = None) -> Identity:
@@ -986,16 +998,10 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
         if not items:
             o_at.fail("expected at least one outcome")
         outcome = tuple(_choice(v, a, OUTCOMES) for v, a in items)
-    fraction = None
-    if "min_saved_fraction" in f:
-        fraction = _number(*f["min_saved_fraction"])
-        if not 0 <= fraction <= 1:
-            f["min_saved_fraction"][1].fail(f"expected a fraction between 0 and 1, got {fraction:g}",
-                                            "41.4% is written 0.414")
     created = None
     if "checkpoints_created_at" in f:
-        created = tuple(_int(v, a, minimum=0) for v, a in _list(*f["checkpoints_created_at"]))
-    recovered = _fraction(*f["min_recovered_share"]) if "min_recovered_share" in f else None
+        position = schema_key("expectation", "checkpoints_created_at").bounds
+        created = tuple(_bounded(v, a, position) for v, a in _list(*f["checkpoints_created_at"]))
     cascade = None
     if "cascade" in f:
         cascade = _bool(*f["cascade"], hint=_CASCADE_HINT)
@@ -1008,13 +1014,13 @@ def _expectation(value: Any, at: _At, matrix: Matrix, selected: list[tuple[str, 
         selection=selection,
         turn=turn,
         outcome=outcome,
-        min_reused=_int(*f["min_reused"], minimum=0) if "min_reused" in f else None,
-        min_saved_fraction=fraction,
-        max_forced=_int(*f["max_forced"], minimum=0) if "max_forced" in f else None,
+        min_reused=_num(f, "expectation", "min_reused"),
+        min_saved_fraction=_num(f, "expectation", "min_saved_fraction"),
+        max_forced=_num(f, "expectation", "max_forced"),
         checkpoints_created_at=created,
         identity=_bool(*f["identity"]) if "identity" in f else None,
         cascade=cascade,
-        min_recovered_share=recovered,
+        min_recovered_share=_num(f, "expectation", "min_recovered_share"),
         description=_given(f, "expectation", "description", _text),
         line=value.line,
     )
@@ -1031,7 +1037,7 @@ def _turn(value: Any, at: _At, matrix: Matrix, cells: list[tuple[str, str, str]]
             at.fail(f"prompt {value!r} is not a turn of the selected sequences ("
                     + ", ".join(s.name for s in sequences) + ")")
         return value
-    index = _int(value, at, minimum=0)
+    index = _bounded(value, at, schema_key("expectation", "turn").bounds)
     short = [s.name for s in sequences if index >= len(s.prompts)]
     if short:
         at.fail(f"turn {index} is past the end of sequence {short[0]!r}",
@@ -1055,11 +1061,8 @@ def _baseline_and_budgets(matrix: Matrix, f: dict[str, tuple[Any, _At]]) -> Matr
                                  "add `baseline: <configuration>` (e.g. the production defaults)")
         budgets = tuple(_budget(v, a, matrix) for v, a in _list(*f["budgets"]))
     scale = _scale(*f["scale"]) if "scale" in f else None
-    repeat = _given(f, "matrix", "repeat", functools.partial(_int, minimum=1, maximum=_MAX_REPEAT))
+    repeat = _num(f, "matrix", "repeat")
     return replace(matrix, baseline=baseline, budgets=budgets, scale=scale, repeat=repeat)
-
-
-_MAX_REPEAT = 100  # a fresh process per repeat of every warm cell: more is a typo, not a plan
 
 
 def _budget(value: Any, at: _At, matrix: Matrix) -> Budget:
@@ -1071,7 +1074,7 @@ def _budget(value: Any, at: _At, matrix: Matrix) -> Budget:
                 "against cells.include / cells.exclude", line=value.line)
     if not any(k in f for k in BUDGET_KEYS):
         at.fail("a budget needs at least one check", "add one of: " + ", ".join(BUDGET_KEYS), line=value.line)
-    limits = {k: _finite(*f[k], minimum=None if k == "min_net_benefit_ms" else 0.0) for k in BUDGET_KEYS if k in f}
+    limits = {k: float(_num(f, "budget", k)) for k in BUDGET_KEYS if k in f}
     return Budget(selection=selection, description=_given(f, "budget", "description", _text),
                   line=value.line, **limits)
 
@@ -1082,16 +1085,5 @@ def _scale(value: Any, at: _At) -> Scale:
         if explicit in f and f"{explicit}_factor" in f:
             f[f"{explicit}_factor"][1].fail(f"{explicit} and {explicit}_factor both given",
                                             f"give the figure at scale ({explicit}) or a factor on the measured one")
-    numbers = {k: _finite(*f[k], minimum=0.0) for k in f if k != "name"}
-    if numbers.get("prompt_length_factor") == 0:
-        f["prompt_length_factor"][1].fail("expected a factor above 0, got 0")
+    numbers = {k: float(_num(f, "scale", k)) for k in f if k != "name"}
     return Scale(name=_given(f, "scale", "name", _text), **numbers)
-
-
-def _finite(value: Any, at: _At, minimum: float | None) -> float:
-    x = _number(value, at)
-    if x != x or x in (float("inf"), float("-inf")):
-        at.fail(f"expected a finite number, got {x}")
-    if minimum is not None and x < minimum:
-        at.fail(f"expected a number ≥ {minimum:g}, got {x:g}")
-    return x

@@ -117,7 +117,7 @@ def test_a_saving_inside_the_noise_band_pays_for_nothing(tmp_path):
     ("baseline: defaults\nbudgets: [{description: x}]\n", "budgets[0]", "at least one check"),
     ("baseline: defaults\nbudgets: [{max_created_per_turn: -1}]\n", "budgets[0].max_created_per_turn", "≥ 0"),
     ("scale: {checkpoint_ms: 63, checkpoint_ms_factor: 2}\n", "scale.checkpoint_ms_factor", "both given"),
-    ("scale: {prompt_length_factor: 0}\n", "scale.prompt_length_factor", "above 0"),
+    ("scale: {prompt_length_factor: 0}\n", "scale.prompt_length_factor", "expected a number > 0, got 0"),
 ])
 def test_a_bad_budget_or_scale_is_named(tail, path, message):
     with pytest.raises(MatrixError) as err:

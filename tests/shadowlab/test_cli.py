@@ -171,12 +171,14 @@ def test_an_unexpected_exception_is_exit_3_with_a_traceback_file(tmp_path, monke
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--request-timeout", "-5", "expected seconds above 0"),
-    ("--request-timeout", "nan", "expected seconds above 0"),
-    ("--request-timeout", "0", "expected seconds above 0"),
-    ("--request-timeout", "inf", "expected seconds above 0"),
-    ("--jobs", "0", "must be at least 1"),
-    ("--jobs", "-1", "must be at least 1"),
+    ("--request-timeout", "-5", "expected seconds > 0, got -5"),
+    ("--request-timeout", "nan", "expected seconds > 0 and ≤ 86400, got nan"),
+    ("--request-timeout", "0", "expected seconds > 0, got 0"),
+    ("--request-timeout", "inf", "inf is too large (at most 86400)"),
+    ("--request-timeout", "two", "'two' is not seconds"),
+    ("--jobs", "0", "expected an integer ≥ 1, got 0"),
+    ("--jobs", "-1", "expected an integer ≥ 1, got -1"),
+    ("--jobs", "100000", "100000 is too large (at most 4096)"),  # as isolation.jobs
     ("--fault", "bogus", "unknown fault 'bogus' (known: stale-restore, skip-cascade"),
     ("--fault", "hang-on-request=0", "out of range"),
 ])

@@ -190,9 +190,10 @@ def test_bad_fixture_reports_file_line_path_and_hint(path):
 
 
 def test_rendering_matches_the_documented_shape():
-    err = MatrixError("expected an integer, got 'two'", file="matrices/x.yaml", line=12,
+    err = MatrixError("expected an integer ≥ 1 and ≤ 4096, got 'two'", file="matrices/x.yaml", line=12,
                       key_path="engines.reference.threads", hint="write 2")
-    assert str(err) == ("matrices/x.yaml:12: engines.reference.threads: expected an integer, got 'two'\n"
+    assert str(err) == ("matrices/x.yaml:12: engines.reference.threads: expected an integer ≥ 1 and ≤ 4096, "
+                        "got 'two'\n"
                         "  hint: write 2")
 
 
@@ -240,7 +241,7 @@ def test_rendering_matches_the_documented_shape():
     ("    threads: 1", "    threads: 1\n    log_family: ik", "log_family", "engines.ref.log_family",
      "got 'ik'", None),
     ("    threads: 1", "    threads: 1\n    ready_timeout_s: 0", "ready_timeout_s", "engines.ref.ready_timeout_s",
-     "positive number", None),
+     "expected seconds > 0, got 0", None),
     ("    threads: 1", "    threads: 1\n    binary: no-such-engine-binary-xyz", "binary", "engines.ref.binary",
      "is not on PATH", "auto"),
     ("    threads: 1", "    threads: 1\n    binary: ./bin/none", "binary", "engines.ref.binary",
@@ -261,7 +262,8 @@ def test_inline_mistakes(old, new, needle, path, message, hint):
     ("isolation: {gpu: cuda}", "gpu", "isolation.gpu", "expected none or a device index"),
     ("isolation: {jobs: 0}", "jobs", "isolation.jobs", "expected an integer ≥ 1, got 0"),
     ("identity: {required: yes please}", "required", "identity.required", "expected true or false"),
-    ("generation: {n_predict: 16.5}", "n_predict", "generation.n_predict", "expected an integer, got 16.5"),
+    ("generation: {n_predict: 16.5}", "n_predict", "generation.n_predict",
+     "expected an integer ≥ 1 and ≤ 1048576, got 16.5"),
     ("cells: {exclude: [{sequence: '*'}]}", "cells:", "cells", "selects no cells"),
     ("cells: {include: [{sequence: 'X*'}]}", "cells:", "cells.include[0].sequence", "'X*' matches no sequence"),
     ("expectations: [{sequence: A-C, turn: C, outcome: restord}]", "expectations",
@@ -272,7 +274,7 @@ def test_inline_mistakes(old, new, needle, path, message, hint):
     ("expectations: [{sequence: nope, outcome: forced}]", "expectations", "expectations[0].sequence",
      "'nope' matches no sequence"),
     ("expectations: [{sequence: A-C, min_saved_fraction: 41.4}]", "expectations",
-     "expectations[0].min_saved_fraction", "between 0 and 1"),
+     "expectations[0].min_saved_fraction", "41.4 is too large (at most 1)"),
     ("expectations: [{sequence: A-C, turn: Z, outcome: forced}]", "expectations", "expectations[0].turn",
      "unknown prompt 'Z'"),
     ("expectations: [{sequence: A-C, outcome: forced, turns: 1}]", "expectations", "expectations[0].turns",
@@ -645,9 +647,9 @@ def test_a_sequence_in_mapping_form_is_the_same_ordered_sequence_and_dumps_as_a_
     ("{kind: traffic, shape: {turns: 2}, trace: x.jsonl}", "sequences.A-C.shape", "a shape or a trace, not both"),
     ("{kind: traffic, trace: nowhere.jsonl}", "sequences.A-C.trace", "no such trace file"),
     ("{kind: traffic, shape: {conversations: 1, turns: 2, system_tokens: {kind: fixed, a: 1.0e+8, high: 1.0e+8}}}",
-     "sequences.A-C.shape", "would be 100,000,0"),  # beyond any context: refused, not materialised
+     "sequences.A-C.shape.system_tokens.a", "100000000 is too large (at most 1048576)"),  # beyond any context
     ("{kind: traffic, shape: {conversations: 100000000, turns: 300}}", "sequences.A-C.shape.conversations",
-     "more than 10,000,000 requests"),
+     "100000000 is too large (at most 4096)"),
     ("{kind: traffic, shape: {conversations: 1000, turns: 300}}", "sequences.A-C.shape",
      "about 300,000 requests; a traffic sequence may have at most"),  # refused before generating
     ("{kind: ordered}", "sequences.A-C", "missing required key 'prompts'"),
@@ -695,7 +697,8 @@ _SECTION_AT = {
     "prompt.random": ("prompts", "R"), "prompt.diverge": ("prompts", "D"),
     "prompt.unrelated": ("prompts", "U"), "prompt.append": ("prompts", "P"),
     "prompt.chat": ("prompts", "H"), "message": ("prompts", "H", "messages", 0),
-    "sequence": ("sequences", "s"), "sequence.traffic": ("sequences", "t"), "cells": ("cells",), "selection": ("cells", "include", 0),
+    "sequence": ("sequences", "s"), "sequence.traffic": ("sequences", "t"), "shape": ("sequences", "t", "shape"),
+    "cells": ("cells",), "selection": ("cells", "include", 0),
     "generation": ("generation",), "isolation": ("isolation",), "identity": ("identity",),
     "expectation": ("expectations", 0), "budget": ("budgets", 0), "scale": ("scale",),
 }
