@@ -113,7 +113,7 @@ class RunOptions:
     dry_run: bool = False
     jobs: int | None = None  # None: the matrix's isolation.jobs
     faults: tuple[str, ...] = ()  # --fault: each cell gets its adapter's fault_flags for them
-    request_timeout_s: float | None = None  # overrides the engine's request_timeout_s
+    request_timeout_s: float | None = None  # --request-timeout; None: DEFAULT_REQUEST_TIMEOUT_S
     shard: shard_module.ShardSpec | None = None  # --shard I/N: run only that shard's cells
     reports_dir: Path = Path("reports")
     model_cache: Path = Path("models")
@@ -271,10 +271,16 @@ def storage_failure(exc: OSError) -> InfrastructureError:
                                hint="free space or choose a writable --out, then rerun with --resume")
 
 
+def request_timeout(given: float | None) -> float:
+    """The seconds a turn may take: --request-timeout, else the default (one value however spelled)."""
+    return DEFAULT_REQUEST_TIMEOUT_S if given is None else float(given)
+
+
 def result_options(options: RunOptions) -> dict[str, Any]:
-    """The options that change what a run measures: a resume must repeat them."""
+    """The options that change what a run measures, as they take effect: a resume must repeat them."""
     shard = {"shard": str(options.shard)} if options.shard else {}  # a whole run's file stays as it was
-    return {"faults": list(options.faults), "request_timeout_s": options.request_timeout_s, **shard}
+    return {"faults": list(options.faults), "request_timeout_s": request_timeout(options.request_timeout_s),
+            **shard}
 
 
 def write_run_records(layout: RunLayout, matrix: Matrix, plan: Plan, options: RunOptions) -> None:
@@ -304,6 +310,8 @@ def check_resumed_options(layout: RunLayout, now: dict[str, Any]) -> None:
         raise RunDirError("no readable options.json: the --fault and --request-timeout this run "
                           "started with are unknown", path=str(layout.root),
                           hint="start a new run")
+    if then.get("request_timeout_s") is None:  # written before options.json held the timeout in effect
+        then = {**then, "request_timeout_s": request_timeout(None)}
     flags = {"faults": "--fault", "request_timeout_s": "--request-timeout", "shard": "--shard"}
     changed = [f"{flag} {_shown(then.get(key))} then, {_shown(now.get(key))} now"
                for key, flag in flags.items() if then.get(key) != now.get(key)]
@@ -1332,9 +1340,7 @@ class TurnExchange:
         )
 
     def _timeout(self) -> float:
-        return float(self.ctx.options.request_timeout_s
-                     or getattr(self.engine.spec, "request_timeout_s", None)
-                     or DEFAULT_REQUEST_TIMEOUT_S)
+        return request_timeout(self.ctx.options.request_timeout_s)
 
     def _post(self, path: str, body: dict) -> tuple[int, bytes, float, float]:
         """(status, raw body, ms to the first token, ms to whole answer), client-side. A streamed

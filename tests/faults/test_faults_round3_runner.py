@@ -6,7 +6,9 @@ Items covered:
       time: no process left, the port free (SHADOWLAB_SETSID_REPEATS=30 runs each 30 times);
       what a shadowlab could not stop is named by pid and command; what a killed shadowlab left
       behind, escaped grandchildren included, is killed by the next run;
-  12. (--request-timeout) a resume compares the timeout in effect, not how it was spelled.
+  12. (--request-timeout) a resume compares the timeout in effect, not how it was spelled: 300
+      written or not is one timeout, also against an options.json of an older shadowlab (null);
+      another timeout is still refused.
 
 Every test runs real engine processes (tests/shadowlab/hostile_engine.py) through
 `python -m shadowlab`, as a user runs it.
@@ -199,3 +201,31 @@ def test_a_process_shadowlab_may_not_signal_is_named_with_its_command(tmp_path, 
     assert f"could not stop pid {grandchild} ({command}" in str(caught.value), caught.value
     assert f"its port is still bound, held by pid {grandchild} ({command}" in str(caught.value)
     assert proc.stop_report is not None and proc.stop_report.survivors == [grandchild]
+
+
+# ---------------------------------------------------------------------------- item 12
+
+
+def test_a_resume_compares_the_request_timeout_in_effect(tmp_path, leftovers):
+    # Before: `--request-timeout 300` (the default) on resume was "changed" when the run started
+    # without it, and the other way round (options.json held null for "not given").
+    tag, _ = leftovers
+    matrix = write_matrix(tmp_path, ["truncated"], sequence="A: [A]")  # a failed cell: resume reruns it
+    for first, then in ((), ("--request-timeout", "300")), (("--request-timeout", "300"), ()):
+        out = tmp_path / f"run{len(first)}"
+        started = shadowlab(tag, "run", matrix, "--out", out, *first)
+        assert started.returncode == 3, started.stderr[-2000:]
+        assert json.loads((out / "options.json").read_text()) == {"faults": [], "request_timeout_s": 300.0}
+        resumed = shadowlab(tag, "run", matrix, "--out", out, "--resume", *then)
+        assert resumed.returncode == 3 and "[1/1] start" in resumed.stderr, resumed.stderr[-2000:]
+    # An options.json written before it held the timeout in effect says null: the default.
+    options = out / "options.json"
+    options.write_text(json.dumps({"faults": [], "request_timeout_s": None}))
+    resumed = shadowlab(tag, "run", matrix, "--out", out, "--resume", "--request-timeout", "300")
+    assert resumed.returncode == 3 and "[1/1] start" in resumed.stderr, resumed.stderr[-2000:]
+    # Another timeout is another experiment: still refused, naming both.
+    for old, new in ((None, "120"), (300.0, "299.5")):
+        options.write_text(json.dumps({"faults": [], "request_timeout_s": old}))
+        refused = shadowlab(tag, "run", matrix, "--out", out, "--resume", "--request-timeout", new)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert f"--request-timeout 300 then, {new} now" in refused.stderr, refused.stderr

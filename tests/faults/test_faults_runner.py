@@ -202,7 +202,7 @@ def test_survives_a_resume_with_other_faults_or_request_timeout(tmp_path):
         "faults": ["stale-restore"], "request_timeout_s": 5.0}
     before = (out / "cells").stat().st_mtime_ns, sorted(p.name for p in (out / "cells").iterdir())
     for args, said in ((["--request-timeout", "5"], "--fault stale-restore then, not given now"),
-                       (["--fault", "stale-restore"], "--request-timeout 5 then, not given now"),
+                       (["--fault", "stale-restore"], "--request-timeout 5 then, 300 now"),  # the default
                        (["--fault", "skip-cascade", "--request-timeout", "5"],
                         "--fault stale-restore then, skip-cascade now")):
         resumed = shadowlab("run", matrix, "--out", out, "--resume", *args)
