@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from shadowlab import environment
+from shadowlab.run import environment
 
 REPO = Path(__file__).resolve().parents[1]
 A_TOKENS = 4560

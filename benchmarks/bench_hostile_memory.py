@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shadowlab import environment
+from shadowlab.run import environment
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = REPO / "tests" / "shadowlab" / "hostile_engine.py"

@@ -50,7 +50,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from shadowlab import environment, logparse
+from shadowlab.run import environment
+from shadowlab.logs import parse as logparse
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTURES = ROOT / "tests" / "fixtures" / "logs" / "llama.cpp-b11434"

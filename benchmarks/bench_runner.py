@@ -34,7 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from shadowlab import environment, records, rundir
+from shadowlab.run import environment
+from shadowlab.results import records, rundir
 
 REPO = Path(__file__).resolve().parent.parent
 # `0.03.802.812` = minutes.seconds.milliseconds.microseconds since the engine started.

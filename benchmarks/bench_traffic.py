@@ -29,7 +29,7 @@ With ``--run-dir`` it only analyses an existing run directory. Target (issue 12)
 per turn (the slope).
 
 ``--listeners`` times the per-turn loopback check alone, side by side on one live process tree (a
-child holding listeners): shadowlab/listeners.py against the psutil scan it replaced (children
+child holding listeners): shadowlab/run/listeners.py against the psutil scan it replaced (children
 recursive + net_connections per process), alternated, median of each.
 """
 
@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_runner: the shared matrix runner
 from bench_runner import machine_line, run_matrix  # noqa: E402
 
-from shadowlab import records, rundir  # noqa: E402
+from shadowlab.results import records, rundir  # noqa: E402
 
 HARNESS_TARGET_MS = 5.0
 
@@ -82,7 +82,7 @@ def listener_check_ms(rounds: int = 200) -> tuple[float, float]:
 
     import psutil
 
-    from shadowlab import isolation, listeners
+    from shadowlab.run import isolation, listeners
 
     child = subprocess.Popen([sys.executable, "-c", LISTENER_CHILD], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)

@@ -4,7 +4,9 @@
     python benchmarks/noise_band.py RUN_DIR
 """
 import sys
-from shadowlab import compare, gate, rundir
+from shadowlab import compare
+from shadowlab.judge import gate
+from shadowlab.results import rundir
 run = rundir.load(sys.argv[1]); v = gate.judge(run)
 b = compare.repeats_by_key(run, v, "defaults"); c = compare.repeats_by_key(run, v, "policy0")
 key = next(iter(b))

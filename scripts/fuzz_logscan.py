@@ -2,7 +2,7 @@
 
     python scripts/fuzz_logscan.py [--rounds 300] [--seed 1]
 
-Engine logs are untrusted text, and shadowlab/_logscan.c reads them with pointers. This script
+Engine logs are untrusted text, and shadowlab/logs/_logscan.c reads them with pointers. This script
 compiles the C file with -fsanitize=address,undefined into a temporary directory, re-runs itself
 under the sanitizer runtime (LD_PRELOAD), and feeds the sanitized build random logs: real
 fixture lines, the same lines with random bytes spliced in, and random bytes around trigger
@@ -59,9 +59,9 @@ def random_log(rng: random.Random, candidates: list[bytes], pieces: list[bytes])
 
 def fuzz(module_path: Path, rounds: int, seed: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from shadowlab import logparse as lp
+    from shadowlab.logs import parse as lp
 
-    spec = importlib.util.spec_from_file_location("shadowlab._logscan", module_path)
+    spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", module_path)
     assert spec is not None and spec.loader is not None
     sanitized = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sanitized)

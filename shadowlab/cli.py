@@ -29,7 +29,7 @@ from shadowlab.exitcodes import (
 # ~0.25 s per start (httpx, the matrix package, ...), a quarter of `shadowlab logs` on 1 GB: main()
 # builds only the one named.
 MODULE_COMMANDS = {
-    "logs": ("shadowlab.logs", "read production llama-server logs: lifecycle counts, shared prefixes, trace"),
+    "logs": ("shadowlab.logs.command", "read production llama-server logs: lifecycle counts, shared prefixes, trace"),
     "simulate": ("shadowlab.simulate", "predict what each cache policy would reuse on a traffic (no engine)"),
     "compare": ("shadowlab.compare", "baseline vs candidate run: deltas with their noise band"),
 }
@@ -124,7 +124,7 @@ def jobs(text: str) -> int:
 
 
 def shard_spec(text: str) -> object:
-    from shadowlab.shard import ShardSpec, ShardUsageError
+    from shadowlab.plan.shard import ShardSpec, ShardUsageError
 
     try:
         return ShardSpec.parse(text)
@@ -175,7 +175,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "report":
             return _report(args.run_dir)
         if args.command == "logs":
-            return int(importlib.import_module("shadowlab.logs").run(args))
+            return int(importlib.import_module("shadowlab.logs.command").run(args))
         if args.command == "simulate":
             return int(importlib.import_module("shadowlab.simulate").run(args))
         if args.command == "merge":
@@ -207,7 +207,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _safe(exc: BaseException) -> str:
-    from shadowlab.records import terminal_safe  # messages may quote engine output
+    from shadowlab.results.records import terminal_safe  # messages may quote engine output
 
     return terminal_safe(str(exc))
 
@@ -240,7 +240,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _shard_of(args: argparse.Namespace) -> object:
-    from shadowlab.shard import ShardSpec, ShardUsageError
+    from shadowlab.plan.shard import ShardSpec, ShardUsageError
 
     if args.shard_from is not None:
         return ShardSpec.from_ci(args.shard_from, os.environ, args.shard_count)
@@ -252,7 +252,7 @@ def _shard_of(args: argparse.Namespace) -> object:
 
 
 def _merge(parts: Sequence[Path], out: Path) -> int:
-    from shadowlab import merge
+    from shadowlab.results import merge
 
     outcome = merge.merge(parts, out)
     print(f"shadowlab: merged {len(outcome.parts)} parts ({outcome.cells} cells) into {outcome.out}; "
@@ -263,7 +263,8 @@ def _merge(parts: Sequence[Path], out: Path) -> int:
 def _judge(run_dir: Path, *, all_ran: bool) -> int:
     """Verdicts, report and gate on the finished run: the directory is read once and the
     verdicts computed once (written to verdicts.json), then shared by the report and the gate."""
-    from shadowlab import gate, report
+    from shadowlab import report
+    from shadowlab.judge import gate
 
     inputs = gate.load_run(run_dir, write_verdicts=True)
     result = gate.evaluate_inputs(inputs)
@@ -280,7 +281,7 @@ def _report(run_dir: Path) -> int:
 
 
 def _gate(run_dir: Path) -> int:
-    from shadowlab import gate
+    from shadowlab.judge import gate
 
     return gate.main(run_dir)  # prints its summary
 

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shadowlab import rundir
-from shadowlab.records import CellMeta
+from shadowlab.results import rundir
+from shadowlab.results.records import CellMeta
 from shadowlab.errors import CompareRefused, ShadowlabError
-from shadowlab.verdicts import CellVerdict, RunVerdict, traffic_summary
+from shadowlab.judge.verdicts import CellVerdict, RunVerdict, traffic_summary
 
 ALLOWABLE = ("engine", "prompts", "unverified")
 NO_BAND = "no noise band: repeat N=1"
@@ -256,7 +256,7 @@ def prompt_hashes(run: rundir.RunDir) -> dict[str, str]:
     if found or run.matrix is None:
         return found
     from shadowlab.matrix.dump import matrix_to_dict
-    from shadowlab.records import sha256_json
+    from shadowlab.results.records import sha256_json
 
     return {pid: "spec:" + sha256_json(spec)
             for pid, spec in matrix_to_dict(run.matrix).get("prompts", {}).items()}
@@ -285,7 +285,7 @@ def differences(base: rundir.RunDir, cand: rundir.RunDir) -> list[tuple[str, str
 
 def compare(base: rundir.RunDir, cand: rundir.RunDir, *, baseline_configuration: str | None = None,
             candidate_configuration: str | None = None, allow: Sequence[str] = ()) -> Comparison:
-    from shadowlab.verdicts import judge as run_verdict  # verdicts from records, else verdicts.json
+    from shadowlab.judge.verdicts import judge as run_verdict  # verdicts from records, else verdicts.json
 
     refused = [text for kind, text in differences(base, cand) if kind not in allow]
     if refused:
@@ -348,7 +348,7 @@ def _aggregate(scope: str, name: str, keys: Sequence[Key], bk: Mapping[Key, list
 
 
 def to_dict(c: Comparison) -> dict[str, Any]:
-    from shadowlab.records import to_jsonable
+    from shadowlab.results.records import to_jsonable
 
     return to_jsonable(c)
 

@@ -3,7 +3,7 @@
 An adapter knows how to locate and hash an engine and its model, how to build its
 command line and environment, how to phrase a turn as an HTTP request and read the
 answer back. It never starts processes or keeps state between cells: the runner
-(``shadowlab/run.py`` with ``shadowlab/isolation.py``) does that, identically for
+(``shadowlab/run/__init__.py`` with ``shadowlab/run/isolation.py``) does that, identically for
 every engine.
 
 Adapters register by ``kind`` (the matrix's ``engines.<name>.kind``)::
@@ -240,7 +240,7 @@ class EngineAdapterBase:
                 "cache_prompt": True,
                 "return_tokens": True,
                 # Streamed: the time to first token is then measured as such (run.py reads the
-                # events back into this answer's usual body; shadowlab/streamed.py).
+                # events back into this answer's usual body; shadowlab/run/streamed.py).
                 "stream": True,
             }
             if getattr(generation, "n_probs", 0):  # top logprobs per token: a mismatch's evidence

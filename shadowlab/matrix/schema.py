@@ -14,7 +14,7 @@ from typing import Any
 
 from shadowlab import traffic
 from shadowlab.bounds import MAX_INT, Bounds
-from shadowlab.logparse import FAMILIES
+from shadowlab.logs.parse import FAMILIES
 from shadowlab.matrix.traffic_kind import MAX_IN_FLIGHT, MAX_TRAFFIC_REQUESTS
 
 MATRIX_VERSION = 1

@@ -272,7 +272,7 @@ class Expectation:
 @dataclass(frozen=True)
 class Budget:
     """Costs the selected configurations may have against the matrix's `baseline`, and the net
-    benefit they must bring, per sequence (gate checks: shadowlab/budgets.py). Unset: no check."""
+    benefit they must bring, per sequence (gate checks: shadowlab/judge/budgets.py). Unset: no check."""
 
     selection: Selection
     max_created_per_turn: float | None = None
@@ -285,7 +285,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class Scale:
-    """The production scale a tiny-model run's costs are extrapolated to (shadowlab/budgets.py).
+    """The production scale a tiny-model run's costs are extrapolated to (shadowlab/judge/budgets.py).
     An explicit per-checkpoint figure wins over a factor on the measured one; unset: measured."""
 
     name: str = default("scale", "name")

@@ -75,7 +75,7 @@ from shadowlab.errors import TrafficError
 from shadowlab.matrix import traffic_kind
 from shadowlab.matrix.traffic_kind import TraceSource
 from shadowlab.matrix.yamlpos import LineList, LineMap, parse_yaml
-from shadowlab.records import FileRefused, read_regular_file
+from shadowlab.results.records import FileRefused, read_regular_file
 
 MAX_TRACE_BYTES = 64 << 20  # a trace file is read whole at load
 _CTX_FLAGS = ("-c", "--ctx-size")

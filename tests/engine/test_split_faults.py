@@ -14,8 +14,9 @@ import random
 import pytest
 
 from engine_process import running, tiny_model
-from shadowlab import logparse, splits
-from shadowlab.identity import Output, TriageClass, triage
+from shadowlab.logs import parse as logparse
+from shadowlab.judge import splits
+from shadowlab.judge.identity import Output, TriageClass, triage
 from shadowlab_engine.checkpoints import batch_ends
 from shadowlab_engine.faults import FaultError, parse_faults
 

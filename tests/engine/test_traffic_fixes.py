@@ -14,7 +14,7 @@ import random
 import pytest
 
 from engine_process import fields, greedy_reference, running, tiny_model
-from shadowlab import lifecycle, logparse
+from shadowlab.logs import lifecycle, parse as logparse
 
 FLAGS = ["-c", "2048", "-b", "256", "-ub", "64", "--ctx-checkpoints", "32", "-cram", "0", "-lv", "4"]
 POLICY0 = {"PXA_CKPT_PROMPT_POLICY": "0"}

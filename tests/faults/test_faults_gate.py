@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.verdicts import VERDICTS_SCHEMA_VERSION
+from shadowlab.judge.verdicts import VERDICTS_SCHEMA_VERSION
 
 HOSTILE = Path(__file__).resolve().parents[1] / "shadowlab" / "hostile_engine.py"
 BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"

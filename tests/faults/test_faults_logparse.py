@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import logparse as lp
+from shadowlab.logs import parse as lp
 from shadowlab.errors import LogSourceError, ShadowlabError
 
 ROOT = Path(lp.__file__).resolve().parents[1]  # the shadowlab under test, for the child process
@@ -50,7 +50,7 @@ def mode(request, monkeypatch):
 _HOSTILE = textwrap.dedent(
     """
     import sys
-    from shadowlab import logparse as lp
+    from shadowlab.logs import parse as lp
     head = b"0.01.000.000 I slot create_check: id  0 | task 3 | "
     room = lp.MAX_LINE - 200  # inside the line cap: every byte is read, not cut
     lines = [

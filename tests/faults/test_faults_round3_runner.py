@@ -28,7 +28,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab import isolation, listeners, rundir
+from shadowlab.run import isolation, listeners
+from shadowlab.results import rundir
 
 from test_faults_runner import HOSTILE, assert_clear_failure, write_matrix
 

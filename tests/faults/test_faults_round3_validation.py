@@ -25,7 +25,7 @@ import psutil
 import pytest
 import yaml
 
-from shadowlab import listeners
+from shadowlab.run import listeners
 from shadowlab.bounds import Bounds, figure
 from shadowlab.errors import MatrixError
 from shadowlab.matrix import SCHEMA, loads

@@ -36,8 +36,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab import cli, isolation, records, rundir
-from shadowlab.records import CellStatus
+from shadowlab import cli
+from shadowlab.run import isolation
+from shadowlab.results import records, rundir
+from shadowlab.results.records import CellStatus
 
 HOSTILE = Path(__file__).resolve().parents[1] / "shadowlab" / "hostile_engine.py"
 

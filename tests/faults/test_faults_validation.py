@@ -107,7 +107,7 @@ def test_survives_a_matrix_name_that_climbs_out_of_reports(tmp_path):
 
 def test_survives_a_run_directory_name_that_would_lead_outside(tmp_path):
     from shadowlab.errors import RunDirError
-    from shadowlab.records import child_dir
+    from shadowlab.results.records import child_dir
 
     reports = tmp_path / "reports"
     reports.mkdir()
@@ -126,14 +126,15 @@ import os, sys
 from pathlib import Path
 os.umask(int(sys.argv[2], 8))
 out = Path(sys.argv[1])
-from shadowlab import prompts, records
+from shadowlab.run import prompts
+from shadowlab.results import records
 records.write_bytes_atomic(out / "bytes.json", b"{}")
 records.write_json_atomic(out / "meta.json", {"a": 1})
 prompts.save({}, out / "prompts" / "ref.json")
 with open(out / "plain.log", "w") as fh:  # what engine.log gets
     fh.write("x")
 try:
-    from shadowlab.gguf_model import write_gguf
+    from shadowlab.engines.gguf_model import write_gguf
 except ImportError:
     pass
 else:
@@ -164,8 +165,8 @@ def test_every_atomic_writer_goes_through_one_function():
     # isolation.py's core claims are lock files (their own temp name and os.replace, mode from
     # the umask already); exitcodes.py's mkstemp is a traceback file in /tmp, private on purpose;
     # merge.py's os.replace renames a whole staged run directory into place (no file written).
-    allowed = {"shadowlab/isolation.py: os.replace(", "shadowlab/exitcodes.py: mkstemp",
-               "shadowlab/merge.py: os.replace("}
+    allowed = {"shadowlab/run/isolation.py: os.replace(", "shadowlab/exitcodes.py: mkstemp",
+               "shadowlab/results/merge.py: os.replace("}
     assert set(offenders) <= allowed, offenders
 
 

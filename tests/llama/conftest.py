@@ -21,7 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from shadowlab import gguf_model, isolation, logparse
+from shadowlab.engines import gguf_model
+from shadowlab.run import isolation
+from shadowlab.logs import parse as logparse
 from shadowlab.engines import llama_server
 
 SERVER_FLAGS = ("-c", "8192", "-b", "2048", "-ub", "512", "--kv-unified", "--ctx-checkpoints", "64",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import gate
+from shadowlab.judge import gate
 
 from .conftest import run_matrix
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import gguf_model
+from shadowlab.engines import gguf_model
 from shadowlab.engines import TurnRequest, get_adapter
 from shadowlab.engines.llama_server import LlamaServerAdapter, has_verbosity_flag, reused_tokens
 
@@ -107,7 +107,7 @@ def test_cram0_does_not_rescue_a_b_a(llama, prompts):
 
 
 def _conversation(server, edited: bool) -> list[int]:
-    from shadowlab.prompts import render_chatml, seeded_text
+    from shadowlab.run.prompts import render_chatml, seeded_text
 
     messages = [{"role": "system", "content": seeded_text(10, 150)}]
     for i in range(3):
@@ -285,7 +285,7 @@ def test_harness_verdicts_from_log_and_timings_agree(tmp_path, model_cache, llam
     """
     import yaml
 
-    from shadowlab import verdicts
+    from shadowlab.judge import verdicts
 
     from .conftest import run_matrix
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import verdicts
+from shadowlab.judge import verdicts
 from shadowlab.engines import TurnRequest
 from shadowlab.engines.openai import OpenAIAdapter, cached_tokens
 from shadowlab.matrix import Generation

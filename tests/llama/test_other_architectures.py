@@ -1,7 +1,7 @@
 """Other hybrid and recurrent architectures in the real llama-server b11434.
 
 shadowlab's checkpoint questions are not specific to Qwen3.5's 3:1 gated-delta-net/attention
-mix. `shadowlab/gguf_model.py` also writes seeded-random models of four other architectures
+mix. `shadowlab/engines/gguf_model.py` also writes seeded-random models of four other architectures
 of the same build, each with a different recurrent mechanism and ratio:
 
 | arch            | recurrent layers                   | attention layers | state per checkpoint |
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import gguf_model
+from shadowlab.engines import gguf_model
 
 from .conftest import L_A, L_C, USER_DELIMITERS, LlamaServer, kinds
 
@@ -246,7 +246,7 @@ def test_message_delimiters_make_a_then_c_restore_and_equal_cold(arch_server, ar
 @pytest.mark.llama
 @pytest.mark.parametrize("arch", ARCHS)
 def test_chat_turn2_reuses_turn1_and_equals_cold(arch_server, arch):
-    from shadowlab.prompts import seeded_text
+    from shadowlab.run.prompts import seeded_text
 
     turn1 = [{"role": "system", "content": seeded_text(10, 150)},
              {"role": "user", "content": seeded_text(20, 400)}]
@@ -273,7 +273,7 @@ def test_archs_matrix_qualifies_through_shadowlab(tmp_path, model_cache, llama_b
     the delimiter conversations one exchange shorter, and no control cells."""
     import yaml
 
-    from shadowlab import gate
+    from shadowlab.judge import gate
 
     from .conftest import SHARED_C, run_matrix
 

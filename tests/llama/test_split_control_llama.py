@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import logparse, splits
+from shadowlab.logs import parse as logparse
+from shadowlab.judge import splits
 
 from .conftest import L_A, LlamaServer, run_matrix
 
@@ -91,7 +92,9 @@ def test_shadowlab_run_sends_the_split_control_of_a_healthy_restored_turn(
     """`identity: {split_controls: all}` on the append probe (re-entry at A's L−4) and on message
     delimiters (re-entry at a user-message start, breaks at the later ones): shadowlab plans the
     control as the request sequence, sends it, and it equals the warm turn: no mismatch, no class."""
-    from shadowlab import cli, records, verdicts
+    from shadowlab import cli
+    from shadowlab.results import records
+    from shadowlab.judge import verdicts
     from shadowlab import plan as plan_module
 
     data = yaml.safe_load((Path(__file__).resolve().parents[2] / "matrices" / "ckpt-llama.yaml").read_text())

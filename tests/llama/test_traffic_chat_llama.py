@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import gate
-from shadowlab.identity import IdentityStatus
+from shadowlab.judge import gate
+from shadowlab.judge.identity import IdentityStatus
 from shadowlab.matrix import load as load_matrix
 
 from .conftest import run_matrix

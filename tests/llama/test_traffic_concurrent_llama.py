@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import attribution, gate, logparse, simulate, traffic
-from shadowlab.identity import IdentityStatus
+from shadowlab import simulate, traffic
+from shadowlab.judge import attribution, gate
+from shadowlab.logs import parse as logparse
+from shadowlab.judge.identity import IdentityStatus
 
 from .conftest import BANNED, run_matrix
 from .test_simulate_llama import CONFIGS, FLAGS, llama_policy

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from shadowlab.matrix import load as load_matrix
 from shadowlab.plan import build_plan
-from shadowlab.verdicts import (
+from shadowlab.judge.verdicts import (
     CellVerdict,
     CheckpointRef,
     IdentityCheck,

@@ -1,4 +1,4 @@
-"""shadowlab/attribution.py on hand-written llama.cpp log lines: a turn is tied to the one task
+"""shadowlab/judge/attribution.py on hand-written llama.cpp log lines: a turn is tied to the one task
 whose lines state its figures, never guessed when two tasks state them or none does; claims of
 a task id are checked like any figure; task-less lines go to the task launched next on their
 slot; the schedule follows launch and release lines. (Live engines: test_traffic_concurrent.py
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shadowlab import attribution, logparse
-from shadowlab.attribution import Claim
+from shadowlab.judge import attribution
+from shadowlab.logs import parse as logparse
+from shadowlab.judge.attribution import Claim
 
 LINES = [
     "slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1",

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from synthetic_runs import CKPT_MATRIX, ckpt_verdict, write_run
 
-from shadowlab import budgets, gate, rundir
+from shadowlab.judge import budgets, gate
+from shadowlab.results import rundir
 from shadowlab.errors import MatrixError
 from shadowlab.matrix import loads
-from shadowlab.verdicts import RunVerdict
+from shadowlab.judge.verdicts import RunVerdict
 
 SCALE_35B = ("scale: {name: 35B, checkpoint_mib: 62.9, checkpoint_ms: 63, prompt_length_factor: 10, "
              "prefill_ms_per_token: 0.476}\n")

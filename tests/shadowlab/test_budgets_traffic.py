@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import budgets, cli, compare, decision, gate, rundir
-from shadowlab.verdicts import traffic_summary
+from shadowlab import cli, compare
+from shadowlab.judge import budgets, gate
+from shadowlab.report import decision
+from shadowlab.results import rundir
+from shadowlab.judge.verdicts import traffic_summary
 
 TRAFFIC = Path(__file__).resolve().parents[2] / "matrices" / "traffic.yaml"
 KEPT = ("baseline", "policy0", "affinity")

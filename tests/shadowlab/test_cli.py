@@ -149,7 +149,8 @@ def test_dry_run_into_a_closed_pipe_is_quiet(tmp_path):
 
 
 def test_an_unexpected_exception_is_exit_3_with_a_traceback_file(tmp_path, monkeypatch, capsys):
-    from shadowlab import gate, run
+    from shadowlab import run
+    from shadowlab.judge import gate
 
     def boom(*_args, **_kwargs):
         raise RuntimeError("a bug")

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 from synthetic_runs import CKPT_MATRIX, ckpt_verdict, write_run
 
-from shadowlab import cli, compare, rundir
+from shadowlab import cli, compare
+from shadowlab.results import rundir
 from shadowlab.errors import CompareRefused
-from shadowlab.verdicts import RunVerdict
+from shadowlab.judge.verdicts import RunVerdict
 
 PREFILL = next(m for m in compare.METRICS if m.name == "prefill_ms")
 CREATED = next(m for m in compare.METRICS if m.name == "created")

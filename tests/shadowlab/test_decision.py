@@ -9,8 +9,10 @@ from pathlib import Path
 from synthetic_runs import ckpt_verdict, write_run
 from test_budgets import CASE_STUDY_BUDGET, _matrix
 
-from shadowlab import decision, gate, report
-from shadowlab.verdicts import RunVerdict
+from shadowlab import report
+from shadowlab.report import decision
+from shadowlab.judge import gate
+from shadowlab.judge.verdicts import RunVerdict
 
 
 def _decisions(run_dir: Path) -> dict[str, decision.Decision]:

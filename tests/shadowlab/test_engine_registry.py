@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from shadowlab import engines, records, run
+from shadowlab import engines, run
+from shadowlab.results import records
 from shadowlab.engines.reference import ReferenceAdapter
 from shadowlab.errors import MatrixError
 from shadowlab.matrix import load, loads, reference_markdown
-from shadowlab.records import CellStatus
+from shadowlab.results.records import CellStatus
 
 KIND = "standin-test"
 

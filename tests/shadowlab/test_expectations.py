@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from shadowlab.expectations import CheckStatus, evaluate
+from shadowlab.judge.expectations import CheckStatus, evaluate
 from shadowlab.matrix import load, loads
-from shadowlab.verdicts import IdentityCheck, IdentityStatus, Outcome
+from shadowlab.judge.verdicts import IdentityCheck, IdentityStatus, Outcome
 
 from synthetic_runs import CKPT_MATRIX, ckpt_verdict, with_turn
 

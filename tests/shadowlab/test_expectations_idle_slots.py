@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import records, verdicts
-from shadowlab.expectations import CheckStatus, cascade_checks
+from shadowlab.results import records
+from shadowlab.judge import verdicts
+from shadowlab.judge.expectations import CheckStatus, cascade_checks
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "llama.cpp-b11434-idle-slots"
 LOG = FIX / "np4-pinned-cram8192.head422.log"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import gate
-from shadowlab.expectations import CheckStatus
-from shadowlab.gate import EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE
+from shadowlab.judge import gate
+from shadowlab.judge.expectations import CheckStatus
+from shadowlab.judge.gate import EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE
 
 from synthetic_runs import CKPT_MATRIX, ckpt_verdict, write_run
 

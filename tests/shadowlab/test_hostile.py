@@ -17,8 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab import cli, records, rundir
-from shadowlab.records import CellStatus
+from shadowlab import cli
+from shadowlab.results import records, rundir
+from shadowlab.results.records import CellStatus
 
 HOSTILE = Path(__file__).resolve().parent / "hostile_engine.py"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shadowlab import identity
-from shadowlab.verdicts import IdentityStatus
+from shadowlab.judge import identity
+from shadowlab.judge.verdicts import IdentityStatus
 
 
 def test_identical_counts_only_with_reuse():

@@ -18,8 +18,8 @@ import httpx
 import psutil
 import pytest
 
-from shadowlab import isolation
-from shadowlab.isolation import EngineProcess, LeaseUnavailable
+from shadowlab.run import isolation
+from shadowlab.run.isolation import EngineProcess, LeaseUnavailable
 
 
 def wait_healthy(port: int, proc: EngineProcess, timeout: float = 20.0) -> None:
@@ -74,7 +74,7 @@ def test_core_lease_asking_for_more_than_the_machine_has_is_an_error():
 
 HOLD_CORE = """
 import sys, time
-from shadowlab import isolation
+from shadowlab.run import isolation
 lease = isolation.lease_cores(1)
 print(lease.cores[0], flush=True)
 sys.stdin.readline()

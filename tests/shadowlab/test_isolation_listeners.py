@@ -1,4 +1,4 @@
-"""The loopback check read from the kernel (shadowlab/listeners.py): the /proc/net/tcp{,6} parser
+"""The loopback check read from the kernel (shadowlab/run/listeners.py): the /proc/net/tcp{,6} parser
 on captured tables, the netlink dump against those tables, attribution of a listener to the
 processes that hold it, an engine process seeing its own port and its child's listener on
 0.0.0.0 (from the kernel, and through psutil where /proc is absent), and, live, an engine whose
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import isolation, listeners
-from shadowlab.listeners import Listener
-from shadowlab.records import CellStatus
+from shadowlab.run import isolation, listeners
+from shadowlab.run.listeners import Listener
+from shadowlab.results.records import CellStatus
 from test_hostile import check, run_cli  # the hostile engine's one-turn matrix, run as a user runs it
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "proc_net"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import lifecycle, logparse
+from shadowlab.logs import lifecycle, parse as logparse
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "logs"
@@ -177,7 +177,7 @@ def test_a_checkpoint_that_really_survives_the_re_entry_is_still_stale(edit):
 def test_verdicts_give_each_idle_slot_save_to_the_slot_the_replay_gives_it():
     """verdicts.py (a run's turns) and Replay (a production log) apply the one rule,
     lifecycle.save_of_clear, each in its own loop: they must agree on the real capture."""
-    from shadowlab import verdicts
+    from shadowlab.judge import verdicts
 
     events = logparse.parse(IDLE, "llama.cpp").events
     replay, _ = _idle_replay()

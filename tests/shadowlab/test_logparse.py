@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import logparse as lp
+from shadowlab.logs import parse as lp
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REF = LOGS / "reference"

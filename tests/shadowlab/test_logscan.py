@@ -1,4 +1,4 @@
-"""The C accelerator of the log parser (shadowlab/_logscan.c) against the pure-Python parser.
+"""The C accelerator of the log parser (shadowlab/logs/_logscan.c) against the pure-Python parser.
 
 The C code may only ever be stricter than Python (it hands every line it cannot read back to
 Python), never different: every test here parses the same input both ways and compares the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import logparse as lp
+from shadowlab.logs import parse as lp
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 ALL_LOGS = sorted(LOGS.glob("*/*.log"))
@@ -315,7 +315,7 @@ def test_garbage_with_trigger_words_parses_the_same_with_and_without_c(monkeypat
 
 
 def _three_ways(paths, monkeypatch):
-    from shadowlab import logs
+    from shadowlab.logs import command as logs
 
     folded: list[str] = []
     fold = logs._server_fold
@@ -356,7 +356,7 @@ def _make_prodlogs():
 def test_fold_reads_generated_logs_as_the_python_replay_does(tmp_path, monkeypatch, chatter, block):
     """Rotated .gz pieces, two servers, three slots, and a server restarted (the log twice);
     small blocks put block ends next to every kind of line and side note."""
-    from shadowlab import logs
+    from shadowlab.logs import command as logs
 
     _make_prodlogs().generate(tmp_path, "b11434", seed=7, requests=300, servers=2, slots=3, pieces=3,
                               chatter=chatter)
@@ -412,7 +412,7 @@ def _shuffled(lines: list[bytes], rng: random.Random) -> list[bytes]:
 def test_fold_reads_a_log_that_lost_repeated_and_reordered_lines_as_python_does(tmp_path, monkeypatch):
     _make_prodlogs().generate(tmp_path, "b11434", seed=3, requests=200, slots=2, pieces=1, days=1)
     lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
-    from shadowlab import logs
+    from shadowlab.logs import command as logs
 
     rng = random.Random(20261201)
     notes = []
@@ -479,7 +479,7 @@ def test_fold_rejects_bad_arguments():
 def test_fold_takes_one_check_note_per_run_of_lines_even_across_a_block_end(tmp_path, monkeypatch):
     """`checking checkpoint` notes are taken once per run of lines with the same `| task N |`
     head (its lines all say the same); the run goes on across a block end, on both paths."""
-    from shadowlab import logs
+    from shadowlab.logs import command as logs
 
     def line(slot: int, task: int, text: str) -> str:
         return f"0.00.000.000 I slot update_slots: id  {slot} | task {task} | {text}\n"

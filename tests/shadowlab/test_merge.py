@@ -1,4 +1,4 @@
-"""A matrix run whole and as 3 shards merged (shadowlab/merge.py), on the real reference engine.
+"""A matrix run whole and as 3 shards merged (shadowlab/results/merge.py), on the real reference engine.
 
 One module fixture runs a 9-cell matrix (3 configurations × A→C, each with its cold and control
 cell: three units) as three `shadowlab run --shard I/3` processes at once, sharing this session's
@@ -26,8 +26,9 @@ import psutil
 import pytest
 import yaml
 
-from shadowlab import cli, records, rundir
-from shadowlab.records import CellStatus
+from shadowlab import cli
+from shadowlab.results import records, rundir
+from shadowlab.results.records import CellStatus
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -119,7 +120,7 @@ def per_run_values_hidden(report_md: str, run_dir: Path) -> str:
 
 
 def verdicts_of(run_dir: Path) -> dict:
-    from shadowlab import verdicts
+    from shadowlab.judge import verdicts
 
     return records.to_jsonable(verdicts.compute(rundir.load(run_dir)))
 

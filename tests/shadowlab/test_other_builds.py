@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import logparse as lp
+from shadowlab.logs import parse as lp
 from shadowlab import matrix as mx
-from shadowlab import verdicts
+from shadowlab.judge import verdicts
 from shadowlab.report import render_run
-from shadowlab.verdicts import IdentityStatus
+from shadowlab.judge.verdicts import IdentityStatus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = FIXTURES / "logs"

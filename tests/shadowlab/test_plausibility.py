@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.plausibility import turn_problems
-from shadowlab.verdicts import CheckpointRef, Outcome, TurnVerdict
+from shadowlab.judge.plausibility import turn_problems
+from shadowlab.judge.verdicts import CheckpointRef, Outcome, TurnVerdict
 
 from synthetic_runs import ckpt_verdict
 
@@ -136,7 +136,7 @@ def test_every_captured_real_engine_run_is_plausible(tmp_path):
     # Real llama.cpp and ik_llama.cpp captures: a rule that flags them is a false accusation.
     import shutil
 
-    from shadowlab import verdicts
+    from shadowlab.judge import verdicts
 
     runs = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
     for name in ("llama.cpp-b9093", "ik_llama.cpp-0.1.5"):

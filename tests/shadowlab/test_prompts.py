@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import prompts
+from shadowlab.run import prompts
 from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.matrix import load, loads
-from shadowlab.prompts import common_prefix, materialize, seeded_text, tokens_sha256
+from shadowlab.run.prompts import common_prefix, materialize, seeded_text, tokens_sha256
 from shadowlab_engine import tokenizer as engine_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

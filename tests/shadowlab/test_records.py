@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import records, rundir
+from shadowlab.results import records, rundir
 from shadowlab.errors import RunDirError
-from shadowlab.records import CellMeta, CellStatus, Completion, RunLayout, TurnRecord
+from shadowlab.results.records import CellMeta, CellStatus, Completion, RunLayout, TurnRecord
 
 
 def sample_meta() -> CellMeta:
@@ -88,7 +88,7 @@ def test_atomic_write_leaves_old_file_when_interrupted(tmp_path: Path, monkeypat
 
 def test_docs_are_generated_from_the_schema(repo_root: Path):
     assert (repo_root / "docs" / "records.md").read_text() == records.schema_markdown(), (
-        "docs/records.md is stale: python -m shadowlab.records > docs/records.md"
+        "docs/records.md is stale: python -m shadowlab.results.records > docs/records.md"
     )
 
 

@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 from synthetic_runs import CKPT_MATRIX, ckpt_verdict, write_run
 
-from shadowlab import compare, rundir
+from shadowlab import compare
+from shadowlab.results import rundir
 from shadowlab.errors import MatrixError
 from shadowlab.matrix import load, loads
 from shadowlab.plan import build_plan
-from shadowlab.verdicts import RunVerdict
+from shadowlab.judge.verdicts import RunVerdict
 
 TEXT = CKPT_MATRIX.read_text(encoding="utf-8")
 

@@ -11,7 +11,7 @@ import pytest
 
 from shadowlab import report
 from shadowlab.report import build_timeline, md_cell, nice_step, render_run, visible
-from shadowlab.verdicts import IdentityCheck, IdentityStatus, Outcome
+from shadowlab.judge.verdicts import IdentityCheck, IdentityStatus, Outcome
 
 from synthetic_runs import ckpt_verdict, with_turn, write_run
 
@@ -177,7 +177,7 @@ def test_visible_shows_control_bytes_and_keeps_text():
 
 
 def test_one_escape_for_every_output_shows_bidirectional_controls():
-    from shadowlab import records
+    from shadowlab.results import records
 
     bidi = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
     shown = "".join(f"\\u{ord(c):04x}" for c in bidi)

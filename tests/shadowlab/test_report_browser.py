@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import gate
+from shadowlab.judge import gate
 from shadowlab.report import render_run
 
 from synthetic_runs import ckpt_verdict, with_turn, write_run

@@ -62,7 +62,8 @@ def _first_difference(a: Any, b: Any, where: str = "") -> str | None:
 def ckpt_run(tmp_path_factory: pytest.TempPathFactory):
     """(run directory, exit code, verdicts.compute calls) of `shadowlab run matrices/ckpt.yaml`,
     run in this process through the CLI so that the computations can be counted."""
-    from shadowlab import cli, verdicts
+    from shadowlab import cli
+    from shadowlab.judge import verdicts
 
     out = tmp_path_factory.mktemp("ckpt") / "run"
     real = verdicts.compute
@@ -142,7 +143,7 @@ def test_run_computes_the_verdicts_once(ckpt_run):
 
 def test_verdicts_json_reads_back_whole_through_the_records_codec(ckpt_run):
     # verdicts.json is written and read by records' one JSON dataclass codec.
-    from shadowlab import verdicts
+    from shadowlab.judge import verdicts
 
     out, _, _ = ckpt_run
     data = json.loads((out / "verdicts.json").read_text(encoding="utf-8"))
@@ -159,7 +160,10 @@ def test_verdicts_json_reads_back_whole_through_the_records_codec(ckpt_run):
 def test_report_and_gate_read_the_run_directory_once(ckpt_run, command, monkeypatch):
     """Every file a command reads is read once: one load of the directory, one verdicts.compute,
     each JSON record, the matrix and each engine.log once."""
-    from shadowlab import cli, logparse, records, rundir, verdicts
+    from shadowlab import cli
+    from shadowlab.logs import parse as logparse
+    from shadowlab.results import records, rundir
+    from shadowlab.judge import verdicts
 
     out, _, _ = ckpt_run
     reads: Counter[str] = Counter()

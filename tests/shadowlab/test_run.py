@@ -17,9 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab import records, run, rundir
+from shadowlab import run
+from shadowlab.results import records, rundir
 from shadowlab.errors import RunDirError
-from shadowlab.records import CellStatus
+from shadowlab.results.records import CellStatus
 
 MATRIX = """\
 version: 1
@@ -323,7 +324,7 @@ def test_port_taken_between_check_and_bind_is_retried(tmp_path, repo_root, monke
     says so in its log, and shadowlab retries on a fresh port."""
     import socket
 
-    from shadowlab import isolation
+    from shadowlab.run import isolation
 
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
@@ -432,7 +433,7 @@ def test_gpu_visibility_is_checked_against_what_the_engine_reports(requested, re
 def test_engine_orphaned_by_a_killed_shadowlab_is_reaped_by_the_next(tmp_path, repo_root):
     """SIGKILL cannot be handled: the engine outlives shadowlab. The next shadowlab on the
     machine finds its stale core claim and kills it (same pid and creation time)."""
-    from shadowlab import isolation
+    from shadowlab.run import isolation
 
     matrix = write_matrix(tmp_path / "m.yaml", sequences="  A: [A]")
     shadowlab = subprocess.Popen(shadowlab_cmd("run", str(matrix), "--out", str(tmp_path / "run"), "--no-report"),

@@ -1,4 +1,4 @@
-"""Shard assignment (shadowlab/shard.py) and device leases (isolation.py), without engines.
+"""Shard assignment (shadowlab/plan/shard.py) and device leases (isolation.py), without engines.
 
 The assignment is checked on the case study's matrix: every cell in exactly one shard, every
 identity comparison (warm vs cold, cold vs control, a chat cell and the warm run it splices)
@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shadowlab import cli, isolation, matrix, plan, shard
+from shadowlab import cli, matrix, plan
+from shadowlab.run import isolation
+from shadowlab.plan import shard
 from shadowlab.errors import MatrixError
-from shadowlab.shard import ShardSpec, ShardUsageError
+from shadowlab.plan.shard import ShardSpec, ShardUsageError
 
 REPO = Path(__file__).resolve().parents[2]
 CKPT = REPO / "matrices" / "ckpt.yaml"
@@ -253,7 +255,7 @@ def test_the_scheduler_never_gives_one_device_to_two_running_cells(monkeypatch, 
     from types import SimpleNamespace
 
     from shadowlab import run
-    from shadowlab.records import CellStatus, RunLayout
+    from shadowlab.results.records import CellStatus, RunLayout
 
     m = with_isolation({"jobs": 3, "gpu": [4, 9]})
     assert m.isolation.devices == (4, 9) and m.isolation.gpus_per_cell == 1

@@ -12,8 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from shadowlab import cli, records, rundir, verdicts
-from shadowlab.gate import EXIT_CHECK_FAILED
+from shadowlab import cli
+from shadowlab.results import records, rundir
+from shadowlab.judge import verdicts
+from shadowlab.judge.gate import EXIT_CHECK_FAILED
 
 HOSTILE = Path(__file__).resolve().parent / "hostile_engine.py"
 

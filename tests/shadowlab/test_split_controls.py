@@ -17,9 +17,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_run  # noqa: E402
-from shadowlab import gate
+from shadowlab.judge import gate
 from shadowlab.cli import main
-from shadowlab.gate import EXIT_CHECK_FAILED, EXIT_QUALIFIED
+from shadowlab.judge.gate import EXIT_CHECK_FAILED, EXIT_QUALIFIED
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from shadowlab import logparse
-from shadowlab.identity import Output, TriageClass, triage
-from shadowlab.splits import Schedule, request_sequence, unknown_prefix, warm_schedule
+from shadowlab.logs import parse as logparse
+from shadowlab.judge.identity import Output, TriageClass, triage
+from shadowlab.judge.splits import Schedule, request_sequence, unknown_prefix, warm_schedule
 
 IK = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "ik_llama.cpp-0.1.5" / "cells"
 B11434 = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "llama.cpp-b11434"
@@ -85,7 +85,8 @@ def test_ik_append_verdict_carries_the_undetermined_triage_and_why(tmp_path):
     with the reason no split control could run and where the outputs part (schema 4)."""
     import shutil
 
-    from shadowlab import rundir, verdicts
+    from shadowlab.results import rundir
+    from shadowlab.judge import verdicts
 
     shutil.copytree(IK.parent, tmp_path / "run")
     v = verdicts.compute(rundir.load(tmp_path / "run", need_matrix=False), write=False)
@@ -104,7 +105,8 @@ def test_a_later_prefix_turn_that_reused_cache_gives_no_control_and_says_why():
     """The checkpoint a warm turn restored was created by a turn that itself reused cache (or did
     not say): its batches from 0 are unknown, so no split control is planned; the first turn of a
     fresh process computed from 0 whatever it reported."""
-    from shadowlab import records, split_controls
+    from shadowlab.results import records
+    from shadowlab.run import split_controls
 
     meta = records.read_meta(IK / "ik.cram0.append" / "meta.json")
     events = logparse.parse(IK / "ik.cram0.append" / "engine.log", "ik_llama.cpp").events

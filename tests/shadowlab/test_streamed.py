@@ -24,8 +24,11 @@ import httpx
 import pytest
 from test_hostile import check, run_cli
 
-from shadowlab import cli, identity, isolation, rundir, streamed
-from shadowlab.records import CellStatus
+from shadowlab import cli
+from shadowlab.judge import identity
+from shadowlab.run import isolation, streamed
+from shadowlab.results import rundir
+from shadowlab.results.records import CellStatus
 
 # llama-server b11434's streamed answer to {"prompt": [1..10], "n_predict": 4, "stream": true}
 # (generation_settings cut): three token ids are missing from it, see test_lost_ids below.

@@ -169,7 +169,7 @@ DELIMITER = (200, 201)  # stands for the engine's tokens of <|im_start|>user
 
 
 def test_a_delimited_shape_opens_every_user_message_with_the_delimiter_and_nothing_else():
-    from shadowlab.prompts import check_delimited
+    from shadowlab.run.prompts import check_delimited
 
     requests = traffic.generate(DELIMITED)
     m = traffic.Materialiser([*range(32, 127), DELIMITER[0]], 0, delimiter=DELIMITER)
@@ -187,7 +187,7 @@ def test_a_delimited_shape_opens_every_user_message_with_the_delimiter_and_nothi
 
 def test_the_delimiter_check_fails_where_the_delimiter_is_missing_or_elsewhere():
     from shadowlab.errors import ShadowlabError
-    from shadowlab.prompts import check_delimited
+    from shadowlab.run.prompts import check_delimited
 
     requests = traffic.generate(DELIMITED)
     plain = traffic.Materialiser(range(32, 127), 0)  # no delimiter tokens at the user starts

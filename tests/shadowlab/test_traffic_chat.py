@@ -52,7 +52,7 @@ def test_a_chat_configurations_traffic_turns_carry_the_delimiters(tmp_path):
     from shadowlab.plan import Turn
     from shadowlab.run import TurnExchange
 
-    from shadowlab.prompts import MaterializedPrompt
+    from shadowlab.run.prompts import MaterializedPrompt
 
     class Engine:
         prompts = {"traffic-t0000": MaterializedPrompt.of("traffic-t0000", "traffic", [1, 2], None)}

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import attribution, cli, gate, logparse, simulate, traffic
-from shadowlab.identity import IdentityStatus
+from shadowlab import cli, simulate, traffic
+from shadowlab.judge import attribution, gate
+from shadowlab.logs import parse as logparse
+from shadowlab.judge.identity import IdentityStatus
 from shadowlab.matrix import load as load_matrix
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
@@ -245,7 +247,7 @@ def test_the_report_says_how_the_traffic_was_sent(healthy):
 
 
 def test_repeated_cells_are_labelled_by_repeat():
-    from shadowlab.report_traffic import TrafficRow
+    from shadowlab.report.traffic import TrafficRow
 
     row = dict(configuration="affinity", prompt=1, ideal=1, reused=0, share=0.0, y=0, processed_w=0,
                reused_w=0, ideal_x=0, erasures=())

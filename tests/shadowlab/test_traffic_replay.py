@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import cli, gate, prompts, report_traffic, traffic
-from shadowlab.identity import IdentityStatus
+from shadowlab import cli, traffic
+from shadowlab.judge import gate
+from shadowlab.run import prompts
+from shadowlab.report import traffic as report_traffic
+from shadowlab.judge.identity import IdentityStatus
 from shadowlab.matrix import load as load_matrix
-from shadowlab.verdicts import traffic_summary
+from shadowlab.judge.verdicts import traffic_summary
 
 B, N_PREDICT = 128, 4
 MATRIX = """\

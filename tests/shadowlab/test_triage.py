@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shadowlab.identity import Output, TriageClass, difference, triage
+from shadowlab.judge.identity import Output, TriageClass, difference, triage
 
 COLD = Output("abcd", (97, 98, 99, 100), (((97, -0.1),), ((98, -0.2),), ((99, -0.3),), ((100, -0.4),)))
 WARM = Output("abXd", (97, 98, 88, 100), (((97, -0.1),), ((98, -0.2),), ((88, -0.5),), ((100, -0.4),)))

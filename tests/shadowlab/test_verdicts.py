@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import records
-from shadowlab.verdicts import IdentityStatus, Outcome, RunVerdict, compute, read
+from shadowlab.results import records
+from shadowlab.judge.verdicts import IdentityStatus, Outcome, RunVerdict, compute, read
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REF = LOGS / "reference"

@@ -47,12 +47,13 @@ from typing import Any
 import httpx
 import yaml
 
-from shadowlab import environment, isolation, prompts, records
+from shadowlab.run import environment, isolation, prompts
+from shadowlab.results import records
 from shadowlab import matrix as matrix_module
 from shadowlab import plan as plan_module
-from shadowlab import rundir
-from shadowlab import shard as shard_module
-from shadowlab import split_controls, streamed
+from shadowlab.results import rundir
+from shadowlab.plan import shard as shard_module
+from shadowlab.run import split_controls, streamed
 from shadowlab.engines import EngineAdapter, EngineIdentity, TurnRequest, get_adapter
 from shadowlab.errors import (
     EngineCrashError,
@@ -62,11 +63,11 @@ from shadowlab.errors import (
     ProtocolError,
     RunDirError,
 )
-from shadowlab.isolation import EngineProcess
+from shadowlab.run.isolation import EngineProcess
 from shadowlab.matrix import ChatPrompt, EngineSpec, Matrix, TrafficSequence
 from shadowlab.plan import Cell, Plan, Turn
-from shadowlab.prompts import MaterializedPrompt, tokens_sha256
-from shadowlab.records import CellMeta, CellStatus, RunLayout
+from shadowlab.run.prompts import MaterializedPrompt, tokens_sha256
+from shadowlab.results.records import CellMeta, CellStatus, RunLayout
 
 # Bounds on waiting for the engine's log after an answer (the `prompt eval time` line is
 # written just before or after the HTTP response; it is normally there within milliseconds).
@@ -1095,7 +1096,7 @@ class ConcurrentTurns:
     in the traffic's order, each once its conversation's previous request has been answered (a
     request that must wait holds back the ones after it, so the send order stays the traffic's).
     Their log lines interleave: after the last answer every turn is tied to its task
-    (shadowlab/attribution.py), and a turn that cannot be tied fails the cell."""
+    (shadowlab/judge/attribution.py), and a turn that cannot be tied fails the cell."""
 
     def __init__(self, runner: CellRunner, live: LiveEngine, in_flight: int) -> None:
         self.runner, self.live, self.in_flight = runner, live, in_flight
@@ -1144,7 +1145,8 @@ class ConcurrentTurns:
             self._attribute(start)
 
     def _attribute(self, start: int) -> None:
-        from shadowlab import attribution, logparse  # the C scanner loads only when a log is read
+        from shadowlab.judge import attribution  # the C scanner loads only when a log is read
+        from shadowlab.logs import parse as logparse
 
         r, log = self.runner, self.live.proc.log_path
         turns = r.meta.turns

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shadowlab import budgets
+from shadowlab.judge import budgets
 from shadowlab.compare import NO_BAND, Delta
-from shadowlab.expectations import CheckResult
-from shadowlab.gate import GateResult, RunInputs
+from shadowlab.judge.expectations import CheckResult
+from shadowlab.judge.gate import GateResult, RunInputs
 
 NOT_SIGNIFICANT = "not significant"
 

@@ -9,7 +9,7 @@ Two families of checks come out of here, both as `CheckResult`:
   `max_forced`, `checkpoints_created_at`, `identity`, `cascade`.
 - **default** — rules every run must satisfy whatever the matrix says:
   `ran` (each planned cell ran to the end; otherwise an infrastructure failure),
-  `plausible` (no figure of the cell is impossible — shadowlab/plausibility.py; otherwise the
+  `plausible` (no figure of the cell is impossible — shadowlab/judge/plausibility.py; otherwise the
   engine cannot be believed: an infrastructure failure, and the cell's declared checks are
   not judged),
   `answered` (each turn got an answer), `identity` (with `identity.required`, the default: a
@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from shadowlab.matrix import Expectation, Matrix
-from shadowlab.verdicts import (CellVerdict, IdentityCheck, IdentityStatus, Outcome, RunVerdict, TurnVerdict,
+from shadowlab.judge.verdicts import (CellVerdict, IdentityCheck, IdentityStatus, Outcome, RunVerdict, TurnVerdict,
                                 traffic_summary)
 
 WARM = "warm"

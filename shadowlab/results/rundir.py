@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shadowlab import records
+from shadowlab.results import records
 from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.matrix import Matrix
 from shadowlab.matrix import load as load_matrix
-from shadowlab.records import CellMeta, RunLayout
+from shadowlab.results.records import CellMeta, RunLayout
 
 VERDICTS_NAME = "verdicts.json"
 SHARD_NAME = "shard.json"  # a shard's part: what it is a part of (DESIGN §8)
@@ -61,7 +61,7 @@ class RunDir:
     def parse_log(self, cell_id: str, family: str, patterns: Sequence[Any] = ()) -> Any:
         """The cell's engine.log through ``logparse.parse`` (bounded per line, streamed), or None
         when the cell left no log."""
-        from shadowlab import logparse  # the C scanner loads only when a log is read
+        from shadowlab.logs import parse as logparse  # the C scanner loads only when a log is read
 
         path = self.layout.engine_log(cell_id)
         return logparse.parse(path, family, patterns) if path.exists() else None
@@ -119,7 +119,7 @@ def read_saved_verdicts(run_dir: str | Path) -> dict[str, Any]:
 
 def read_shard(run_dir: str | Path) -> Any:
     """shard.json of a part as a ``shard.ShardRecord``; RunDirError when it is missing or bad."""
-    from shadowlab.shard import ShardRecord
+    from shadowlab.plan.shard import ShardRecord
 
     path = Path(run_dir) / SHARD_NAME
     if not path.exists():

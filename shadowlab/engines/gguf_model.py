@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shadowlab.records import atomic_path
+from shadowlab.results.records import atomic_path
 
 __all__ = [
     "ARCHS",

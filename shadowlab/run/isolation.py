@@ -39,7 +39,7 @@ from pathlib import Path
 import filelock
 import psutil
 
-from shadowlab import listeners
+from shadowlab.run import listeners
 
 LOCK_DIR_ENV = "SHADOWLAB_LOCK_DIR"
 DEFAULT_LOCK_DIR = Path("/tmp/shadowlab-locks")
@@ -569,7 +569,7 @@ class EngineProcess:
 
     def listening_sockets(self) -> list[listeners.Listener]:
         """Every listening TCP socket that the engine or a descendant holds (checked after every
-        turn, so read from the kernel directly: shadowlab/listeners.py; psutil where /proc is absent)."""
+        turn, so read from the kernel directly: shadowlab/run/listeners.py; psutil where /proc is absent)."""
         self.remember_members()
         alive = [pid for pid, member in list(self._members.items()) if member.is_running()]
         if not listeners.available():

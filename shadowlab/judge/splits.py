@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from shadowlab_engine.checkpoints import batch_ends
 
-from .logparse import Event
+from shadowlab.logs.parse import Event
 
 __all__ = ["BATCHING_FAMILY", "Schedule", "request_sequence", "unknown_prefix", "warm_schedule"]
 

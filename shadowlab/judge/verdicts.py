@@ -39,7 +39,7 @@ Checks that catch a broken engine: ``cascade_missed`` (checkpoints alive at turn
 ``disagreements`` (API vs log figures, a restore that re-enters beyond the tokens its checkpoint
 covers). Figures no engine can truthfully report (reused more than the prompt, a negative
 prefill time, reuse on the first turn of a fresh process, a re-entry above the divergence point,
-...) go to ``implausible`` instead, by the rules of ``shadowlab/plausibility.py``: the gate fails
+...) go to ``implausible`` instead, by the rules of ``shadowlab/judge/plausibility.py``: the gate fails
 such a cell as an infrastructure failure, since its engine cannot be believed.
 """
 
@@ -53,14 +53,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shadowlab import identity, lifecycle, plausibility
-from shadowlab.identity import IdentityCheck, IdentityStatus  # part of the verdict schema
-from shadowlab.prompts import common_prefix
-from shadowlab.records import from_jsonable as _from_json  # the one JSON dataclass codec
-from shadowlab.records import to_jsonable as _to_json
+from shadowlab.judge import identity, plausibility
+from shadowlab.logs import lifecycle
+from shadowlab.judge.identity import IdentityCheck, IdentityStatus  # part of the verdict schema
+from shadowlab.run.prompts import common_prefix
+from shadowlab.results.records import from_jsonable as _from_json  # the one JSON dataclass codec
+from shadowlab.results.records import to_jsonable as _to_json
 
 if typing.TYPE_CHECKING:
-    from shadowlab.rundir import RunDir
+    from shadowlab.results.rundir import RunDir
 
 VERDICTS_SCHEMA_VERSION = 4  # 2: TurnVerdict.cascade_checked; 3: implausible, divergence_lower_bound;
 # 4: TurnVerdict.triage (issue 16; an older file has none: None)
@@ -127,7 +128,7 @@ class TurnVerdict:
     reused_log: int | None = None
     processed_log: int | None = None
     disagreements: tuple[str, ...] = ()  # API vs log conflicts, a restore past its checkpoint
-    # Figures no engine can truthfully report (shadowlab/plausibility.py): the cell's engine
+    # Figures no engine can truthfully report (shadowlab/judge/plausibility.py): the cell's engine
     # cannot be believed, an infrastructure failure for the gate.
     implausible: tuple[str, ...] = ()
     saved_fraction: float | None = None  # reused / prompt_tokens
@@ -301,7 +302,7 @@ for _cls in (CheckpointRef, IdentityCheck, TriageVerdict, TurnVerdict, CellVerdi
 def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
     """The verdicts of a loaded run directory (a path is loaded first, matrix optional); writes
     verdicts.json unless ``write`` is false."""
-    from shadowlab import records, rundir
+    from shadowlab.results import records, rundir
 
     if not isinstance(run, rundir.RunDir):
         run = rundir.load(run, need_matrix=False)
@@ -349,7 +350,7 @@ def traffic_summary(cell: CellVerdict) -> tuple[int, int, int, float | None]:
 
 def read(run_dir: str | Path) -> RunVerdict:
     """verdicts.json of a run directory (bounded read, RunDirError when it is not an object)."""
-    from shadowlab import rundir
+    from shadowlab.results import rundir
 
     return RunVerdict.from_dict(rundir.read_saved_verdicts(run_dir))
 
@@ -358,7 +359,7 @@ def _extra_patterns(run: "RunDir") -> dict[str, tuple[tuple[Any, ...], tuple[str
     """{engine: (ExtraPatterns, problems)} from the matrix's `engines.<name>.log_patterns`.
     A pattern names its event kind with a group, e.g. ``(?P<restored>)``; one that does not is
     reported on every cell of its engine, not fatal."""
-    from shadowlab import logparse
+    from shadowlab.logs import parse as logparse
 
     out: dict[str, tuple[Any, ...]] = {}
     for name in (run.matrix.engines if run.matrix is not None else {}):
@@ -387,7 +388,7 @@ def _cell_verdict(run: "RunDir", meta: Any, patterns: dict) -> CellVerdict:
     cell_notes: list[str] = []
     marks = None
     if parsed is not None and _concurrent(meta):  # the launch lines tie task-less lines to tasks
-        from shadowlab import attribution
+        from shadowlab.judge import attribution
 
         marks = attribution.markers(run.layout.engine_log(meta.cell_id))
     turns = _turn_verdicts(meta, parsed, engine_prompts, cell_notes, marks)
@@ -514,7 +515,7 @@ def _assign_events(meta: Any, parsed: Any, notes: list[str] | None = None,
     """Every event with the turn it belongs to: lifecycle.attribute_by_span on the turns' spans;
     for turns sent concurrently attribution.assign by task (``marks``: the log's launch lines)."""
     if marks is not None:
-        from shadowlab import attribution
+        from shadowlab.judge import attribution
 
         return attribution.assign(parsed.events, marks, _task_owner(meta))
     spans = [lifecycle.TurnSpan(t.index, *(t.log_offsets if t.log_offsets and len(t.log_offsets) == 2
@@ -622,7 +623,7 @@ def _loads_into_busy_slots(meta: Any, parsed: Any, marks: Any, cell_notes: list[
     turn on that slot from then on cannot be judged from a ring replaced under a running task."""
     if parsed is None or marks is None:
         return {}, {}
-    from shadowlab import attribution
+    from shadowlab.judge import attribution
 
     owner = _task_owner(meta)
     out: dict[int, list[str]] = {}
@@ -644,7 +645,7 @@ def _processing_order(meta: Any, assigned: list[tuple[Any, int | None]]) -> tupl
     """The turns in the order the engine served them, and each one's place in it. Sent one after
     another that is their order; sent concurrently (`log_attribution: task`), the order of their
     tasks' first lines in the log (attribution.processing_order)."""
-    from shadowlab import attribution
+    from shadowlab.judge import attribution
 
     turns = list(meta.turns)
     if not _concurrent(meta):
@@ -958,7 +959,7 @@ def _mismatch(turn: TurnVerdict) -> bool:
 
 def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, metas: Any,
                  control: IdentityCheck | None) -> TriageVerdict:
-    from shadowlab import split_controls
+    from shadowlab.run import split_controls
 
     check = turn.identity
     warm_record = next((t for t in meta.turns if t.index == turn.index), None)
@@ -1030,7 +1031,7 @@ def judge(run: Any, *, write: bool = False) -> RunVerdict:
     """A loaded run's verdict: recomputed from the cell records when they are there, else read
     from its verdicts.json (a run directory reduced to its records). Gate and compare both ask
     this, so a verdict is derived the same way wherever it is needed."""
-    from shadowlab import rundir
+    from shadowlab.results import rundir
     from shadowlab.errors import RunDirError
 
     if run.has_cells:

@@ -33,7 +33,7 @@ from typing import Any
 
 from shadowlab import traffic
 from shadowlab.errors import RunDirError, ShadowlabError
-from shadowlab.records import read_json, write_bytes_atomic
+from shadowlab.results.records import read_json, write_bytes_atomic
 from shadowlab.matrix import (
     AppendPrompt,
     ChatPrompt,

@@ -1,6 +1,6 @@
 /* shadowlab._logscan: the log parser's whole-line fast path in C (optional accelerator).
  *
- * shadowlab/logparse.py is the specification. For each complete line of a block this module
+ * shadowlab/logs/parse.py is the specification. For each complete line of a block this module
  * does what `_Scanner._scan_body` does in Python: it finds the line's first trigger word (the
  * same five scan words and trigger phrases as `_scan_regexes`), and tries that word's
  * whole-line shapes (`_CK_ANY`, `_CK_STRICT`, `_PROMPT_ANY`, `_PROMPT_STRICT`, `_TRIM_ANY`,
@@ -2124,7 +2124,7 @@ static void event_of(const rec_t *r, cp body, cp end, int64_t line, int64_t offs
 
 static void fold_free(PyObject *capsule)
 {
-    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab._logscan.fold");
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
     if (f == NULL)
         return;
     for (int i = 0; i < f->n_slots; i++) {
@@ -2161,7 +2161,7 @@ static PyObject *fold_new(PyObject *self, PyObject *args)
     f->rows = PyList_New(0);
     f->times = PyByteArray_FromStringAndSize(NULL, 0);
     f->codes = PyByteArray_FromStringAndSize(NULL, 0);
-    PyObject *cap = PyCapsule_New(f, "shadowlab._logscan.fold", fold_free);
+    PyObject *cap = PyCapsule_New(f, "shadowlab.logs._logscan.fold", fold_free);
     if (cap == NULL) {
         PyMem_Free(f);
         return NULL;
@@ -2201,7 +2201,7 @@ static PyObject *fold_block(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL;
     finder_t *fi = NULL;
-    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab._logscan.fold");
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
     if (f == NULL)
         goto done;
     if (lo < 0 || n < lo || n > buf.len) {
@@ -2336,7 +2336,7 @@ static PyObject *fold_events(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "Oy*nLO!", &capsule, &buf, &n, &base_offset, &PyList_Type, &events))
         return NULL;
     PyObject *result = NULL;
-    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab._logscan.fold");
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
     if (f == NULL)
         goto done;
     if (n < 0 || n > buf.len) {
@@ -2463,7 +2463,7 @@ static PyObject *fold_finish(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "O", &capsule))
         return NULL;
-    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab._logscan.fold");
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
     if (f == NULL)
         return NULL;
     if (!f->fallback && finish_open(f) < 0 && !f->fallback)
@@ -2518,8 +2518,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "shadowlab._logscan",
-    .m_doc = "The log parser's whole-line fast path in C; shadowlab/logparse.py is the specification.",
+    .m_name = "shadowlab.logs._logscan",
+    .m_doc = "The log parser's whole-line fast path in C; shadowlab/logs/parse.py is the specification.",
     .m_size = 0,
     .m_methods = methods,
 };

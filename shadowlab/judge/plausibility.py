@@ -7,7 +7,7 @@ an honest engine reporting its own bug; the identity and cascade checks judge th
 figures below cannot be true of any engine: a 300-token prompt does not reuse 900 tokens, a
 prefill does not take -5 ms, a fresh process has nothing to reuse. An engine that reports one
 cannot be believed about anything else, so the gate fails its cell as an infrastructure
-failure (exit 3, `plausible` check in shadowlab/expectations.py), never as "qualified" or
+failure (exit 3, `plausible` check in shadowlab/judge/expectations.py), never as "qualified" or
 merely "a check failed".
 
 Rules (each names the figure, its source and the bound it breaks):
@@ -24,7 +24,7 @@ Rules (each names the figure, its source and the bound it breaks):
 - checkpoints of this turn have non-negative positions with pos_min <= pos_max, and those it
   created lie within its prompt (checkpoints are taken while the prompt is processed).
 
-The rules read a `TurnVerdict` (shadowlab/verdicts.py) and the turn's raw API `timings`; they
+The rules read a `TurnVerdict` (shadowlab/judge/verdicts.py) and the turn's raw API `timings`; they
 need nothing else, so a verdicts.json of an older schema is re-judged the same way on read.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shadowlab.verdicts import CheckpointRef, TurnVerdict
+    from shadowlab.judge.verdicts import CheckpointRef, TurnVerdict
 
 _API_COUNTS = ("cache_n", "prompt_n")
 _API_TIMINGS = ("prompt_ms",)

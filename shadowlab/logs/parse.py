@@ -37,7 +37,7 @@ and task of the nearest preceding ``print_timing`` line. ``llama_perf_context_pr
 Speed: three layers, each giving the same events as the one below it (tests check this on every
 fixture line and on mutated lines):
 
-1. the C accelerator (``shadowlab/_logscan.c``, built by ``pip install`` when a compiler exists;
+1. the C accelerator (``shadowlab/logs/_logscan.c``, built by ``pip install`` when a compiler exists;
    ``accelerated()`` says whether it is used): a vector search finds each line's first trigger
    word, small hand parsers read the common b11434 / reference-engine shapes, the records are
    built in C; every line it is not sure of comes back to the layers below. Not used with
@@ -79,10 +79,10 @@ from typing import Any, BinaryIO, ClassVar, Union
 from shadowlab.errors import LogSourceError
 
 try:  # the optional C accelerator of the fast path (setup.py builds it when a compiler exists)
-    from shadowlab import _logscan
+    from shadowlab.logs import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 6  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
+_ACCEL_ABI = 6  # shadowlab/logs/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
 
 
 def _usable(module: Any) -> Any:
@@ -993,7 +993,7 @@ class _Scanner:
         return out
 
     def _scan_body_c(self, body: bytes | bytearray, lo: int, hi: int, base_offset: int, base_line: int) -> list[Event]:
-        """`_scan_body` by the C accelerator (shadowlab/_logscan.c): the lines it cannot read
+        """`_scan_body` by the C accelerator (shadowlab/logs/_logscan.c): the lines it cannot read
         come back in `slow` and are read here, in their place among its events."""
         events, slow, self.newlines, candidates, ignored, counts = _logscan.scan(
             body, lo, hi, base_line, base_offset, _ACCEL_CLASSES, _ACCEL_METHODS

@@ -27,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shadowlab import compare, rundir
+from shadowlab import compare
+from shadowlab.results import rundir
 from shadowlab.errors import CompareRefused
-from shadowlab.expectations import CheckResult, CheckStatus
+from shadowlab.judge.expectations import CheckResult, CheckStatus
 from shadowlab.matrix import Budget, Matrix, Scale
-from shadowlab.verdicts import RunVerdict
+from shadowlab.judge.verdicts import RunVerdict
 
 UNKNOWN = "unknown (checkpoint figures need the cell's engine.log)"
 

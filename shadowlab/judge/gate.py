@@ -16,7 +16,7 @@ Exit codes (GATE_HELP, README):
     3  infrastructure failure: an engine never started, or a cell could not run to the end
        (crashed, hung, interrupted), or an engine reported figures no engine can truthfully
        report (reused more tokens than the prompt has, a negative prefill time, reuse on the
-       first turn of a fresh process, ... — shadowlab/plausibility.py): it cannot be believed.
+       first turn of a fresh process, ... — shadowlab/judge/plausibility.py): it cannot be believed.
        Takes precedence over 1: a run with a missing cell is never reported as merely "a check
        failed"; the summary still lists every failed check.
 
@@ -34,14 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from shadowlab import budgets, rundir, verdicts
+from shadowlab.judge import budgets, verdicts
+from shadowlab.results import rundir
 from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.exitcodes import (
     EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE, GATE_HELP, write_traceback,
 )
-from shadowlab.expectations import CheckResult, CheckStatus, evaluate as evaluate_checks
+from shadowlab.judge.expectations import CheckResult, CheckStatus, evaluate as evaluate_checks
 from shadowlab.matrix import Matrix
-from shadowlab.records import CellMeta, terminal_safe
+from shadowlab.results.records import CellMeta, terminal_safe
 
 
 @dataclass(frozen=True)

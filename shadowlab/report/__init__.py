@@ -30,13 +30,13 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from shadowlab import decision, report_traffic
-from shadowlab import gate as gate_mod
+from shadowlab.report import decision, traffic as report_traffic
+from shadowlab.judge import gate as gate_mod
 from shadowlab.escape import visible, xml_text
-from shadowlab.expectations import CheckResult, CheckStatus
-from shadowlab.gate import GateResult, RunInputs
-from shadowlab.records import CellMeta, write_bytes_atomic
-from shadowlab.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outcome, RunVerdict, TurnVerdict
+from shadowlab.judge.expectations import CheckResult, CheckStatus
+from shadowlab.judge.gate import GateResult, RunInputs
+from shadowlab.results.records import CellMeta, write_bytes_atomic
+from shadowlab.judge.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outcome, RunVerdict, TurnVerdict
 
 HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"

@@ -60,8 +60,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO
 
-from shadowlab import lifecycle, logparse
-from shadowlab.records import terminal_safe
+from shadowlab.logs import lifecycle, parse as logparse
+from shadowlab.results.records import terminal_safe
 
 VERSION = 1
 TRACE_VERSION = 1
@@ -632,7 +632,7 @@ def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
     }
 
 
-# The C fold (shadowlab/_logscan.c fold_*) reads these families: b11434-style elapsed times.
+# The C fold (shadowlab/logs/_logscan.c fold_*) reads these families: b11434-style elapsed times.
 _FOLD_FAMILIES = ("llama.cpp", "llama.cpp-legacy", "reference")
 FOLD = True  # tests switch it off to compare the two paths
 # The fold reads 1 MiB blocks: copied in and scanned while in the CPU's cache, ~15% less CPU

@@ -1,6 +1,6 @@
 """`shadowlab simulate`: what each cache policy would reuse on a traffic, without an engine.
 
-A token-level model over segments (shadowlab/traffic.py; no token list is built) of the cache
+A token-level model over segments (shadowlab/traffic/__init__.py; no token list is built) of the cache
 mechanics of the two engines shadowlab replays on, rule for rule (docs/DESIGN.md §10):
 
 - the reference engine (engine/shadowlab_engine/checkpoints.py is the source of truth; its
@@ -619,7 +619,9 @@ def is_run_cell(path: Path) -> bool:
 def load_run_cell(path: Path) -> RunCell:
     """`RUN/cells/<cell>`: the traffic from the run's matrix, the schedule from the cell's
     records and engine.log (attribution.schedule of its tied tasks), its reuse per turn."""
-    from shadowlab import attribution, logparse, rundir
+    from shadowlab.judge import attribution
+    from shadowlab.logs import parse as logparse
+    from shadowlab.results import rundir
     from shadowlab.errors import RunDirError
 
     run = rundir.load(path.parent.parent)
@@ -824,7 +826,7 @@ def run(args: argparse.Namespace) -> int:
             raise TrafficError("no request in the traffic", file=str(args.source))
         doc = run_policies(loaded, policies, args.prefill_tps, cell=cell)
     except ShadowlabError as exc:
-        from shadowlab.records import terminal_safe
+        from shadowlab.results.records import terminal_safe
 
         print(f"shadowlab simulate: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2

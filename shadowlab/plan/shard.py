@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shadowlab import records
+from shadowlab.results import records
 from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.matrix import ChatPrompt, Matrix
 from shadowlab.plan import Cell, Plan

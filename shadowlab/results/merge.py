@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shadowlab import records, rundir
+from shadowlab.results import records, rundir
 from shadowlab.errors import RunDirError
-from shadowlab.records import CellStatus, RunLayout
+from shadowlab.results.records import CellStatus, RunLayout
 from shadowlab.run import storage_errors
-from shadowlab.shard import ShardRecord, describe_identity, matrix_sha256
+from shadowlab.plan.shard import ShardRecord, describe_identity, matrix_sha256
 
 MERGE_VERSION = 1
 RESULT_OPTIONS_OF_A_PART = ("shard",)  # options.json keys a part adds to a whole run's

@@ -19,7 +19,9 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from shadowlab import identity, logparse, records, splits
+from shadowlab.judge import identity, splits
+from shadowlab.logs import parse as logparse
+from shadowlab.results import records
 from shadowlab.matrix import Matrix
 from shadowlab.plan import Cell, CellKind, Plan, Turn
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shadowlab.verdicts import CellVerdict, RunVerdict, traffic_summary
+from shadowlab.judge.verdicts import CellVerdict, RunVerdict, traffic_summary
 
 TR_LEFT, TR_WIDTH, TR_ROW, TR_TOP, TR_BAR_H = 150, 560, 34, 24, 12
 

@@ -52,7 +52,7 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
 
 def git_commit(source: Path | None = None) -> dict[str, Any]:
     """Commit and dirtiness of the checkout shadowlab runs from (None outside git)."""
-    where = source or Path(__file__).resolve().parent.parent
+    where = source or Path(__file__).resolve().parents[2]  # the checkout (this file is shadowlab/run/environment.py)
     try:
         commit = subprocess.run(
             ["git", "-C", str(where), "rev-parse", "HEAD"],

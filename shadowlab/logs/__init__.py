@@ -1,0 +1,1 @@
+"""Engine logs: the parser (events), the checkpoint lifecycle replay, and `shadowlab logs`."""
