@@ -13,9 +13,12 @@ instead (``_server_fold``: the same figures, ~8x less CPU; docs/DESIGN.md §7 sa
 a server back to ``Replay``).
 Files are grouped into servers by name: ``foo.log``, ``foo.log.1``, ``foo.log.2.gz`` are the
 rotated pieces of one server, read oldest first (highest number first, the bare name last) as
-one stream; every other name is a server of its own. A file that cannot be opened, or a gzip
-that is corrupt half-way (the events before the damage are kept), is reported with the reason
-and where. A last line without its newline (a file cut mid-write) is never parsed: it is
+one stream; every other name is a server of its own. Every piece is opened by
+``logparse.open_log`` (a FIFO, a device or a directory is refused before a byte is read: it
+could block or never end) and read by ``logparse.LogText``; a file that cannot be opened is
+reported with the reason, and a server none of whose pieces could be read gets no figures. A
+gzip that is corrupt or truncated keeps every whole line decompressed before the damage (as
+zcat gives them) and is reported damaged, with the compressed byte and the lines read. A last line without its newline (a file cut mid-write) is never parsed: it is
 counted as not understood, so a cut number can never give a wrong value.
 
 Family: ``--family``, else from the first 64 KiB of the server's first piece: b11434-style
@@ -41,7 +44,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import datetime as _dt
-import gzip
 import heapq
 import io
 import json
@@ -49,7 +51,6 @@ import math
 import os
 import re
 import sys
-import zlib
 from array import array
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
@@ -61,6 +62,7 @@ from types import SimpleNamespace
 from typing import Any, TextIO
 
 from shadowlab import lifecycle, logparse
+from shadowlab.errors import LogSourceError
 from shadowlab.records import terminal_safe
 
 VERSION = 1
@@ -192,20 +194,11 @@ class _Stream(io.RawIOBase):
         self._base = (st.lines, st.unknown_count, len(st.unknown_samples), st.overlong_lines) if st else (0, 0, 0, 0)
         self.starts.append((self.pos, self._base[0], path))
         try:
-            raw = open(path, "rb")  # noqa: SIM115 - closed in _close_piece
-        except OSError as exc:
-            rep.error = f"cannot open: {exc.strerror or exc}"
+            self.raw = logparse.open_log(path)  # refuses a FIFO, a device, a directory
+        except LogSourceError as exc:
+            rep.error = exc.message
             return True  # src stays None: the next piece
-        try:
-            head = raw.read(2)
-            raw.seek(0)
-        except OSError as exc:
-            rep.error = f"cannot read: {exc.strerror or exc}"
-            raw.close()
-            return True
-        rep.compressed = head == logparse.GZIP_MAGIC
-        self.raw, self.rep = raw, rep
-        self.src = gzip.GzipFile(fileobj=raw, mode="rb") if rep.compressed else raw
+        self.rep, self.src = rep, logparse.LogText(self.raw)
         return True
 
     def _fill(self, b: Any) -> int:
@@ -218,13 +211,7 @@ class _Stream(io.RawIOBase):
         view = memoryview(b)
         n, eof = k, False
         while n < len(b):
-            try:
-                got = self.src.readinto(view[n:])
-            except (OSError, EOFError, zlib.error) as exc:
-                rep = self.rep
-                where = f"compressed byte {self.raw.tell()}" if rep.compressed else f"byte {self.pos - self.piece_pos + n}"
-                rep.damage = f"unreadable after {where}: {exc}"
-                got = 0
+            got = self.src.readinto(view[n:])  # damage ends the text: said in settle()
             if not got:
                 eof = True
                 break
@@ -251,9 +238,9 @@ class _Stream(io.RawIOBase):
 
     def _close_piece(self, b: Any) -> int:
         """The piece is done; 1 when a newline is still owed (an overlong line ended the piece)."""
+        self.rep.compressed, self.rep.damage = bool(self.src.compressed), self.src.damage
         self.src.close()
-        if self.raw is not self.src:
-            self.raw.close()
+        self.raw.close()
         self.src = self.raw = None
         if b is not None and self.open_line:  # ends the overlong line the parser is skipping
             b[:1] = b"\n"
@@ -283,6 +270,8 @@ class _Stream(io.RawIOBase):
         got = [(ln - lines, text) for ln, text in st.unknown_samples[samples:]]
         rep.unknown_samples = (got + rep.unknown_samples)[: logparse.MAX_SAMPLES]
         rep.overlong = st.overlong_lines - overlong
+        if rep.damage is not None:  # where it stopped, as logparse says it
+            rep.damage += f": the {rep.lines:,} whole lines before it were read"
 
     def _side_notes(self, b: Any, end: int) -> None:
         base = self.start
@@ -317,14 +306,9 @@ class _Stream(io.RawIOBase):
 
 def sniff_family(path: str) -> str:
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(SNIFF)
-        if head[:2] == logparse.GZIP_MAGIC:
-            try:
-                head = zlib.decompressobj(47).decompress(head, SNIFF)
-            except zlib.error:
-                return "llama.cpp"
-    except OSError:
+        with logparse.open_log(path) as fh:
+            head = logparse.LogText(fh).read(SNIFF)
+    except LogSourceError:  # the piece's reader says why
         return "llama.cpp"
     if _B11434_HEAD.search(head):
         return "reference" if b"shadowlab-engine" in head else "llama.cpp"
