@@ -1744,7 +1744,7 @@ static int close_emit(fold_t *f, slot_t *s)
     int outcome = o->has_restored ? O_RESTORED
                   : o->forced     ? O_FORCED
                   : (has_re && re_entry != 0) ? O_EXTENDED
-                  : (o->fresh && !o->erased_any) ? O_COLD
+                  : (o->fresh && o->not_own == 0) ? O_COLD /* its own ring's evictions: still cold */
                                                  : O_SILENT;
     int warm = outcome != O_COLD;
     int retention = (outcome == O_FORCED || outcome == O_SILENT) && has_prompt && s->has_ebl && s->ebl_min < prompt;

@@ -53,7 +53,8 @@ since the line states n_past - n_swa); else the re-entry point, labelled ``share
 n_tokens`` / ``kv cache rm [p0`` line. ``processed``: ``prompt eval time = X ms / N tokens`` (the
 last one of the task). Outcome: ``restored`` (a restore line), ``forced`` (the forcing line),
 ``extended`` (reused > 0 without a restore), ``cold`` (the first request on a slot in this
-stream, nothing reused, nothing erased), else ``silent_reset`` (nothing reused, no forcing line:
+stream, nothing reused, nothing erased but checkpoints it created itself: a ring of one or two
+evicts its own during the first prefill), else ``silent_reset`` (nothing reused, no forcing line:
 b11434 prints the forcing line only when n_past > 0).
 
 The three failure conditions of the case study, as flags on a request that is not cold:
@@ -433,13 +434,17 @@ class Replay:
         shared, source = self._shared(o, prompt, re_entry)
         reused = re_entry
         erased_any = bool(o.erased_cascade or o.erased_other)
+        own = o.created
+        # what it erased of checkpoints made before it (a fresh slot's own ring evicting its own
+        # checkpoints, --ctx-checkpoints 1 or 2, is no sign the slot held anything)
+        foreign = [c for c in o.erased_cascade + o.erased_other if not _among(c, own)] if erased_any else []
         if restored is not None:
             outcome = "restored"
         elif o.forced:
             outcome = "forced"
         elif reused:
             outcome = "extended"
-        elif o.fresh and not erased_any:
+        elif o.fresh and not foreign:
             outcome = "cold"
         else:
             outcome = "silent_reset"
@@ -454,10 +459,8 @@ class Replay:
             o.baseline_loss = warm and not o.forced and shared is not None and shared < BASELINE_TOKENS
         else:
             o.baseline_loss = warm and shared is not None and shared < BASELINE_TOKENS
-        # what this request erased of checkpoints made before it: the next request's retention
-        if erased_any or earlier:
-            own = o.created
-            self._erased_by_last[o.slot] = [c for c in o.erased_cascade + o.erased_other if not _among(c, own)]
+        if erased_any or earlier:  # what this request erased of older checkpoints: the next one's retention
+            self._erased_by_last[o.slot] = foreign
         if self._open.get(o.slot) is o:
             del self._open[o.slot]
         ring = self.rings.get(o.slot)

@@ -4,7 +4,9 @@ lifecycle and the C fold, on real captures.
 6. A FIFO, a device or a directory given as a log is refused up front (exit 2, "not a regular
    file"): it used to hang (a FIFO's second open() waited for a writer; /dev/zero spun forever).
 7. A truncated or corrupt `.gz` keeps every whole line decompressed before the damage, as zcat
-   does, on every path, and says where it stopped: it used to keep 0 of 170 lines."""
+   does, on every path, and says where it stopped: it used to keep 0 of 170 lines.
+10. A fresh process's first request that evicts its own checkpoints (a ring of one or two) is
+    `cold`, without a baseline-loss failure (it used to be a `silent_reset`)."""
 
 from __future__ import annotations
 
@@ -126,3 +128,37 @@ def test_a_truncated_or_corrupt_gz_keeps_every_whole_line_before_the_damage(tmp_
         parsed = logparse.parse(damaged)  # the library reads the same lines
         assert parsed.events == logparse.parse(plain).events and parsed.lines == n + (len(before) > len(kept)), name
         assert parsed.source_error and f"{n:,} whole lines" in parsed.source_error, name
+
+
+# ---------------------------------------------------------------------------------------- 10
+
+
+def _ik_cold_with_a_ring_of_two() -> bytes:
+    """ik_llama.cpp's cold C with `--ctx-checkpoints 2`: from its third checkpoint on, each
+    creation first erases the oldest (`erasing old context checkpoint`, ik's wording)."""
+    lines = (LOGS / "ik_llama.cpp-0.1.5" / "cold-C.cram0.log").read_bytes().splitlines(keepends=True)
+    out, made = [], []
+    for line in lines:
+        if b"created context checkpoint" in line:
+            head, fields = line.split(b"created context checkpoint", 1)
+            if len(made) >= 2:
+                old = made.pop(0)
+                out.append(head + b"erasing old context checkpoint " + old)
+            made.append(fields[fields.index(b"(pos_min"):].split(b", took")[0] + b")\n")
+        out.append(line)
+    return b"".join(out)
+
+
+def test_a_fresh_process_that_evicts_its_own_checkpoints_is_cold(tmp_path):
+    ik = tmp_path / "ik-ring2.log"
+    ik.write_bytes(_ik_cold_with_a_ring_of_two())
+    assert ik.read_bytes().count(b"erasing old context checkpoint") == 3
+    real = LOGS / "llama-server" / "ckpt1-A-C.log"  # b11434, --ctx-checkpoints 1: a real capture
+    for path, family, want in ((ik, "ik_llama.cpp", ["cold"]), (real, "llama.cpp", ["cold", "forced"])):
+        reqs = lifecycle.replay(logparse.parse(path, family).events)
+        assert [r.outcome for r in reqs] == want, path
+        assert not reqs[0].baseline_loss and reqs[0].erase_counts.get("erased_old"), path
+        for args in ((), ("--slot", "0")):  # the C fold (b11434) and the Python replay
+            doc = doc_of(str(path), *args)
+            assert [r["outcome"] for r in doc["requests"]] == want and doc["requests"][0]["failures"] == [], path
+            assert doc["overall"]["failures"]["baseline_loss"] == 0
