@@ -45,8 +45,9 @@ fixture line and on mutated lines):
    built in C; every line it is not sure of comes back to the layers below. Not used with
    matrix ``log_patterns``. ~0.32 µs per event on a realistic log, a third of grep's speed;
 2. the Python fast path: one C-speed regex search per scan word (``checkpoint``, ``prompt``
-   where a trigger holds it, ``memory_seq_rm``, ``kv cache rm``, ``selected slot by``); a line
-   is matched whole, undecoded, by one anchored regex chosen by its first scan word;
+   where a trigger holds it, ``memory_seq_rm``, ``kv cache rm``, ``selected slot by``, ``model
+   loaded``); a line is matched whole, undecoded, by one anchored regex chosen by its first scan
+   word (the start-up line ``model loaded``, once per start, goes to the tolerant rules);
 3. the tolerant rules above, on the decoded line.
 
 Events are tuple-based records built with ``tuple.__new__`` (a frozen dataclass cost ~3 µs
@@ -84,7 +85,7 @@ try:  # the optional C accelerator of the fast path (setup.py builds it when a c
     from shadowlab import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 6  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
+_ACCEL_ABI = 7  # shadowlab/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
 
 
 def _usable(module: Any) -> Any:
@@ -357,6 +358,19 @@ class PromptCleared(Event):
     n_tokens: int | None = None
 
 
+@_record
+class ServerStart(Event):
+    """The server's start-up line ``model loaded``: a new process began, so every slot is empty
+    and task ids start again. Every family prints it exactly once per start, after loading the
+    model and before serving (b11434 ``srv  llama_server: model loaded``, older upstream ``main:
+    model loaded``, ik_llama.cpp ``INFO [ main] model loaded | ...``, the reference engine ``main:
+    model loaded: sha256 = ...``); the line names no slot or task. A mention elsewhere (other
+    words after it, text before it that is no log head) is no start."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "server_start"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -374,6 +388,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PromptCacheSaved,
         PromptCacheLoaded,
         PromptCleared,
+        ServerStart,
     )
 }
 EVENT_KINDS = tuple(EVENT_TYPES)
@@ -383,7 +398,7 @@ EVENT_KINDS = tuple(EVENT_TYPES)
 _ACCEL_CLASSES = (
     CheckpointCreated, CheckpointRestored, CheckpointErased, CheckpointErasedOld, CheckpointErasedTooClose,
     CheckpointSuperseded, ForcedReprocessing, NewPrompt, CacheTrim, PromptEval, SlotSelected,
-    PromptCacheSaved, PromptCacheLoaded, PromptCleared,
+    PromptCacheSaved, PromptCacheLoaded, PromptCleared, ServerStart,
 )
 _ACCEL_KINDS = ACCEL_KINDS = tuple(cls.kind for cls in _ACCEL_CLASSES)  # public: logs' fold numbers them
 _ACCEL_METHODS = ("lru", "lcp")
@@ -886,6 +901,7 @@ _TRIGGERS = (
     b"saving prompt with length",
     b"found better prompt",
     b"clearing prompt with",
+    b"model loaded",
 )
 
 # Known lines with a trigger word that carry no event.
@@ -937,6 +953,7 @@ _TRIM_P0 = re.compile(r"(?:memory_seq_rm|kv cache rm)\s*\[\s*(?:p0\s*=\s*)?(\d+)
 _EVAL = re.compile(r"prompt eval time\s*=\s*(\d+(?:\.\d+)?)\s*ms\s*/\s*(\d+)\s*tokens")
 _SELECTED = re.compile(r"selected slot by\s+([A-Za-z]+)")
 _CLEARED = re.compile(r"clearing prompt with\s+(\d+)\s+tokens" + _DELIMITED)
+_LOADED = re.compile(r"model loaded(?::|\s*+\Z)")  # ServerStart: the whole message, or details after ':'
 _SAVE_LEN = re.compile(r"saving prompt with length(?:\s+(\d+)" + _DELIMITED + r"|(?!\s*+\d))")
 _TRIM_KEY = re.compile(r"(?:n_tokens|n_past)\s*+=")  # a trim line naming its count, which _TRIM must read
 # What may stand before a message on a line without a slot prefix: timestamps, a level word,
@@ -1114,7 +1131,7 @@ class _Scanner:
         """The event of a candidate line whose first trigger is scan word `word`, by that word's
         whole-line regex (undecoded); `_IGNORED` for a known benign line; None: not matched,
         the line is for `_slow_line`."""
-        match = self.fast[word] if word < 5 else None
+        match = self.fast[word] if word < len(self.fast) else None
         m = match(body, start, stop) if match is not None and stop - start <= MAX_LINE else None
         if m is None:
             return None
@@ -1448,14 +1465,15 @@ def _fast(pattern: bytes) -> Any:
 
 
 # Per scan word: (regex with the strict branches, regex without them); None: none.
-_SCAN_WORDS = (b"checkpoint", b"prompt", b"memory_seq_rm", b"kv cache rm", b"selected slot by")
-_W_CK, _W_PROMPT, _W_TRIM, _W_KV, _W_SELECTED = range(5)
+_SCAN_WORDS = (b"checkpoint", b"prompt", b"memory_seq_rm", b"kv cache rm", b"selected slot by", b"model loaded")
+_W_CK, _W_PROMPT, _W_TRIM, _W_KV, _W_SELECTED, _W_STARTED = range(6)
 _FAST_BY_WORD = (
     (_fast(_CK_ANY + _CK_STRICT), _fast(_CK_ANY)),
     (_fast(_PROMPT_ANY + _PROMPT_STRICT), _fast(_PROMPT_ANY)),
     (_fast(_TRIM_ANY), _fast(_TRIM_ANY)),
     (None, None),
     (_fast(_SELECTED_STRICT), None),
+    (None, None),  # `model loaded`: once per start, read by the tolerant rules
 )
 
 
@@ -1536,6 +1554,7 @@ _PHRASES = (
     "saving prompt with length",
     "found better prompt",
     "clearing prompt with",
+    "model loaded",
 )
 
 
@@ -1717,6 +1736,10 @@ def _build(msg: str, common: dict[str, Any], scanner: _Scanner, body: bytes, sta
         if m is None:
             raise ValueError("broken clearing count")
         return PromptCleared(**common, n_tokens=int(m.group(1)))
+    if msg.startswith("model loaded"):
+        if _LOADED.match(msg) is None:
+            raise ValueError("`model loaded` followed by other words: not the start-up line")
+        return ServerStart(line=common["line"], offset=common["offset"])
     if msg.startswith("found better prompt"):
         f = _fields(msg)
         f_keep, f_sim = _opt_float(f, "f_keep"), _opt_float(f, "f_sim", "sim")

@@ -26,9 +26,12 @@ timestamps (``M.SS.mmm.uuu L ...``) → ``llama.cpp`` (``reference`` when the re
 banner is there); ``INFO [ ... ] ... timestamp=`` lines → ``ik_llama.cpp``; otherwise
 ``llama.cpp`` (older upstream prints the same words).
 
-Times: b11434 prints the time elapsed since the server started (seconds here; a backwards jump
-is a restart and continues from the last time seen); ik_llama.cpp prints none on its slot lines,
-so a request takes the Unix time of the nearest ``INFO [...] timestamp=`` line before it.
+Times: b11434 prints the time elapsed since the server started (seconds here); at a restart
+(lifecycle.py: the start-up line or a task id going down) or a backwards jump of more than a
+second, the count goes on from the last time seen. ik_llama.cpp prints none on its slot lines,
+so a request takes the Unix time of the nearest ``INFO [...] timestamp=`` line before it; a Unix
+time that goes backwards (a clock stepped back, pieces out of time order) is kept as printed: it
+is no restart, and the over-time figure spans the earliest to the latest request.
 ``--since`` / ``--until`` take a duration (``90``, ``15m``, ``36h``, ``2d``, ``1:30:00``),
 compared with the time since the first request of each server, or an ISO date
 (``2026-10-15T12:00``, UTC) compared with Unix times, which only ik_llama.cpp logs have: a server
@@ -56,7 +59,7 @@ from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import add, attrgetter, lshift, truediv
+from operator import add, attrgetter, lshift, sub, truediv
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO
@@ -530,10 +533,16 @@ class _Clock:
     def __init__(self, family: str):
         self.unix = family == "ik_llama.cpp"
         self.reader: _Stream | None = None
+        self.replay: lifecycle.Replay | None = None  # its restarts restart the elapsed count
+        self.restarts = 0
         self.base = 0.0
         self.last: float | None = None
 
     def __call__(self, offset: int) -> float | None:
+        if self.replay is not None and self.replay.restarts != self.restarts:
+            self.restarts = self.replay.restarts
+            if self.last is not None:  # a new process counts from 0 again: time goes on
+                self.base = self.last
         found = self.reader.line_at(offset) if self.reader is not None else None
         if found is None:
             return self.last
@@ -745,6 +754,7 @@ def _server_replay(server: str, pieces: list[str], family: str, options: Options
     clock = _Clock(family)
     clock.reader = stream
     replay = lifecycle.Replay(clock)
+    clock.replay = replay
     slots: dict[Any, Figures] = {}
     first_time: list[float | None] = [None]
     server_notes: list[str] = []
@@ -846,17 +856,21 @@ def _row(server: str, r: Any, stream: _Stream | None = None) -> dict[str, Any]:
 
 
 def _over_time(times: array, codes: array) -> dict[str, Any]:
+    """Outcomes per time bin, from the earliest request to the latest. Times are since each
+    server's first request and may be negative: a clock stepped back, or rotated pieces whose
+    Unix times go backwards, are data (the order of the lines is kept; no restart is made of it)."""
     if not times:
-        return {"bins": [], "bin_s": None}
-    span = max(times) or 1.0
-    width = span / TIME_BINS
+        return {"bins": [], "bin_s": None, "start_s": None}
+    start = min(times)
+    width = ((max(times) - start) or 1.0) / TIME_BINS
     bins = [[0] * len(lifecycle.OUTCOMES) for _ in range(TIME_BINS)]
     # counted by bin * 8 + outcome in C-speed loops (one Python step per request was ~0.1 s
-    # per GB); >> 3 and & 7 take a negative bin apart as they put it together
-    keys = map(add, map(lshift, map(int, map(truediv, times, repeat(width))), repeat(3)), codes)
+    # per GB); every bin is >= 0, from the earliest time
+    offsets = map(sub, times, repeat(start))
+    keys = map(add, map(lshift, map(int, map(truediv, offsets, repeat(width))), repeat(3)), codes)
     for key, n in Counter(keys).items():
         bins[min(TIME_BINS - 1, key >> 3)][key & 7] += n
-    return {"bin_s": width, "outcomes": list(lifecycle.OUTCOMES), "bins": bins}
+    return {"bin_s": width, "start_s": start, "outcomes": list(lifecycle.OUTCOMES), "bins": bins}
 
 
 # --------------------------------------------------------------------------- outputs

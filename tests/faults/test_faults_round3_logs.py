@@ -5,6 +5,11 @@ lifecycle and the C fold, on real captures.
    file"): it used to hang (a FIFO's second open() waited for a writer; /dev/zero spun forever).
 7. A truncated or corrupt `.gz` keeps every whole line decompressed before the damage, as zcat
    does, on every path, and says where it stopped: it used to keep 0 of 170 lines.
+8. A server restart is found from the server's own start-up line (`model loaded`), not only
+   from a task id going down: concatenated and rotated real sessions give the sums of the
+   sessions read one by one (they used to merge: 8 requests of 11 on ik_llama.cpp).
+9. Unix times that go backwards (ik_llama.cpp pieces out of time order) are data: exit 0 and
+   every request in the over-time figure (it used to end in an IndexError, exit 3).
 10. A fresh process's first request that evicts its own checkpoints (a ring of one or two) is
     `cold`, without a baseline-loss failure (it used to be a `silent_reset`)."""
 
@@ -128,6 +133,91 @@ def test_a_truncated_or_corrupt_gz_keeps_every_whole_line_before_the_damage(tmp_
         parsed = logparse.parse(damaged)  # the library reads the same lines
         assert parsed.events == logparse.parse(plain).events and parsed.lines == n + (len(before) > len(kept)), name
         assert parsed.source_error and f"{n:,} whole lines" in parsed.source_error, name
+
+
+# ---------------------------------------------------------------------------------------- 8
+
+
+def _analysed(paths: list[Path], monkeypatch, fold: bool) -> dict:
+    monkeypatch.setattr(logs, "FOLD", fold)
+    return logs.analyse([str(p) for p in paths], logs.Options())
+
+
+def _sums(docs: list[dict]) -> dict:
+    keys = ("requests", "processed_tokens", "reused_tokens")
+    out = {k: sum(d["overall"][k] for d in docs) for k in keys}
+    out["outcomes"] = {o: sum(d["overall"]["outcomes"][o] for d in docs) for o in lifecycle.OUTCOMES}
+    out["prompt_sum"] = sum(d["overall"]["prompt_tokens"]["sum"] for d in docs)
+    return out
+
+
+def _of(doc: dict) -> dict:
+    f = doc["overall"]
+    return {"requests": f["requests"], "processed_tokens": f["processed_tokens"], "reused_tokens": f["reused_tokens"],
+            "outcomes": f["outcomes"], "prompt_sum": f["prompt_tokens"]["sum"]}
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["fold", "replay"])
+@pytest.mark.parametrize("family", ["ik_llama.cpp", "lfm2", "b11434", "b9093", "reference"])
+def test_concatenated_real_sessions_give_the_sums_of_the_sessions(tmp_path, monkeypatch, family, fold):
+    sessions = {"ik_llama.cpp": IK, "lfm2": LFM2, "b11434": B11434, "b9093": B9093, "reference": REFERENCE}[family]
+    assert len(sessions) >= 6, family
+    one_by_one = [_analysed([p], monkeypatch, fold) for p in sessions]
+    assert all(d["servers"][0]["restarts"] == 0 for d in one_by_one)
+    concatenated = tmp_path / "server.log"
+    concatenated.write_bytes(b"".join(p.read_bytes() for p in sessions))
+    doc = _analysed([concatenated], monkeypatch, fold)
+    assert doc["servers"][0]["restarts"] == len(sessions) - 1
+    assert _of(doc) == _sums(one_by_one)
+    assert doc["overall"]["outcomes"]["cold"] >= len(sessions)  # each session's first request
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["fold", "replay"])
+def test_rotated_pieces_of_cold_sessions_are_separate_sessions(tmp_path, monkeypatch, fold):
+    ik = [LOGS / "ik_llama.cpp-0.1.5" / f"{n}.cram0.log" for n in ("cold-B", "cold-C", "control-C")]
+    lfm2 = [p for p in LFM2 if len(json.loads(p.with_suffix(".json").read_text())) == 1][:3]  # one request each
+    for name, three in (("ik", ik), ("lfm2", lfm2)):
+        (tmp_path / name).mkdir()
+        pieces = [tmp_path / name / "s.log.2.gz", tmp_path / name / "s.log.1", tmp_path / name / "s.log"]
+        pieces[0].write_bytes(gzip.compress(three[0].read_bytes()))
+        pieces[1].write_bytes(three[1].read_bytes())
+        pieces[2].write_bytes(three[2].read_bytes())
+        doc = _analysed(pieces, monkeypatch, fold)
+        assert len(doc["servers"]) == 1 and doc["servers"][0]["restarts"] == 2, name
+        assert doc["overall"]["requests"] == 3 and doc["overall"]["outcomes"]["cold"] == 3, name
+
+
+def test_the_start_up_line_is_an_event_of_every_family_once_per_start():
+    families = {"ik_llama.cpp": IK[:7], "llama.cpp": B11434 + B9093 + LFM2, "reference": REFERENCE}
+    for family, paths in families.items():
+        for path in paths:
+            starts = logparse.parse(path, family).of("server_start")
+            assert len(starts) == 1 and (starts[0].slot, starts[0].task) == (None, None), path
+            assert b"model loaded" in path.read_bytes().splitlines()[starts[0].line - 1]
+
+
+# ---------------------------------------------------------------------------------------- 9
+
+
+def test_unix_times_that_go_backwards_are_data_not_a_crash(tmp_path):
+    later, earlier = LOGS / "ik_llama.cpp-0.1.5" / "control-C.cram0.log", LOGS / "ik_llama.cpp-0.1.5" / "A-C.cram0.log"
+    (tmp_path / "s.log.1").write_bytes(later.read_bytes())  # the older piece holds the later times
+    (tmp_path / "s.log").write_bytes(earlier.read_bytes())
+    for args in ((), ("--slot", "0")):
+        p = cli(str(tmp_path / "s.log"), str(tmp_path / "s.log.1"), "--json", *args)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        doc = json.loads(p.stdout)
+        assert doc["overall"]["requests"] == 3 and doc["servers"][0]["restarts"] == 1  # the start line, not the clock
+        bins = doc["over_time"]["bins"]
+        assert sum(map(sum, bins)) == 3 and len(bins) == logs.TIME_BINS
+    # within one session (a clock stepped back): no restart
+    text = earlier.read_bytes()
+    cut = text.index(b"task 14")
+    stepped = text[:cut] + text[cut:].replace(b"timestamp=17959522", b"timestamp=17959510")
+    (tmp_path / "stepped.log").write_bytes(stepped)
+    doc = doc_of(str(tmp_path / "stepped.log"))
+    assert doc["servers"][0]["restarts"] == 0 and doc["overall"]["requests"] == 2
+    assert sum(map(sum, doc["over_time"]["bins"])) == 2
 
 
 # ---------------------------------------------------------------------------------------- 10
