@@ -35,7 +35,8 @@ is no restart, and the over-time figure spans the earliest to the latest request
 ``--since`` / ``--until`` take a duration (``90``, ``15m``, ``36h``, ``2d``, ``1:30:00``),
 compared with the time since the first request of each server, or an ISO date
 (``2026-10-15T12:00``, UTC) compared with Unix times, which only ik_llama.cpp logs have: a server
-without them is then not filtered, and the output says so.
+without them is then not filtered, and the output says so. A filter that can select nothing
+(``--slot`` below 0, ``--since`` after ``--until`` of the same kind) is a usage error.
 
 Figures (per server, per slot, overall): see README "Reading production logs" and lifecycle.py
 for the definitions of outcomes and failure conditions. Distributions use nearest-rank
@@ -507,24 +508,25 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 class TimeBound:
     seconds: float
     absolute: bool  # an ISO date (Unix seconds) rather than a duration since the first request
+    text: str = ""  # as given
 
 
 def parse_time(text: str) -> TimeBound:
     m = _DURATION.match(text)
     if m:
-        return TimeBound(float(m[1]) * _UNITS[m[2]], False)
+        return TimeBound(float(m[1]) * _UNITS[m[2]], False, text)
     if re.fullmatch(r"\d+(?::\d{1,2}){1,2}", text.strip()):
         parts = [int(p) for p in text.strip().split(":")]
         while len(parts) < 3:
             parts.insert(0, 0)
-        return TimeBound(parts[0] * 3600 + parts[1] * 60 + parts[2], False)
+        return TimeBound(parts[0] * 3600 + parts[1] * 60 + parts[2], False, text)
     try:
         when = _dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise UsageError(f"--since/--until {text!r}: give a duration (90, 15m, 36h, 2d, 1:30:00) or an ISO date") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=_dt.timezone.utc)
-    return TimeBound(when.timestamp(), True)
+    return TimeBound(when.timestamp(), True, text)
 
 
 class _Clock:
@@ -581,6 +583,14 @@ class Options:
     slot: int | None = None
     trace: TextIO | None = None
 
+    def check(self) -> None:
+        """Filters that can select nothing are usage errors, not an empty answer."""
+        if self.slot is not None and self.slot < 0:
+            raise UsageError(f"--slot {self.slot}: slot ids are 0 or more")
+        since, until = self.since, self.until
+        if since is not None and until is not None and since.absolute == until.absolute and since.seconds > until.seconds:
+            raise UsageError(f"--since {since.text!r} lies after --until {until.text!r}: no time is in that window")
+
 
 def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
     """Read every file; the whole result as the JSON document (``version`` 1)."""
@@ -596,7 +606,10 @@ def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
                                         "time_unit": "s", "source": "shadowlab logs"}) + "\n")
     for server, pieces in group_servers(paths):
         family = options.family or sniff_family(pieces[0])
+        first = len(files_out)
         doc, fig = _server(server, pieces, family, options, files_out, rows, times, codes)
+        if all(f.error is not None for f in files_out[first:]):
+            continue  # nothing of it was read: its files are listed unreadable, with no figures
         servers_out.append(doc)
         overall.merge(fig)
     readable = [f for f in files_out if f.error is None]
@@ -996,6 +1009,7 @@ def run(args: argparse.Namespace) -> int:
         options = Options(family=args.family, slot=args.slot,
                           since=parse_time(args.since) if args.since else None,
                           until=parse_time(args.until) if args.until else None)
+        options.check()
     except UsageError as exc:
         print(f"shadowlab logs: {exc}", file=sys.stderr)
         return 2
@@ -1012,8 +1026,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if trace_fh is not None:
             trace_fh.close()
-    if not doc["readable_files"]:
-        sys.stderr.write(summary(doc))
+    if not doc["readable_files"]:  # the reasons, and no summary of nothing
+        sys.stderr.write(terminal_safe("".join(f"unreadable: {u['path']}: {u['why']}\n" for u in doc["unreadable_files"])))
         print("shadowlab logs: no readable input", file=sys.stderr)
         return 2
     hist = doc.pop("_hist", None)

@@ -11,7 +11,10 @@ lifecycle and the C fold, on real captures.
 9. Unix times that go backwards (ik_llama.cpp pieces out of time order) are data: exit 0 and
    every request in the over-time figure (it used to end in an IndexError, exit 3).
 10. A fresh process's first request that evicts its own checkpoints (a ring of one or two) is
-    `cold`, without a baseline-loss failure (it used to be a `silent_reset`)."""
+    `cold`, without a baseline-loss failure (it used to be a `silent_reset`).
+12. `--slot -1` and `--since` after `--until` are usage errors (exit 2, saying why); a missing
+    file prints its error and no all-zero summary.
+"""
 
 from __future__ import annotations
 
@@ -252,3 +255,27 @@ def test_a_fresh_process_that_evicts_its_own_checkpoints_is_cold(tmp_path):
             doc = doc_of(str(path), *args)
             assert [r["outcome"] for r in doc["requests"]] == want and doc["requests"][0]["failures"] == [], path
             assert doc["overall"]["failures"]["baseline_loss"] == 0
+
+
+# ---------------------------------------------------------------------------------------- 12
+
+
+def test_impossible_filters_are_usage_errors():
+    log = str(LOGS / "llama-server" / "cram0-A-C-B-C.log")
+    for args, why in ((("--slot", "-1"), "--slot"), (("--since", "10", "--until", "5"), "--since")):
+        p = cli(log, *args)
+        assert p.returncode == 2 and why in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert p.stdout == ""
+    assert cli(log, "--since", "5", "--until", "5").returncode == 0  # an empty window is a question
+
+
+def test_a_missing_file_prints_its_error_and_no_summary(tmp_path):
+    missing = str(tmp_path / "missing.log")
+    p = cli(missing)
+    assert p.returncode == 2 and "cannot open" in p.stderr and missing in p.stderr, p.stderr
+    assert "requests 0" not in p.stderr + p.stdout and "server " not in p.stderr + p.stdout
+    good = str(LOGS / "llama-server" / "cram0-A-C-B-C.log")
+    p = cli(good, missing)
+    assert p.returncode == 0 and f"server {missing}" not in p.stdout and "unreadable: " + missing in p.stdout
+    doc = doc_of(good, missing)
+    assert [s["server"] for s in doc["servers"]] == [good] and doc["unreadable_files"][0]["path"] == missing
