@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shadowlab.logs import parse as logparse
+
 # llama.cpp's `launch_slot_: id N | task M | processing task` (the slot takes the task, in the
 # order the server took tasks from its queue) and `release: ... | stop processing` (the slot is
 # free again). The parser has no event for either (no cache state changes); a schedule needs both:
@@ -168,7 +170,7 @@ def markers(path: Path, start: int = 0, end: int | None = None) -> Markers:
     launched: dict[int, int] = {}
     released: dict[int, int] = {}
     slots: dict[int, int] = {}
-    with open(path, "rb") as fh:
+    with logparse.open_log(path) as fh:  # a regular file or LogSourceError, as every log path
         fh.seek(start)
         at, carry = start, b""
         while end is None or at < end:

@@ -394,8 +394,11 @@ def _cell_verdict(run: "RunDir", meta: Any, patterns: dict) -> CellVerdict:
     turns = _turn_verdicts(meta, parsed, engine_prompts, cell_notes, marks)
     spans = [tuple(t.log_offsets) for t in meta.turns if t.log_offsets and len(t.log_offsets) == 2]
     unattributed = 0
+    # a cell's log is one process by construction: its start-up line is no event of its turns
+    counts = {k: n for k, n in parsed.counts.items() if k != lifecycle.STARTED} if parsed else {}
     if parsed is not None:
-        unattributed = sum(1 for e in parsed.events if not any(a <= e.offset < b for a, b in spans))
+        unattributed = sum(1 for e in parsed.events
+                           if e.kind != lifecycle.STARTED and not any(a <= e.offset < b for a, b in spans))
     return CellVerdict(
         cell_id=meta.cell_id,
         kind=str(cell.get("kind", "warm")),
@@ -409,7 +412,7 @@ def _cell_verdict(run: "RunDir", meta: Any, patterns: dict) -> CellVerdict:
         turns=tuple(turns),
         unknown_lines=parsed.unknown_count if parsed else 0,
         unknown_samples=tuple(f"{n}: {t}" for n, t in parsed.unknown_samples) if parsed else (),
-        event_counts=dict(parsed.counts) if parsed else {},
+        event_counts=counts,
         unattributed_events=unattributed,
         notes=tuple(problems)
         + (() if family == "none" or has_log else ("engine.log is missing",))

@@ -2,15 +2,15 @@
  *
  * shadowlab/logs/parse.py is the specification. For each complete line of a block this module
  * does what `_Scanner._scan_body` does in Python: it finds the line's first trigger word (the
- * same five scan words and trigger phrases as `_scan_regexes`), and tries that word's
+ * same six scan words and trigger phrases as `_scan_regexes`), and tries that word's
  * whole-line shapes (`_CK_ANY`, `_CK_STRICT`, `_PROMPT_ANY`, `_PROMPT_STRICT`, `_TRIM_ANY`,
  * `_SELECTED_STRICT`), written out here as small hand parsers. A line that matches becomes an
  * event record (built like `tuple.__new__(cls, fields)`) or an ignored benign line; every other
  * candidate line is handed back to Python, which reads it with its own fast regex or tolerant
  * path. So this module may only ever be stricter than Python, never different: a number with
  * more than 18 digits, a line longer than MAX_LINE, the headless `prompt eval time` form, the
- * `kv cache rm` word and a `found better prompt` whose look-back reaches before the block all go
- * back to Python. tests/shadowlab/test_logscan.py compares both paths on every fixture line, on
+ * `kv cache rm` word, a `found better prompt` whose look-back reaches before the block and the
+ * start-up line `model loaded` (once per server start) all go back to Python. tests/shadowlab/test_logscan.py compares both paths on every fixture line, on
  * mutated lines and on random garbage.
  *
  *   scan(body, lo, hi, base_line, base_offset, classes, strings, search=0) ->
@@ -22,7 +22,7 @@
  * body        a bytes-like object; body[lo:hi] holds complete lines (the last may lack its
  *             newline), body[lo] is at file offset base_offset and starts line base_line + 1
  * search      which trigger search runs (0: the fastest here; see pick_search)
- * classes     tuple of the 14 event classes, in the order of enum kind below
+ * classes     tuple of the 15 event classes, in the order of enum kind below
  * strings     ("lru", "lcp"): the SlotSelected.method values
  * events      list of event records of the lines handled here, in line order
  * slow        list of (index, start, stop, line_no, word): a candidate line body[start:stop] for
@@ -39,12 +39,12 @@
 
 enum kind {
     K_CREATED, K_RESTORED, K_ERASED, K_ERASED_OLD, K_TOO_CLOSE, K_SUPERSEDED, K_FORCED,
-    K_NEW_PROMPT, K_TRIM, K_EVAL, K_SELECTED, K_SAVED, K_LOADED, K_CLEARED, N_KINDS
+    K_NEW_PROMPT, K_TRIM, K_EVAL, K_SELECTED, K_SAVED, K_LOADED, K_CLEARED, K_STARTED, N_KINDS
 };
 /* the scan words of logparse._SCAN_WORDS, in its order */
-enum word { W_CK, W_PROMPT, W_TRIM, W_KV, W_SELECTED, W_NONE = -1 };
+enum word { W_CK, W_PROMPT, W_TRIM, W_KV, W_SELECTED, W_STARTED, W_NONE = -1 };
 
-#define LOGSCAN_ABI 6      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
+#define LOGSCAN_ABI 7      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
 #define MAX_LINE (1 << 20) /* logparse.MAX_LINE */
 #define LOOK_BACK (1 << 16) /* logparse.LOOK_BACK */
 #define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
@@ -252,6 +252,8 @@ static int trigger_at(cp s, cp e, cp p, int word)
         return AFTER("kv cache rm");
     case W_SELECTED:
         return AFTER("selected slot by");
+    case W_STARTED:
+        return AFTER("model loaded");
     case W_PROMPT:
         if (!AFTER("prompt"))
             return 0;
@@ -272,7 +274,8 @@ static int trigger_word(cp s, cp e, cp at)
     switch (*at) {
     case 'c': w = W_CK; break;
     case 'p': w = W_PROMPT; break;
-    case 'm': w = W_TRIM; break;
+    case 'm': /* two words start with it */
+        return trigger_at(s, e, at, W_TRIM) ? W_TRIM : trigger_at(s, e, at, W_STARTED) ? W_STARTED : W_NONE;
     case 'k': w = W_KV; break;
     case 's': w = W_SELECTED; break;
     default: return W_NONE;
@@ -299,7 +302,8 @@ static hit_t search_tail(cp s, cp e, cp p)
  * bytes (Mula's SIMD-friendly substring search), a pair chosen to be rare in real logs:
  *   checkpoint    'k' at +4, 'p' at +5        prompt   'p' at +0, 'm' at +3
  *   memory_seq_rm 'm' at +0, 'q' at +9        kv cache rm  'v' at +1, 'm' at +10
- *   selected slot by  'c' at +4, 'y' at +15
+ *   selected slot by  'c' at +4, 'y' at +15   model loaded 'm' at +0, 'd' at +9
+ * (the two words of 'm' at +0 share its compare: one more compare and OR per vector)
  * (on the real b11434 captures almost every pair hit is the word). Each hit is checked by
  * trigger_word(), in position order. READ_AHEAD: how far past a position the loads reach. */
 #define READ_AHEAD (15 + 32)
@@ -308,7 +312,7 @@ static hit_t search_tail(cp s, cp e, cp p)
 #define SEARCH_BODY(V, WIDTH, MASK)                                                   \
     const V zero = {0};                                                                                   \
     const V k = zero + 'k', p_ = zero + 'p', m = zero + 'm', q = zero + 'q', v = zero + 'v',              \
-            c = zero + 'c', y = zero + 'y';                                                              \
+            c = zero + 'c', y = zero + 'y', d = zero + 'd';                                              \
     for (; p < e && p + READ_AHEAD <= readable; p += WIDTH) {                                            \
         V a0, a1, a3, a4, a5, a9, a10, a15;                                                               \
         memcpy(&a0, p, WIDTH);                                                                           \
@@ -319,7 +323,7 @@ static hit_t search_tail(cp s, cp e, cp p)
         memcpy(&a9, p + 9, WIDTH);                                                                       \
         memcpy(&a10, p + 10, WIDTH);                                                                     \
         memcpy(&a15, p + 15, WIDTH);                                                                     \
-        V hit = (V)(((a4 == k) & (a5 == p_)) | ((a0 == p_) & (a3 == m)) | ((a0 == m) & (a9 == q)) |         \
+        V hit = (V)(((a4 == k) & (a5 == p_)) | ((a0 == p_) & (a3 == m)) | ((a0 == m) & ((a9 == q) | (a9 == d))) | \
                     ((a1 == v) & (a10 == m)) | ((a4 == c) & (a15 == y)));                                \
         for (uint32_t bits = MASK(hit); bits != 0; bits &= bits - 1) {                                   \
             cp at = p + __builtin_ctz(bits);                                                             \
@@ -1036,7 +1040,7 @@ static PyObject *record_object(builder_t *b, const rec_t *r, int64_t line, int64
 static int check_classes(PyObject *classes, PyObject *strings)
 {
     if (PyTuple_GET_SIZE(classes) != N_KINDS || PyTuple_GET_SIZE(strings) != 2) {
-        PyErr_SetString(PyExc_ValueError, "14 event classes and (\"lru\", \"lcp\") expected");
+        PyErr_SetString(PyExc_ValueError, "15 event classes and (\"lru\", \"lcp\") expected");
         return -1;
     }
     for (int i = 0; i < N_KINDS; i++) {
@@ -1155,7 +1159,8 @@ done:
  * What `shadowlab logs` does with a b11434 log, per block and without a Python object per line:
  * the lines scan() reads, the `checking sim` / `checking checkpoint ... against N` side notes of
  * logs._Stream._side_notes, lifecycle.Replay.run (rings, requests, restarts), logs._Clock
- * (b11434 elapsed times) and logs.Figures.add per slot. lifecycle.py and logs.py are the
+ * (b11434 elapsed times) and logs.Figures.add per slot. A start-up line (handed back, read by
+ * Python: a server_start event) is a restart as Replay makes it, at the same place. lifecycle.py and logs.py are the
  * specification; tests/shadowlab/test_logscan.py compares both on every log it has. A line
  * scan() would hand back to Python is handed back here too (fold_block stops at it; Python
  * reads it with logparse's own readers and gives its events to fold_events). Anything this code
@@ -1267,7 +1272,7 @@ typedef struct {
     slot_t slots[FOLD_SLOTS];
     int n_slots, cur; /* cur: the slot of the request being read, -1: none */
     int64_t cur_task, last_task, n_swa, restarts, serial, ring_seq, epoch, emitted, rows_wanted, fig_order;
-    int has_n_swa, has_first, has_clock;
+    int has_n_swa, has_first, has_clock, began; /* began: a start line or a request was seen */
     double first_time, clock_base, clock_last;
     check_t checks[CHECK_TABLE];
     int checks_live, checks_used;
@@ -1744,7 +1749,7 @@ static int close_emit(fold_t *f, slot_t *s)
     int outcome = o->has_restored ? O_RESTORED
                   : o->forced     ? O_FORCED
                   : (has_re && re_entry != 0) ? O_EXTENDED
-                  : (o->fresh && !o->erased_any) ? O_COLD
+                  : (o->fresh && o->not_own == 0) ? O_COLD /* its own ring's evictions: still cold */
                                                  : O_SILENT;
     int warm = outcome != O_COLD;
     int retention = (outcome == O_FORCED || outcome == O_SILENT) && has_prompt && s->has_ebl && s->ebl_min < prompt;
@@ -1856,7 +1861,11 @@ static int finish_open(fold_t *f)
     }
 }
 
-static int restart(fold_t *f, const ev_t *ev)
+/* Replay._restart: why R_TASK (a task id went down), R_START (a start line after a server was
+ * seen) or R_FIRST (the log's first start line: not counted, no note) */
+enum restart_why { R_FIRST, R_TASK, R_START };
+
+static int restart(fold_t *f, const ev_t *ev, int why)
 {
     if (finish_open(f) < 0)
         return -1;
@@ -1869,15 +1878,24 @@ static int restart(fold_t *f, const ev_t *ev)
     }
     f->epoch++; /* _lcp.clear() */
     checks_clear(f);
-    f->restarts++;
-    if (PyList_GET_SIZE(f->notes) < MAX_NOTES) {
-        PyObject *t = PyUnicode_FromFormat("line %lld: task %lld after task %lld: server restarted",
-                                           (long long)ev->line, (long long)ev->task, (long long)f->last_task);
-        if (t == NULL || PyList_Append(f->notes, t) < 0) {
-            Py_XDECREF(t);
-            return -1;
+    f->has_n_swa = 0;
+    f->began = 1;
+    f->cur = -1;
+    if (why != R_FIRST) {
+        f->restarts++;
+        if (f->has_clock) /* logs._Clock: a new process counts from 0 again, time goes on */
+            f->clock_base = f->clock_last;
+        PyObject *t = NULL;
+        if (PyList_GET_SIZE(f->notes) < MAX_NOTES) {
+            t = why == R_TASK ? PyUnicode_FromFormat("line %lld: task %lld after task %lld: server restarted",
+                                                     (long long)ev->line, (long long)ev->task, (long long)f->last_task)
+                              : PyUnicode_FromFormat("line %lld: the server started again", (long long)ev->line);
+            if (t == NULL || PyList_Append(f->notes, t) < 0) {
+                Py_XDECREF(t);
+                return -1;
+            }
+            Py_DECREF(t);
         }
-        Py_DECREF(t);
     }
     f->last_task = -1;
     return 0;
@@ -1920,6 +1938,7 @@ static int start(fold_t *f, slot_t *s, const ev_t *ev)
                 return PyErr_NoMemory(), -1;
     if (ev->task > f->last_task)
         f->last_task = ev->task;
+    f->began = 1;
     return 0;
 }
 
@@ -1969,6 +1988,8 @@ static int fold_event(fold_t *f, const ev_t *ev)
         f->fallback = "a prompt-cache save, load or slot clear";
         return -1;
     }
+    if (kind == K_STARTED) /* a new process: the next line, whatever its task, starts anew */
+        return restart(f, ev, f->began ? R_START : R_FIRST);
     if (f->cur < 0 || ev->task != f->cur_task || ev->slot != f->slots[f->cur].id) {
         if (ev->task == NO_INT || ev->task < 0)
             return 0; /* no task of its own: held (a slot selection changes no ring) or dropped */
@@ -1980,7 +2001,7 @@ static int fold_event(fold_t *f, const ev_t *ev)
         req_t *cur = s->req.open ? &s->req : NULL;
         if (cur == NULL || cur->task != ev->task) {
             if (ev->task < f->last_task && (cur == NULL || ev->task < cur->task)) {
-                if (restart(f, ev) < 0)
+                if (restart(f, ev, R_TASK) < 0)
                     return -1;
                 cur = NULL;
             }

@@ -13,9 +13,12 @@ instead (``_server_fold``: the same figures, ~8x less CPU; docs/DESIGN.md §7 sa
 a server back to ``Replay``).
 Files are grouped into servers by name: ``foo.log``, ``foo.log.1``, ``foo.log.2.gz`` are the
 rotated pieces of one server, read oldest first (highest number first, the bare name last) as
-one stream; every other name is a server of its own. A file that cannot be opened, or a gzip
-that is corrupt half-way (the events before the damage are kept), is reported with the reason
-and where. A last line without its newline (a file cut mid-write) is never parsed: it is
+one stream; every other name is a server of its own. Every piece is opened by
+``logparse.open_log`` (a FIFO, a device or a directory is refused before a byte is read: it
+could block or never end) and read by ``logparse.LogText``; a file that cannot be opened is
+reported with the reason, and a server none of whose pieces could be read gets no figures. A
+gzip that is corrupt or truncated keeps every whole line decompressed before the damage (as
+zcat gives them) and is reported damaged, with the compressed byte and the lines read. A last line without its newline (a file cut mid-write) is never parsed: it is
 counted as not understood, so a cut number can never give a wrong value.
 
 Family: ``--family``, else from the first 64 KiB of the server's first piece: b11434-style
@@ -23,13 +26,17 @@ timestamps (``M.SS.mmm.uuu L ...``) → ``llama.cpp`` (``reference`` when the re
 banner is there); ``INFO [ ... ] ... timestamp=`` lines → ``ik_llama.cpp``; otherwise
 ``llama.cpp`` (older upstream prints the same words).
 
-Times: b11434 prints the time elapsed since the server started (seconds here; a backwards jump
-is a restart and continues from the last time seen); ik_llama.cpp prints none on its slot lines,
-so a request takes the Unix time of the nearest ``INFO [...] timestamp=`` line before it.
+Times: b11434 prints the time elapsed since the server started (seconds here); at a restart
+(lifecycle.py: the start-up line or a task id going down) or a backwards jump of more than a
+second, the count goes on from the last time seen. ik_llama.cpp prints none on its slot lines,
+so a request takes the Unix time of the nearest ``INFO [...] timestamp=`` line before it; a Unix
+time that goes backwards (a clock stepped back, pieces out of time order) is kept as printed: it
+is no restart, and the over-time figure spans the earliest to the latest request.
 ``--since`` / ``--until`` take a duration (``90``, ``15m``, ``36h``, ``2d``, ``1:30:00``),
 compared with the time since the first request of each server, or an ISO date
 (``2026-10-15T12:00``, UTC) compared with Unix times, which only ik_llama.cpp logs have: a server
-without them is then not filtered, and the output says so.
+without them is then not filtered, and the output says so. A filter that can select nothing
+(``--slot`` below 0, ``--since`` after ``--until`` of the same kind) is a usage error.
 
 Figures (per server, per slot, overall): see README "Reading production logs" and lifecycle.py
 for the definitions of outcomes and failure conditions. Distributions use nearest-rank
@@ -41,7 +48,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import datetime as _dt
-import gzip
 import heapq
 import io
 import json
@@ -49,18 +55,18 @@ import math
 import os
 import re
 import sys
-import zlib
 from array import array
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import add, attrgetter, lshift, truediv
+from operator import add, attrgetter, lshift, sub, truediv
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO
 
 from shadowlab.logs import lifecycle, parse as logparse
+from shadowlab.errors import LogSourceError
 from shadowlab.results.records import terminal_safe
 
 VERSION = 1
@@ -192,20 +198,11 @@ class _Stream(io.RawIOBase):
         self._base = (st.lines, st.unknown_count, len(st.unknown_samples), st.overlong_lines) if st else (0, 0, 0, 0)
         self.starts.append((self.pos, self._base[0], path))
         try:
-            raw = open(path, "rb")  # noqa: SIM115 - closed in _close_piece
-        except OSError as exc:
-            rep.error = f"cannot open: {exc.strerror or exc}"
+            self.raw = logparse.open_log(path)  # refuses a FIFO, a device, a directory
+        except LogSourceError as exc:
+            rep.error = exc.message
             return True  # src stays None: the next piece
-        try:
-            head = raw.read(2)
-            raw.seek(0)
-        except OSError as exc:
-            rep.error = f"cannot read: {exc.strerror or exc}"
-            raw.close()
-            return True
-        rep.compressed = head == logparse.GZIP_MAGIC
-        self.raw, self.rep = raw, rep
-        self.src = gzip.GzipFile(fileobj=raw, mode="rb") if rep.compressed else raw
+        self.rep, self.src = rep, logparse.LogText(self.raw)
         return True
 
     def _fill(self, b: Any) -> int:
@@ -218,13 +215,7 @@ class _Stream(io.RawIOBase):
         view = memoryview(b)
         n, eof = k, False
         while n < len(b):
-            try:
-                got = self.src.readinto(view[n:])
-            except (OSError, EOFError, zlib.error) as exc:
-                rep = self.rep
-                where = f"compressed byte {self.raw.tell()}" if rep.compressed else f"byte {self.pos - self.piece_pos + n}"
-                rep.damage = f"unreadable after {where}: {exc}"
-                got = 0
+            got = self.src.readinto(view[n:])  # damage ends the text: said in settle()
             if not got:
                 eof = True
                 break
@@ -251,9 +242,9 @@ class _Stream(io.RawIOBase):
 
     def _close_piece(self, b: Any) -> int:
         """The piece is done; 1 when a newline is still owed (an overlong line ended the piece)."""
+        self.rep.compressed, self.rep.damage = bool(self.src.compressed), self.src.damage
         self.src.close()
-        if self.raw is not self.src:
-            self.raw.close()
+        self.raw.close()
         self.src = self.raw = None
         if b is not None and self.open_line:  # ends the overlong line the parser is skipping
             b[:1] = b"\n"
@@ -283,6 +274,8 @@ class _Stream(io.RawIOBase):
         got = [(ln - lines, text) for ln, text in st.unknown_samples[samples:]]
         rep.unknown_samples = (got + rep.unknown_samples)[: logparse.MAX_SAMPLES]
         rep.overlong = st.overlong_lines - overlong
+        if rep.damage is not None:  # where it stopped, as logparse says it
+            rep.damage += f": the {rep.lines:,} whole lines before it were read"
 
     def _side_notes(self, b: Any, end: int) -> None:
         base = self.start
@@ -317,14 +310,9 @@ class _Stream(io.RawIOBase):
 
 def sniff_family(path: str) -> str:
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(SNIFF)
-        if head[:2] == logparse.GZIP_MAGIC:
-            try:
-                head = zlib.decompressobj(47).decompress(head, SNIFF)
-            except zlib.error:
-                return "llama.cpp"
-    except OSError:
+        with logparse.open_log(path) as fh:
+            head = logparse.LogText(fh).read(SNIFF)
+    except LogSourceError:  # the piece's reader says why
         return "llama.cpp"
     if _B11434_HEAD.search(head):
         return "reference" if b"shadowlab-engine" in head else "llama.cpp"
@@ -520,24 +508,25 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 class TimeBound:
     seconds: float
     absolute: bool  # an ISO date (Unix seconds) rather than a duration since the first request
+    text: str = ""  # as given
 
 
 def parse_time(text: str) -> TimeBound:
     m = _DURATION.match(text)
     if m:
-        return TimeBound(float(m[1]) * _UNITS[m[2]], False)
+        return TimeBound(float(m[1]) * _UNITS[m[2]], False, text)
     if re.fullmatch(r"\d+(?::\d{1,2}){1,2}", text.strip()):
         parts = [int(p) for p in text.strip().split(":")]
         while len(parts) < 3:
             parts.insert(0, 0)
-        return TimeBound(parts[0] * 3600 + parts[1] * 60 + parts[2], False)
+        return TimeBound(parts[0] * 3600 + parts[1] * 60 + parts[2], False, text)
     try:
         when = _dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise UsageError(f"--since/--until {text!r}: give a duration (90, 15m, 36h, 2d, 1:30:00) or an ISO date") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=_dt.timezone.utc)
-    return TimeBound(when.timestamp(), True)
+    return TimeBound(when.timestamp(), True, text)
 
 
 class _Clock:
@@ -546,10 +535,16 @@ class _Clock:
     def __init__(self, family: str):
         self.unix = family == "ik_llama.cpp"
         self.reader: _Stream | None = None
+        self.replay: lifecycle.Replay | None = None  # its restarts restart the elapsed count
+        self.restarts = 0
         self.base = 0.0
         self.last: float | None = None
 
     def __call__(self, offset: int) -> float | None:
+        if self.replay is not None and self.replay.restarts != self.restarts:
+            self.restarts = self.replay.restarts
+            if self.last is not None:  # a new process counts from 0 again: time goes on
+                self.base = self.last
         found = self.reader.line_at(offset) if self.reader is not None else None
         if found is None:
             return self.last
@@ -588,6 +583,14 @@ class Options:
     slot: int | None = None
     trace: TextIO | None = None
 
+    def check(self) -> None:
+        """Filters that can select nothing are usage errors, not an empty answer."""
+        if self.slot is not None and self.slot < 0:
+            raise UsageError(f"--slot {self.slot}: slot ids are 0 or more")
+        since, until = self.since, self.until
+        if since is not None and until is not None and since.absolute == until.absolute and since.seconds > until.seconds:
+            raise UsageError(f"--since {since.text!r} lies after --until {until.text!r}: no time is in that window")
+
 
 def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
     """Read every file; the whole result as the JSON document (``version`` 1)."""
@@ -603,7 +606,10 @@ def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
                                         "time_unit": "s", "source": "shadowlab logs"}) + "\n")
     for server, pieces in group_servers(paths):
         family = options.family or sniff_family(pieces[0])
+        first = len(files_out)
         doc, fig = _server(server, pieces, family, options, files_out, rows, times, codes)
+        if all(f.error is not None for f in files_out[first:]):
+            continue  # nothing of it was read: its files are listed unreadable, with no figures
         servers_out.append(doc)
         overall.merge(fig)
     readable = [f for f in files_out if f.error is None]
@@ -761,6 +767,7 @@ def _server_replay(server: str, pieces: list[str], family: str, options: Options
     clock = _Clock(family)
     clock.reader = stream
     replay = lifecycle.Replay(clock)
+    clock.replay = replay
     slots: dict[Any, Figures] = {}
     first_time: list[float | None] = [None]
     server_notes: list[str] = []
@@ -862,17 +869,21 @@ def _row(server: str, r: Any, stream: _Stream | None = None) -> dict[str, Any]:
 
 
 def _over_time(times: array, codes: array) -> dict[str, Any]:
+    """Outcomes per time bin, from the earliest request to the latest. Times are since each
+    server's first request and may be negative: a clock stepped back, or rotated pieces whose
+    Unix times go backwards, are data (the order of the lines is kept; no restart is made of it)."""
     if not times:
-        return {"bins": [], "bin_s": None}
-    span = max(times) or 1.0
-    width = span / TIME_BINS
+        return {"bins": [], "bin_s": None, "start_s": None}
+    start = min(times)
+    width = ((max(times) - start) or 1.0) / TIME_BINS
     bins = [[0] * len(lifecycle.OUTCOMES) for _ in range(TIME_BINS)]
     # counted by bin * 8 + outcome in C-speed loops (one Python step per request was ~0.1 s
-    # per GB); >> 3 and & 7 take a negative bin apart as they put it together
-    keys = map(add, map(lshift, map(int, map(truediv, times, repeat(width))), repeat(3)), codes)
+    # per GB); every bin is >= 0, from the earliest time
+    offsets = map(sub, times, repeat(start))
+    keys = map(add, map(lshift, map(int, map(truediv, offsets, repeat(width))), repeat(3)), codes)
     for key, n in Counter(keys).items():
         bins[min(TIME_BINS - 1, key >> 3)][key & 7] += n
-    return {"bin_s": width, "outcomes": list(lifecycle.OUTCOMES), "bins": bins}
+    return {"bin_s": width, "start_s": start, "outcomes": list(lifecycle.OUTCOMES), "bins": bins}
 
 
 # --------------------------------------------------------------------------- outputs
@@ -998,6 +1009,7 @@ def run(args: argparse.Namespace) -> int:
         options = Options(family=args.family, slot=args.slot,
                           since=parse_time(args.since) if args.since else None,
                           until=parse_time(args.until) if args.until else None)
+        options.check()
     except UsageError as exc:
         print(f"shadowlab logs: {exc}", file=sys.stderr)
         return 2
@@ -1014,8 +1026,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if trace_fh is not None:
             trace_fh.close()
-    if not doc["readable_files"]:
-        sys.stderr.write(summary(doc))
+    if not doc["readable_files"]:  # the reasons, and no summary of nothing
+        sys.stderr.write(terminal_safe("".join(f"unreadable: {u['path']}: {u['why']}\n" for u in doc["unreadable_files"])))
         print("shadowlab logs: no readable input", file=sys.stderr)
         return 2
     hist = doc.pop("_hist", None)

@@ -23,8 +23,18 @@ An event belongs to the request (slot, task) that printed it. A slot runs one ta
 a request is complete when its slot starts another task (or at the end of the log). Lines that
 come before a task prints anything and carry no task of their own (task -1 ``selected slot by``,
 the ``srv`` prompt-cache save / load lines) are held and applied to the slot of the next request
-that starts: they change the ring before that request's restore decision. A task id lower than
-one already started means the server restarted: every slot is emptied.
+that starts: they change the ring before that request's restore decision.
+
+Restarts
+--------
+A new server process empties every slot. It is known from the server's own start-up line
+(logparse's ``server_start``: ``model loaded``, printed exactly once per start by every family,
+before any request), and, where a log lacks it (a rotated piece that begins after it), from a
+task id lower than one already started. Either closes every open request and forgets every ring,
+held line, side note, and the n_swa the server stated; a start line is counted as a restart
+when a start line or a request came before it in the stream (the log's own first start is not). The common single-request session starts again
+at a task id no lower than the last session's: only its start line tells it apart. Times are no
+evidence either way: a Unix clock stepped back (or rotated pieces out of time order) is data.
 
 The ring
 --------
@@ -53,7 +63,8 @@ since the line states n_past - n_swa); else the re-entry point, labelled ``share
 n_tokens`` / ``kv cache rm [p0`` line. ``processed``: ``prompt eval time = X ms / N tokens`` (the
 last one of the task). Outcome: ``restored`` (a restore line), ``forced`` (the forcing line),
 ``extended`` (reused > 0 without a restore), ``cold`` (the first request on a slot in this
-stream, nothing reused, nothing erased), else ``silent_reset`` (nothing reused, no forcing line:
+stream, nothing reused, nothing erased but checkpoints it created itself: a ring of one or two
+evicts its own during the first prefill), else ``silent_reset`` (nothing reused, no forcing line:
 b11434 prints the forcing line only when n_past > 0).
 
 The three failure conditions of the case study, as flags on a request that is not cold:
@@ -83,6 +94,7 @@ OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
 ERASE_KINDS = ("erased_invalidated", "erased_old", "erased_too_close", "erased_superseded")
 CACHE_KINDS = ("cache_saved", "cache_loaded")
 CLEARED = "prompt_cleared"  # b11434's `clearing prompt with N tokens`: the slot's ring empties
+STARTED = "server_start"  # the server's start-up line (`model loaded`): a new process
 # Printed before the task owns its slot, and applied before its restore decision (a clear names
 # its own slot: Replay applies it at once instead of holding it).
 HELD_KINDS = frozenset(CACHE_KINDS + ("slot_selected", CLEARED))
@@ -266,6 +278,7 @@ class Replay:
         self._erased_by_last: dict[int | None, list[Any]] = {}  # what each slot's last request erased
         self.n_swa: int | None = None  # as the server's erase lines state it
         self.restarts = 0
+        self._began = False  # a server was seen: a start line, or a request
         self.notes: list[str] = []
 
     def feed(self, ev: Any) -> list[Request]:
@@ -304,6 +317,10 @@ class Replay:
                 if kind == "shared_prefix" or kind == "checkpoint_check":
                     self._take_note(ev)
                     continue
+                if kind == STARTED:  # a new process: the next line, whatever its task, starts anew
+                    self._restart(ev, emit, f"line {ev.line}: the server started again" if self._began else None)
+                    cur, cur_slot, cur_task = None, _NONE, _NONE
+                    continue
                 if task is None or task < 0 or (kind in _HELD and slot not in opened):
                     if kind == CLEARED:
                         self._clear(ev)
@@ -315,7 +332,8 @@ class Replay:
                 cur = opened.get(slot)
                 if cur is None or cur.task != task:
                     if task < self._last_task and (cur is None or task < cur.task):
-                        self._restart(ev, emit)
+                        self._restart(ev, emit, f"line {ev.line}: task {task} after task {self._last_task}: "
+                                                "server restarted")
                         cur = None
                     if cur is not None:
                         emit(self._close(cur))
@@ -387,7 +405,10 @@ class Replay:
             emit(self._close(o))
         self._open.clear()
 
-    def _restart(self, ev: Any, emit: Callable[[Served], Any]) -> None:
+    def _restart(self, ev: Any, emit: Callable[[Served], Any], note: str | None) -> None:
+        """A new server process: every open request closes, every slot and what the server
+        stated (n_swa) is forgotten. `note` None: the log's first start line (no server before
+        it to restart), not counted."""
         self._finish(emit)
         self.rings.clear()
         self._held.clear()
@@ -396,9 +417,12 @@ class Replay:
         self._lcp.clear()
         self._checks.clear()
         self._erased_by_last.clear()
-        self.restarts += 1
-        if len(self.notes) < 20:
-            self.notes.append(f"line {ev.line}: task {ev.task} after task {self._last_task}: server restarted")
+        self.n_swa = None
+        self._began = True
+        if note is not None:
+            self.restarts += 1
+            if len(self.notes) < 20:
+                self.notes.append(note)
         self._last_task = -1
 
     def _start(self, ev: Any) -> Served:
@@ -422,6 +446,7 @@ class Replay:
         o.cache_saved, o.cache_loaded = saved, loaded
         self._open[slot] = o
         self._last_task = max(self._last_task, ev.task)
+        self._began = True
         return o
 
     def _close(self, o: Served) -> Served:
@@ -433,13 +458,17 @@ class Replay:
         shared, source = self._shared(o, prompt, re_entry)
         reused = re_entry
         erased_any = bool(o.erased_cascade or o.erased_other)
+        own = o.created
+        # what it erased of checkpoints made before it (a fresh slot's own ring evicting its own
+        # checkpoints, --ctx-checkpoints 1 or 2, is no sign the slot held anything)
+        foreign = [c for c in o.erased_cascade + o.erased_other if not _among(c, own)] if erased_any else []
         if restored is not None:
             outcome = "restored"
         elif o.forced:
             outcome = "forced"
         elif reused:
             outcome = "extended"
-        elif o.fresh and not erased_any:
+        elif o.fresh and not foreign:
             outcome = "cold"
         else:
             outcome = "silent_reset"
@@ -454,10 +483,8 @@ class Replay:
             o.baseline_loss = warm and not o.forced and shared is not None and shared < BASELINE_TOKENS
         else:
             o.baseline_loss = warm and shared is not None and shared < BASELINE_TOKENS
-        # what this request erased of checkpoints made before it: the next request's retention
-        if erased_any or earlier:
-            own = o.created
-            self._erased_by_last[o.slot] = [c for c in o.erased_cascade + o.erased_other if not _among(c, own)]
+        if erased_any or earlier:  # what this request erased of older checkpoints: the next one's retention
+            self._erased_by_last[o.slot] = foreign
         if self._open.get(o.slot) is o:
             del self._open[o.slot]
         ring = self.rings.get(o.slot)

@@ -6,10 +6,12 @@
 ``source`` is a path (``str`` or PathLike; a ``str`` is always a path), read in 8 MiB blocks into
 one reused buffer (``iter_events``' memory stays O(1) in the file size), a binary file object, or
 an iterable of lines (``str`` or ``bytes``, each a whole line). A file or stream starting with the
-gzip magic bytes is gunzipped as it streams, whatever its name; corrupt or truncated gzip data
-(or a read error) ends the text there, the events before it are kept and ``source_error`` says
-why. What is not a log (bytes, log text, a missing path, a FIFO or device, a text-mode file)
-raises ``LogSourceError`` before anything is read. Bytes are decoded with ``errors="replace"``;
+gzip magic bytes is gunzipped as it streams, whatever its name (``LogText``); corrupt or truncated
+gzip data (or a read error) ends the text there, every whole line decompressed before it is read
+(as zcat gives them) and ``source_error`` says why, where, and how many lines were read. What is
+not a log (bytes, log text, a missing path, a FIFO, device or directory, a text-mode file)
+raises ``LogSourceError`` before anything is read: ``open_log`` is the one place a log's path is
+opened, here and in ``shadowlab logs``. Bytes are decoded with ``errors="replace"``;
 NUL and ``\\r`` are dropped.
 
 Cut lines are never read: the last line without its newline (the writer may have been stopped
@@ -43,8 +45,9 @@ fixture line and on mutated lines):
    built in C; every line it is not sure of comes back to the layers below. Not used with
    matrix ``log_patterns``. ~0.32 µs per event on a realistic log, a third of grep's speed;
 2. the Python fast path: one C-speed regex search per scan word (``checkpoint``, ``prompt``
-   where a trigger holds it, ``memory_seq_rm``, ``kv cache rm``, ``selected slot by``); a line
-   is matched whole, undecoded, by one anchored regex chosen by its first scan word;
+   where a trigger holds it, ``memory_seq_rm``, ``kv cache rm``, ``selected slot by``, ``model
+   loaded``); a line is matched whole, undecoded, by one anchored regex chosen by its first scan
+   word (the start-up line ``model loaded``, once per start, goes to the tolerant rules);
 3. the tolerant rules above, on the decoded line.
 
 Events are tuple-based records built with ``tuple.__new__`` (a frozen dataclass cost ~3 µs
@@ -82,7 +85,7 @@ try:  # the optional C accelerator of the fast path (setup.py builds it when a c
     from shadowlab.logs import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 6  # shadowlab/logs/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
+_ACCEL_ABI = 7  # shadowlab/logs/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
 
 
 def _usable(module: Any) -> Any:
@@ -100,7 +103,8 @@ FAMILIES = (*LLAMA_CPP_FAMILIES, "reference", "none")
 
 BLOCK_SIZE = 8 << 20
 GZIP_MAGIC = b"\x1f\x8b"
-GZIP_STEP = 1 << 16  # compressed bytes per decompress call (a corrupt stream is salvaged up to the error)
+GZIP_STEP = 1 << 16  # compressed bytes read at a time (a corrupt stream is salvaged up to the error)
+GZIP_OUT = 1 << 20  # text decompressed ahead at most: a gzip bomb costs time, not memory
 MAX_LINE = 1 << 20
 LOOK_BACK = 1 << 16  # how far `found better prompt` looks back for its prompt-cache candidate
 MAX_SAMPLES = 5
@@ -354,6 +358,19 @@ class PromptCleared(Event):
     n_tokens: int | None = None
 
 
+@_record
+class ServerStart(Event):
+    """The server's start-up line ``model loaded``: a new process began, so every slot is empty
+    and task ids start again. Every family prints it exactly once per start, after loading the
+    model and before serving (b11434 ``srv  llama_server: model loaded``, older upstream ``main:
+    model loaded``, ik_llama.cpp ``INFO [ main] model loaded | ...``, the reference engine ``main:
+    model loaded: sha256 = ...``); the line names no slot or task. A mention elsewhere (other
+    words after it, text before it that is no log head) is no start."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "server_start"
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -371,6 +388,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PromptCacheSaved,
         PromptCacheLoaded,
         PromptCleared,
+        ServerStart,
     )
 }
 EVENT_KINDS = tuple(EVENT_TYPES)
@@ -380,7 +398,7 @@ EVENT_KINDS = tuple(EVENT_TYPES)
 _ACCEL_CLASSES = (
     CheckpointCreated, CheckpointRestored, CheckpointErased, CheckpointErasedOld, CheckpointErasedTooClose,
     CheckpointSuperseded, ForcedReprocessing, NewPrompt, CacheTrim, PromptEval, SlotSelected,
-    PromptCacheSaved, PromptCacheLoaded, PromptCleared,
+    PromptCacheSaved, PromptCacheLoaded, PromptCleared, ServerStart,
 )
 _ACCEL_KINDS = ACCEL_KINDS = tuple(cls.kind for cls in _ACCEL_CLASSES)  # public: logs' fold numbers them
 _ACCEL_METHODS = ("lru", "lcp")
@@ -559,8 +577,11 @@ def _batches(
     splitter = _Splitter()
     for block in _blocks(source, stats):
         yield scanner.process(splitter.split(block))
-    if splitter.pending:
+    cut = bool(splitter.pending)  # the text ends inside a line (a damaged gzip usually does)
+    if cut:
         yield scanner.process(splitter.split(b"", final=True))
+    if stats.source_error is not None:  # said with where it stopped, counted as the reader does
+        stats.source_error += f": the {stats.lines - cut:,} whole lines before it were read"
 
 
 # What _Splitter cuts a stream into: (_LINES, body, lo, hi): complete lines body[lo:hi];
@@ -616,31 +637,52 @@ class _Splitter:
 # --------------------------------------------------------------------------- reading
 
 
+def open_log(path: str | os.PathLike[str]) -> BinaryIO:
+    """The one place a log's path is opened (``parse``, ``iter_events`` and ``shadowlab logs``):
+    an unbuffered binary file, or LogSourceError before a byte is read when the path is missing,
+    unreadable or not a regular file. The path is opened without waiting (O_NONBLOCK: a FIFO's
+    open() would wait for a writer) and judged by what was opened (fstat), so a FIFO, a device
+    (/dev/zero reads forever) or a directory is refused whatever the path was when checked
+    before. A stream (stdin, a pipe) is a file object: `LogText` reads either."""
+    shown = os.fspath(path)
+    shown = shown if len(shown) <= 200 else shown[:200] + "..."
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        text = "\n" in os.fspath(path)
+        raise LogSourceError(
+            f"cannot open: {getattr(exc, 'strerror', None) or exc}", source=repr(shown),
+            hint="a str is a path; to parse log text pass text.splitlines()" if text else "check the path",
+        ) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise LogSourceError(
+                f"not a regular file ({_FILE_KINDS.get(stat.S_IFMT(mode), 'a special file')})", source=repr(shown),
+                hint="pass a log file; a stream can be given as a binary file object",
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFDIR: "a directory", stat.S_IFSOCK: "a socket"}
+
+
 def _check_source(source: Any) -> None:
     """Refuse what is not a log before anything is read: bytes (log text is not a path; pass a
-    path, a binary file or its lines), a path that is missing or not a regular file (a FIFO or a
-    device would be read forever), a text-mode file, anything not iterable."""
+    path, a binary file or its lines), a path `open_log` refuses, a text-mode file, anything not
+    iterable."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         raise LogSourceError(
             f"got {type(source).__name__} ({len(source)} bytes), not a log source", source="parse()",
             hint="pass the log's path, a file opened with open(path, 'rb'), or its lines (data.splitlines())",
         )
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        shown = path if len(path) <= 200 else path[:200] + "..."
-        try:
-            mode = os.stat(path).st_mode
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-            text = "\n" in path
-            raise LogSourceError(
-                f"cannot read the log: {getattr(exc, 'strerror', None) or exc}", source=repr(shown),
-                hint="a str is a path; to parse log text pass text.splitlines()" if text else "check the path",
-            ) from None
-        if not stat.S_ISREG(mode):
-            raise LogSourceError(
-                "not a regular file", source=repr(shown),
-                hint="pass a log file; a stream can be given as a binary file object",
-            )
+        open_log(source).close()
         return
     if isinstance(source, io.TextIOBase):
         raise LogSourceError(
@@ -658,12 +700,7 @@ def _blocks(source: Source, stats: ParseStats) -> Iterator[bytes | bytearray]:
     """Blocks of the source (checked by `_check_source`). A file or binary stream is gunzipped
     when it starts with the gzip magic, whatever its name."""
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        try:
-            fh = open(path, "rb", buffering=0)
-        except OSError as exc:  # gone or unreadable since _check_source
-            raise LogSourceError(f"cannot read the log: {exc.strerror or exc}", source=repr(path)) from None
-        with fh:
+        with open_log(source) as fh:  # checked again: the path may have changed since
             yield from _stream(fh, stats)
     elif callable(getattr(source, "read", None)):
         yield from _stream(source, stats)  # type: ignore[arg-type]
@@ -672,85 +709,157 @@ def _blocks(source: Source, stats: ParseStats) -> Iterator[bytes | bytearray]:
 
 
 def _stream(fh: BinaryIO, stats: ParseStats) -> Iterator[bytes | bytearray]:
-    """The log text of a binary stream, plain or gzip. A read error ends it early and is kept
-    in `stats.source_error`, as corrupt gzip data is."""
-    raw = _raw_blocks(fh, stats)
-    first = next(raw, b"")
-    if first[:2] == GZIP_MAGIC:
-        yield from _gunzip(chain((bytes(first),), raw), stats)
-    elif first:
-        yield first
-        yield from raw
+    """The log text of a binary stream, plain or gzip, in blocks read into one reused buffer
+    (a fresh 8 MiB object per block cost more than the C scan of it): each is valid until the
+    next. Damage (a read error, corrupt or truncated gzip data) ends it early and is kept in
+    `stats.source_error`."""
+    text = LogText(fh)
+    buffer = bytearray(BLOCK_SIZE)
+    view = memoryview(buffer)
+    while n := text.readinto(buffer):
+        yield buffer if n == BLOCK_SIZE else view[:n].tobytes()
+    stats.source_error = text.damage
 
 
-def _raw_blocks(fh: BinaryIO, stats: ParseStats) -> Iterator[bytes | bytearray]:
-    """Blocks as read. From a file with `readinto` they are read into one reused buffer (a fresh
-    8 MiB object per block cost more than the C scan of it): each is valid until the next."""
-    readinto = getattr(fh, "readinto", None)
-    buffer = bytearray(BLOCK_SIZE) if readinto is not None else None
-    view = memoryview(buffer) if buffer is not None else None
-    while True:
+class LogText(io.RawIOBase):
+    """The text of one log file or binary stream, for every reader of logs (logparse's own and
+    ``shadowlab logs``' pieces): gunzipped as it is read when it starts with the gzip magic bytes
+    (one member or several, whatever the name), else as it is. A read error, or corrupt or
+    truncated gzip data, ends the text there as zcat ends it: every byte decompressed before the
+    damage is given (zlib gives nothing of a call that fails, so the failing input is fed again
+    a byte at a time), and ``damage`` says what and where (None otherwise). ``readinto`` fills
+    the buffer it is given, up to its end or the end of the text (plain text is read straight
+    into it: the caller's own buffer object); a gzip bomb costs time, not memory (at most
+    GZIP_OUT bytes are decompressed ahead). ``compressed`` is known after the first read."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        super().__init__()
+        self.fh = fh
+        self.damage: str | None = None
+        self.raw_read = 0  # bytes read from fh (compressed bytes for a gzip)
+        self.compressed: bool | None = None
+        self._chunks: Iterator[bytes] | None = None
+        self._out = memoryview(b"")  # decompressed, not handed on yet
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self.compressed is None:  # the first read tells: the gzip magic, or text
+            n = self._raw_into(b)
+            while 0 < n < 2 and (more := self._raw_into(memoryview(b)[n:])):
+                n += more
+            self.compressed = bytes(b[:2]) == GZIP_MAGIC
+            if not self.compressed:
+                return n
+            self._chunks = self._gunzip(bytes(b[:n]))
+        elif self._chunks is None:
+            return self._raw_into(b)
+        view = memoryview(b).cast("B")
+        n = 0
+        while n < len(view):
+            if not self._out:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    break
+                self._out = memoryview(chunk)
+            take = min(len(self._out), len(view) - n)
+            view[n : n + take] = self._out[:take]
+            self._out = self._out[take:]
+            n += take
+        return n
+
+    def _raw(self, size: int) -> bytes:
+        """Up to `size` bytes of fh; b"" at its end or after a read error (then `damage`)."""
+        if self.damage is not None:
+            return b""
         try:
-            if readinto is not None:
-                n = readinto(buffer)
-                data: Any = None if not n else buffer if n == BLOCK_SIZE else view[:n].tobytes()  # type: ignore[index]
-            else:
-                data = fh.read(BLOCK_SIZE) or None
+            data = self.fh.read(size)
         except (OSError, ValueError) as exc:  # EIO, a closed file, ...
-            stats.source_error = f"reading stopped: {exc}"
-            return
-        if data is None:
-            return
+            self.damage = f"reading stopped after byte {self.raw_read:,}: {exc}"
+            return b""
+        if data is None:  # a non-blocking stream with nothing yet: read as its end
+            return b""
         if not isinstance(data, (bytes, bytearray)):
             raise LogSourceError(
-                f"the file object gave {type(data).__name__}, not bytes", source=repr(getattr(fh, "name", "<file>")),
+                f"the file object gave {type(data).__name__}, not bytes", source=repr(getattr(self.fh, "name", "<file>")),
                 hint="open the log with open(path, 'rb')",
             )
-        yield data
+        self.raw_read += len(data)
+        return bytes(data)
 
+    def _raw_into(self, b: Any) -> int:
+        readinto = getattr(self.fh, "readinto", None)
+        if readinto is None:
+            data = self._raw(len(b))
+            memoryview(b)[: len(data)] = data
+            return len(data)
+        if self.damage is not None:
+            return 0
+        try:
+            got = readinto(b) or 0
+        except (OSError, ValueError) as exc:
+            self.damage = f"reading stopped after byte {self.raw_read:,}: {exc}"
+            return 0
+        self.raw_read += got
+        return got
 
-def _gunzip(compressed: Iterator[bytes | bytearray], stats: ParseStats) -> Iterator[bytes]:
-    """Decompressed blocks (at most BLOCK_SIZE each: a gzip bomb costs time, not memory) of one
-    or more gzip members. Corrupt or truncated data ends the text there: what came before it is
-    given (the failing step is fed again in small pieces up to the error), the rest is reported
-    in `stats.source_error`."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    read = 0  # compressed bytes fed so far
-    for block in compressed:
-        view = memoryview(block)
-        for i in range(0, len(view), GZIP_STEP):
-            data: bytes = view[i : i + GZIP_STEP].tobytes()
-            while data:
-                if d.eof:  # a member ended and more follows (`cat a.gz b.gz`)
-                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                saved = d.copy()
-                try:
-                    out = d.decompress(data, BLOCK_SIZE)
-                except zlib.error as exc:
-                    yield from _salvage(saved, data)
-                    stats.source_error = f"corrupt gzip data within compressed bytes {read}-{read + len(data)} ({exc}): the text before it was read"
-                    return
-                if out:
-                    yield out
-                rest = d.unconsumed_tail or (d.unused_data if d.eof else b"")
-                read += len(data) - len(rest)
-                data = rest
-    if not d.eof:
-        stats.source_error = f"the gzip data ends early, after {read} compressed bytes (truncated): the text before it was read"
+    def _inputs(self, first: bytes) -> Iterator[bytes]:
+        """The compressed bytes in pieces of at most GZIP_STEP: what the first read brought,
+        then fh's (a failing piece is salvaged byte by byte, so a piece bounds that work)."""
+        for i in range(0, len(first), GZIP_STEP):
+            yield first[i : i + GZIP_STEP]
+        while data := self._raw(GZIP_STEP):
+            yield data
 
-
-def _salvage(d: Any, data: bytes) -> Iterator[bytes]:
-    """What `data` decompresses to before the byte zlib rejects, fed in small pieces."""
-    for i in range(0, len(data), 256):
-        piece = data[i : i + 256]
-        while piece and not d.eof:
+    def _gunzip(self, first: bytes) -> Iterator[bytes]:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        inputs = self._inputs(first)
+        data, at = b"", 0  # at: compressed bytes consumed before `data`
+        while True:
+            if not data and not (data := next(inputs, b"")):
+                break
+            if d.eof:  # a member ended and more follows (`cat a.gz b.gz`)
+                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            saved = d.copy()
             try:
-                out = d.decompress(piece, BLOCK_SIZE)
-            except zlib.error:
+                out = d.decompress(data, GZIP_OUT)
+            except zlib.error as exc:
+                good = yield from _salvage(saved, data)
+                self.damage = f"corrupt gzip data at compressed byte {at + good:,} ({exc})"
+                if "check" in str(exc):  # the member's CRC or length: damaged where zlib could not see
+                    self.damage += "; the text of that gzip member is damaged somewhere before it (where is unknown)"
                 return
             if out:
                 yield out
-            piece = d.unconsumed_tail
+            rest = d.unconsumed_tail or (d.unused_data if d.eof else b"")
+            at += len(data) - len(rest)
+            data = rest
+        if not d.eof and self.damage is None:
+            self.damage = f"the gzip data ends early, after {at:,} compressed bytes (truncated)"
+
+
+def _salvage(d: Any, data: bytes) -> Iterator[bytes]:
+    """What `data` decompresses to before the byte zlib rejects (fed 256 bytes at a time, the
+    failing piece again a byte at a time); returns how many bytes of `data` were good."""
+    for i in range(0, len(data), 256):
+        saved = d.copy()
+        try:
+            out = d.decompress(data[i : i + 256])
+        except zlib.error:
+            for j in range(i, min(i + 256, len(data))):
+                try:
+                    out = saved.decompress(data[j : j + 1])
+                except zlib.error:
+                    return j
+                if out:
+                    yield out
+            return min(i + 256, len(data))
+        if out:
+            yield out
+        if d.eof:
+            return i + 256
+    return len(data)
 
 
 def _line_blocks(lines: Iterable[str | bytes]) -> Iterator[bytes]:
@@ -792,6 +901,7 @@ _TRIGGERS = (
     b"saving prompt with length",
     b"found better prompt",
     b"clearing prompt with",
+    b"model loaded",
 )
 
 # Known lines with a trigger word that carry no event.
@@ -843,6 +953,7 @@ _TRIM_P0 = re.compile(r"(?:memory_seq_rm|kv cache rm)\s*\[\s*(?:p0\s*=\s*)?(\d+)
 _EVAL = re.compile(r"prompt eval time\s*=\s*(\d+(?:\.\d+)?)\s*ms\s*/\s*(\d+)\s*tokens")
 _SELECTED = re.compile(r"selected slot by\s+([A-Za-z]+)")
 _CLEARED = re.compile(r"clearing prompt with\s+(\d+)\s+tokens" + _DELIMITED)
+_LOADED = re.compile(r"model loaded(?::|\s*+\Z)")  # ServerStart: the whole message, or details after ':'
 _SAVE_LEN = re.compile(r"saving prompt with length(?:\s+(\d+)" + _DELIMITED + r"|(?!\s*+\d))")
 _TRIM_KEY = re.compile(r"(?:n_tokens|n_past)\s*+=")  # a trim line naming its count, which _TRIM must read
 # What may stand before a message on a line without a slot prefix: timestamps, a level word,
@@ -1020,7 +1131,7 @@ class _Scanner:
         """The event of a candidate line whose first trigger is scan word `word`, by that word's
         whole-line regex (undecoded); `_IGNORED` for a known benign line; None: not matched,
         the line is for `_slow_line`."""
-        match = self.fast[word] if word < 5 else None
+        match = self.fast[word] if word < len(self.fast) else None
         m = match(body, start, stop) if match is not None and stop - start <= MAX_LINE else None
         if m is None:
             return None
@@ -1354,14 +1465,15 @@ def _fast(pattern: bytes) -> Any:
 
 
 # Per scan word: (regex with the strict branches, regex without them); None: none.
-_SCAN_WORDS = (b"checkpoint", b"prompt", b"memory_seq_rm", b"kv cache rm", b"selected slot by")
-_W_CK, _W_PROMPT, _W_TRIM, _W_KV, _W_SELECTED = range(5)
+_SCAN_WORDS = (b"checkpoint", b"prompt", b"memory_seq_rm", b"kv cache rm", b"selected slot by", b"model loaded")
+_W_CK, _W_PROMPT, _W_TRIM, _W_KV, _W_SELECTED, _W_STARTED = range(6)
 _FAST_BY_WORD = (
     (_fast(_CK_ANY + _CK_STRICT), _fast(_CK_ANY)),
     (_fast(_PROMPT_ANY + _PROMPT_STRICT), _fast(_PROMPT_ANY)),
     (_fast(_TRIM_ANY), _fast(_TRIM_ANY)),
     (None, None),
     (_fast(_SELECTED_STRICT), None),
+    (None, None),  # `model loaded`: once per start, read by the tolerant rules
 )
 
 
@@ -1442,6 +1554,7 @@ _PHRASES = (
     "saving prompt with length",
     "found better prompt",
     "clearing prompt with",
+    "model loaded",
 )
 
 
@@ -1623,6 +1736,10 @@ def _build(msg: str, common: dict[str, Any], scanner: _Scanner, body: bytes, sta
         if m is None:
             raise ValueError("broken clearing count")
         return PromptCleared(**common, n_tokens=int(m.group(1)))
+    if msg.startswith("model loaded"):
+        if _LOADED.match(msg) is None:
+            raise ValueError("`model loaded` followed by other words: not the start-up line")
+        return ServerStart(line=common["line"], offset=common["offset"])
     if msg.startswith("found better prompt"):
         f = _fields(msg)
         f_keep, f_sim = _opt_float(f, "f_keep"), _opt_float(f, "f_sim", "sim")

@@ -25,7 +25,7 @@ import pytest
 from shadowlab.logs import parse as lp
 from shadowlab.errors import LogSourceError, ShadowlabError
 
-ROOT = Path(lp.__file__).resolve().parents[1]  # the shadowlab under test, for the child process
+ROOT = Path(lp.__file__).resolve().parents[2]  # shadowlab/logs/parse.py -> the shadowlab under test, for the child process
 HEAD = b"0.01.000.000 I slot create_check: id  0 | task 3 | "
 NEW_PROMPT = HEAD + b"new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 4560\n"
 CREATED = HEAD + (

@@ -458,7 +458,8 @@ def test_fast_path_lines_from_a_prompt_cache_run_are_read_fast(monkeypatch, acce
 
     monkeypatch.setattr(lp._Scanner, "_line", spy)
     parsed = lp.parse(LOGS / "llama.cpp-b11434" / "A-B-A.cram8192.log", "llama.cpp")
-    requests = [raw for raw in seen if b"load_model" not in raw and b"init:" not in raw]
+    start_up = (b"load_model", b"init:", b"model loaded")  # once per start: the tolerant rules read them
+    requests = [raw for raw in seen if not any(w in raw for w in start_up)]
     if accelerated:
         assert requests == []
         assert parsed.counts["cache_loaded"] > 0

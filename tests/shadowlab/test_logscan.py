@@ -8,6 +8,7 @@ digits too long for int64, NUL, CR, foreign bytes, other level letters and spaci
 
 from __future__ import annotations
 
+import gzip
 import os
 import random
 from pathlib import Path
@@ -79,6 +80,7 @@ def test_the_records_the_c_code_writes_have_the_fields_it_writes_them_in():
         "cache_saved": head + ("n_tokens", "n_checkpoints", "size_mib"),
         "cache_loaded": head + ("n_tokens", "n_checkpoints", "f_keep", "similarity"),
         "prompt_cleared": head + ("n_tokens",),
+        "server_start": head,
     }
     assert {cls.kind: cls._fields for cls in lp._ACCEL_CLASSES} == expected
     assert lp._ACCEL_KINDS == tuple(expected)
@@ -118,7 +120,8 @@ def test_the_c_code_reads_the_b11434_request_lines_itself(monkeypatch):
     events = 0
     for path in sorted((LOGS / "llama.cpp-b11434").glob("*.log")):
         events += len(lp.parse(path, "llama.cpp").events)
-    requests = [raw for raw in fell_back if b"load_model" not in raw and b"init:" not in raw]
+    start_up = (b"load_model", b"init:", b"model loaded")  # once per start: Python reads them
+    requests = [raw for raw in fell_back if not any(w in raw for w in start_up)]
     assert events > 100 and requests == []
 
 
@@ -227,7 +230,7 @@ def test_scan_rejects_bad_arguments():
     with pytest.raises(ValueError):
         scan(data, 0, 4, 0, 0, lp._ACCEL_CLASSES[:3], lp._ACCEL_METHODS)
     with pytest.raises(TypeError):
-        scan(data, 0, 4, 0, 0, (int,) * 14, lp._ACCEL_METHODS)
+        scan(data, 0, 4, 0, 0, (int,) * len(lp._ACCEL_CLASSES), lp._ACCEL_METHODS)
 
 
 def test_a_build_from_another_version_is_not_used():
@@ -520,3 +523,34 @@ def test_fold_closes_requests_that_started_on_one_line_in_the_order_they_started
     (fold, replay, pure), folded = _three_ways([path], monkeypatch)
     assert folded and fold == replay == pure
     assert [r["task"] for r in fold["requests"]] == [2, 1, 7, 8]  # 2 closes first: slot 0 went on first
+
+
+@needs_c
+@pytest.mark.parametrize("block", [None, 4099], ids=["1MiB", "4099"])
+def test_fold_reads_restarts_from_start_lines_as_the_python_replay_does(tmp_path, monkeypatch, block):
+    """Real b11434 sessions one after another (most serve one request: their task ids never go
+    down, only the `model loaded` start-up line tells them apart), as one file, as rotated
+    pieces, and with a session cut mid-request (a crash) before the next start; small blocks
+    put block ends next to the start lines. The fold reads the start line (handed back to
+    Python, folded in place) and must agree with the replay."""
+    from shadowlab.logs import command as logs
+
+    if block:
+        monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
+    sessions = sorted((LOGS / "llama.cpp-b11434-lfm2").glob("session-*.log")) + sorted(
+        (LOGS / "llama-server").glob("*-C*.log"))  # without the prompt cache (its lines: Python's)
+    texts = [p.read_bytes() for p in sessions]
+    whole = tmp_path / "whole.log"
+    whole.write_bytes(b"".join(texts))
+    crashed = texts[4][: texts[4].index(b"task 7 | erased invalidated")]  # mid-request, mid-line
+    crash = tmp_path / "crash.log"
+    crash.write_bytes(texts[0] + crashed + b"\n" + texts[5] + texts[1])
+    rotated = [tmp_path / "rot.log.3", tmp_path / "rot.log.2.gz", tmp_path / "rot.log.1", tmp_path / "rot.log"]
+    for path, text in zip(rotated, texts):
+        path.write_bytes(gzip.compress(text) if path.suffix == ".gz" else text)
+    for paths, restarts in (([whole], len(texts) - 1), ([crash], 3), (rotated, 3)):
+        (fold, replay, pure), folded = _three_ways(paths, monkeypatch)
+        assert folded == [str(paths[0]).removesuffix(".3")], folded  # the fold read it itself
+        assert fold == replay == pure, paths
+        assert fold["servers"][0]["restarts"] == restarts, paths
+        assert any("the server started again" in n for n in fold["servers"][0]["notes"])
