@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shadowlab.logs import lifecycle, command as logs  # noqa: E402 - the figures' definitions, one source of truth
+from shadowlab.logs import analysis as logs, lifecycle  # noqa: E402 - the figures' definitions, one source of truth
 
 N_UBATCH, N_BATCH, RING, SIZE_MIB = 512, 2048, 32, 62.875
 FORCING = ("forcing full prompt re-processing due to lack of cache data (likely due to SWA or hybrid/recurrent "

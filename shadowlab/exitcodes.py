@@ -23,11 +23,21 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INFRASTRUCTURE = 3
 
-# `shadowlab --help` and every subcommand's help.
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+# `shadowlab --help`: what the codes mean across commands. Each subcommand's help lists only the
+# codes that command returns, with its own words (`epilog(exits)`, the command module's EXITS).
 EPILOG = """exit codes:
   0  qualified            1  a check failed
   2  usage/matrix error   3  infrastructure failure (engine never started)
   130/143 interrupted (engines stopped; rerun with --resume)"""
+
+
+def epilog(exits: tuple[tuple[int, str], ...]) -> str:
+    """A subcommand's `exit codes:` block from its (code, meaning) pairs."""
+    width = max(len(str(code)) for code, _ in exits)
+    return "exit codes:\n" + "\n".join(f"  {str(code).rjust(width)}  {meaning}" for code, meaning in exits)
 
 # What `shadowlab gate` decides, in full (README's table says the same).
 GATE_HELP = """\
@@ -63,5 +73,6 @@ def write_traceback(run_dir: Path | None) -> Path:
     return Path(name)
 
 
-__all__ = ["EPILOG", "EXIT_CHECK_FAILED", "EXIT_INFRASTRUCTURE", "EXIT_QUALIFIED", "EXIT_USAGE", "GATE_HELP",
+__all__ = ["EPILOG", "EXIT_CHECK_FAILED", "EXIT_INFRASTRUCTURE", "EXIT_QUALIFIED", "EXIT_SIGINT", "EXIT_SIGTERM",
+           "EXIT_USAGE", "GATE_HELP", "epilog",
            "TRACEBACK_NAME", "write_traceback"]

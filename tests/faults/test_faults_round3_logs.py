@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.logs import lifecycle, parse as logparse, command as logs
+from shadowlab.logs import analysis as logs, lifecycle, parse as logparse
 from shadowlab.errors import LogSourceError
 
 ROOT = Path(logparse.__file__).resolve().parents[2]  # shadowlab/logs/parse.py -> the checkout

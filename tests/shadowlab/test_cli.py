@@ -24,9 +24,36 @@ def test_help_documents_the_exit_codes(capsys):
         cli.main(["run", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for text in ("0  qualified", "1  a check failed", "2  usage/matrix error", "3  infrastructure failure",
-                 "--resume", "--dry-run", "--jobs", "--fault"):
+    for text in ("0  qualified", "1  a check failed", "2  usage or matrix error", "3  infrastructure failure",
+                 "130  interrupted by SIGINT", "--resume", "--dry-run", "--jobs", "--fault"):
         assert text in out
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_each_command_s_help_lists_the_exit_codes_it_returns(name, capsys):
+    """Generated from the command's own EXITS: `logs --help` never promises a 'check failed' (1)
+    it cannot return, as the run gate's table once printed under every subcommand did."""
+    import importlib
+
+    from shadowlab.exitcodes import epilog
+
+    module = importlib.import_module(cli.COMMANDS[name][0])
+    with pytest.raises(SystemExit):
+        cli.main([name, "--help"])
+    out = capsys.readouterr().out
+    assert epilog(module.EXITS) in out
+    listed = {code for code, _ in module.EXITS}
+    judged = {"run", "gate"}
+    assert (1 in listed) == (name in judged), (name, listed)
+
+
+def test_version_is_the_installed_package_s(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"shadowlab {version('shadowlab')}"
 
 
 @pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("*.yaml")), ids=lambda p: p.stem)

@@ -318,7 +318,7 @@ def test_garbage_with_trigger_words_parses_the_same_with_and_without_c(monkeypat
 
 
 def _three_ways(paths, monkeypatch):
-    from shadowlab.logs import command as logs
+    from shadowlab.logs import analysis as logs
 
     folded: list[str] = []
     fold = logs._server_fold
@@ -359,7 +359,7 @@ def _make_prodlogs():
 def test_fold_reads_generated_logs_as_the_python_replay_does(tmp_path, monkeypatch, chatter, block):
     """Rotated .gz pieces, two servers, three slots, and a server restarted (the log twice);
     small blocks put block ends next to every kind of line and side note."""
-    from shadowlab.logs import command as logs
+    from shadowlab.logs import analysis as logs
 
     _make_prodlogs().generate(tmp_path, "b11434", seed=7, requests=300, servers=2, slots=3, pieces=3,
                               chatter=chatter)
@@ -415,7 +415,7 @@ def _shuffled(lines: list[bytes], rng: random.Random) -> list[bytes]:
 def test_fold_reads_a_log_that_lost_repeated_and_reordered_lines_as_python_does(tmp_path, monkeypatch):
     _make_prodlogs().generate(tmp_path, "b11434", seed=3, requests=200, slots=2, pieces=1, days=1)
     lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
-    from shadowlab.logs import command as logs
+    from shadowlab.logs import analysis as logs
 
     rng = random.Random(20261201)
     notes = []
@@ -482,7 +482,7 @@ def test_fold_rejects_bad_arguments():
 def test_fold_takes_one_check_note_per_run_of_lines_even_across_a_block_end(tmp_path, monkeypatch):
     """`checking checkpoint` notes are taken once per run of lines with the same `| task N |`
     head (its lines all say the same); the run goes on across a block end, on both paths."""
-    from shadowlab.logs import command as logs
+    from shadowlab.logs import analysis as logs
 
     def line(slot: int, task: int, text: str) -> str:
         return f"0.00.000.000 I slot update_slots: id  {slot} | task {task} | {text}\n"
@@ -533,7 +533,7 @@ def test_fold_reads_restarts_from_start_lines_as_the_python_replay_does(tmp_path
     pieces, and with a session cut mid-request (a crash) before the next start; small blocks
     put block ends next to the start lines. The fold reads the start line (handed back to
     Python, folded in place) and must agree with the replay."""
-    from shadowlab.logs import command as logs
+    from shadowlab.logs import analysis as logs
 
     if block:
         monkeypatch.setattr(logs, "_FOLD_BLOCK", block)

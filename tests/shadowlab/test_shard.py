@@ -141,7 +141,7 @@ def test_more_shards_than_units_leaves_shards_empty_and_dry_run_says_so(capsys):
 
 def test_the_split_is_the_same_under_another_hash_seed():
     """Deterministic: nothing depends on set or hash order, so every CI job computes one split."""
-    code = ("import json; from shadowlab import matrix, plan, shard; "
+    code = ("import json; from shadowlab import matrix, plan; from shadowlab.plan import shard; "
             f"m = matrix.load({str(CKPT)!r}, check_files=False); "
             "print(json.dumps(dict(shard.assign(plan.build_plan(m), m, 3).owners)))")
     splits = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -214,7 +214,7 @@ def test_a_cell_that_gets_no_device_gives_its_cores_back():
 def test_device_leases_are_shared_with_another_shadowlab_on_the_host(tmp_path):
     """Another process (any shadowlab, same lock directory) holding device 3 keeps it from us."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from shadowlab import isolation; "
+        [sys.executable, "-c", "import sys; from shadowlab.run import isolation; "
          "lease = isolation.lease_cell(1, 1, (3,)); print(lease.devices, flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -298,7 +298,7 @@ def test_a_device_pool_in_the_matrix_is_checked():
     assert load("{gpu: 1}").isolation.devices == (1,)
     assert load("{}").isolation.devices is None
     for bad, message in (("{gpu: [0, 0]}", "distinct device indices"), ("{gpu: []}", "distinct device indices"),
-                         ("{gpu: [0, -1]}", "distinct device indices"),
+                         ("{gpu: [0, -1]}", r"isolation.gpu\[1\]: expected an integer ≥ 0, got -1"),
                          ("{gpu: [0], gpus_per_cell: 2}", "2 devices per cell, but isolation.gpu names 1")):
         with pytest.raises(MatrixError, match=message):
             load(bad)

@@ -1,0 +1,76 @@
+"""``shadowlab logs FILE...``: production llama-server logs → the figures that decide what to
+qualify (shadowlab/logs/analysis.py does the reading; docs/DESIGN.md §7)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from shadowlab.exitcodes import EXIT_QUALIFIED, EXIT_USAGE
+from shadowlab.logs import parse as logparse
+from shadowlab.logs.analysis import Options, UsageError, analyse, parse_time, render_html, summary
+from shadowlab.results.records import terminal_safe
+
+EXITS = (
+    (EXIT_QUALIFIED, "at least one file was read (the summary, --json, --out, --trace written)"),
+    (EXIT_USAGE, "usage error, or no file could be read (each one's reason printed)"),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="llama-server logs (plain or .gz; rotated pieces)")
+    p.add_argument("--out", type=Path, default=None, help="write logs.html and logs.json into DIR")
+    p.add_argument("--json", action="store_true", help="print the JSON document (version 1) instead of the summary")
+    p.add_argument("--trace", type=Path, default=None, metavar="TRACE.jsonl",
+                   help="one JSON line per request (docs/trace.md)")
+    p.add_argument("--since", default=None, metavar="T", help="duration since the first request (36h) or ISO date")
+    p.add_argument("--until", default=None, metavar="T", help="as --since")
+    p.add_argument("--slot", type=int, default=None, metavar="N", help="only requests of slot N")
+    p.add_argument("--family", default=None, choices=[f for f in logparse.FAMILIES if f != "none"],
+                   help="log family (default: recognised per server)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """0 when at least one file was read, 2 on usage errors or no readable input."""
+    try:
+        options = Options(family=args.family, slot=args.slot,
+                          since=parse_time(args.since) if args.since else None,
+                          until=parse_time(args.until) if args.until else None)
+        options.check()
+    except UsageError as exc:
+        print(f"shadowlab logs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    trace_fh = None
+    try:
+        if args.trace is not None:
+            try:
+                trace_fh = open(args.trace, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                print(f"shadowlab logs: cannot write --trace {terminal_safe(str(args.trace))}: {exc.strerror}", file=sys.stderr)
+                return EXIT_USAGE
+            options.trace = trace_fh
+        doc = analyse([str(f) for f in args.files], options)
+    finally:
+        if trace_fh is not None:
+            trace_fh.close()
+    if not doc["readable_files"]:  # the reasons, and no summary of nothing
+        sys.stderr.write(terminal_safe("".join(f"unreadable: {u['path']}: {u['why']}\n" for u in doc["unreadable_files"])))
+        print("shadowlab logs: no readable input", file=sys.stderr)
+        return EXIT_USAGE
+    hist = doc.pop("_hist", None)
+    text = json.dumps(doc, indent=1, ensure_ascii=True)
+    if args.out is not None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "logs.json").write_text(text + "\n", encoding="utf-8")
+            doc["_hist"] = hist
+            (args.out / "logs.html").write_text(render_html(doc), encoding="utf-8")
+            doc.pop("_hist", None)
+        except OSError as exc:
+            print(f"shadowlab logs: cannot write --out {terminal_safe(str(args.out))}: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+    sys.stdout.write(text + "\n" if args.json else summary(doc))
+    return EXIT_QUALIFIED
+
