@@ -9,7 +9,7 @@ same machine load. Every request is a fresh prompt that shares no token with the
 one, so the whole prompt is prefilled (checked: `timings.cache_n == 0`). Prefill speed is the
 engine's own figure, `timings.prompt_n / timings.prompt_ms`; the median over `--reps` is shown.
 
-Same shape: the GGUF preset `small` (shadowlab/engines/gguf_model.py) has the reference engine's
+Same shape: the GGUF preset `small` (shadowlab/engines/llama_server/gguf_model.py) has the reference engine's
 `small` dimensions (d_model 256, 8 layers with attention every 4th, 4 delta-net heads of 64,
 8/2 attention heads of 32, d_ff 768); the vocabularies differ (269 vs 260 tokens). Preset
 `tiny` is NOT the same shape on both (GGUF tiny is BRIEF §3's 128-wide model).
@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from shadowlab.run import environment, isolation
-from shadowlab.engines import gguf_model
+from shadowlab.engines.llama_server import gguf_model
 from shadowlab.engines import llama_server, sha256_file
 
 FLAGS = ["-c", "8192", "-b", "2048", "-ub", "512", "--kv-unified", "--ctx-checkpoints", "64",

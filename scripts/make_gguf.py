@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a tiny seeded-random hybrid GGUF for llama-server (see shadowlab/engines/gguf_model.py).
+"""Write a tiny seeded-random hybrid GGUF for llama-server (see shadowlab/engines/llama_server/gguf_model.py).
 
     python scripts/make_gguf.py --preset tiny --seed 0 --out models/qwen35-tiny-s0.gguf
     python scripts/make_gguf.py --preset small --seed 0          # into models/, cached
@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from shadowlab.engines import gguf_model
+from shadowlab.engines.llama_server import gguf_model
 from shadowlab.engines import sha256_file
 
 

@@ -134,7 +134,7 @@ prompts.save({}, out / "prompts" / "ref.json")
 with open(out / "plain.log", "w") as fh:  # what engine.log gets
     fh.write("x")
 try:
-    from shadowlab.engines.gguf_model import write_gguf
+    from shadowlab.engines.llama_server.gguf_model import write_gguf
 except ImportError:
     pass
 else:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shadowlab.engines import gguf_model
+from shadowlab.engines.llama_server import gguf_model
 from shadowlab.run import isolation
 from shadowlab.logs import parse as logparse
 from shadowlab.engines import llama_server

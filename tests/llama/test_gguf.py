@@ -14,7 +14,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from shadowlab.engines import gguf_model  # noqa: E402
+from shadowlab.engines.llama_server import gguf_model  # noqa: E402
 
 
 def _sha(path: Path) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.engines import gguf_model
+from shadowlab.engines.llama_server import gguf_model
 from shadowlab.engines import TurnRequest, get_adapter
 from shadowlab.engines.llama_server import LlamaServerAdapter, has_verbosity_flag, reused_tokens
 

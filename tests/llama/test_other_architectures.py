@@ -1,7 +1,7 @@
 """Other hybrid and recurrent architectures in the real llama-server b11434.
 
 shadowlab's checkpoint questions are not specific to Qwen3.5's 3:1 gated-delta-net/attention
-mix. `shadowlab/engines/gguf_model.py` also writes seeded-random models of four other architectures
+mix. `shadowlab/engines/llama_server/gguf_model.py` also writes seeded-random models of four other architectures
 of the same build, each with a different recurrent mechanism and ratio:
 
 | arch            | recurrent layers                   | attention layers | state per checkpoint |
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.engines import gguf_model
+from shadowlab.engines.llama_server import gguf_model
 
 from .conftest import L_A, L_C, USER_DELIMITERS, LlamaServer, kinds
 

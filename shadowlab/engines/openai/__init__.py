@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from shadowlab.engines import gguf_model
+from shadowlab.engines.llama_server import gguf_model
 from shadowlab.engines import reference
 from shadowlab.engines import (
     EngineAdapterBase,
