@@ -30,7 +30,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from shadowlab import decision, report_traffic
+from shadowlab import decision, plausibility, records, report_traffic
 from shadowlab import gate as gate_mod
 from shadowlab.escape import visible, xml_text
 from shadowlab.expectations import CheckResult, CheckStatus
@@ -65,9 +65,10 @@ def render_inputs(inputs: RunInputs, result: GateResult) -> ReportPaths:
     """Write the three files for a loaded run and the gate's result on it."""
     root = inputs.run_dir
     paths = ReportPaths(root / HTML_NAME, root / MARKDOWN_NAME, root / JUNIT_NAME)
-    write_bytes_atomic(paths.html, _encode(render_html(inputs, result)))
-    write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result)))
-    write_bytes_atomic(paths.junit, render_junit(inputs, result))
+    with records.storage_errors(records.DERIVED_WRITE_HINT):  # exit 3, one line naming the file
+        write_bytes_atomic(paths.html, _encode(render_html(inputs, result)))
+        write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result)))
+        write_bytes_atomic(paths.junit, render_junit(inputs, result))
     return paths
 
 

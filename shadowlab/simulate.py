@@ -802,19 +802,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a preset (" + ", ".join(PRESETS) + ") with optional parameters; repeatable "
                         "(default: baseline, policy0, prompt-end, affinity, retention)")
     p.add_argument("--prefill-tps", type=float, default=2200.0, metavar="TOKENS_PER_S",
-                   help="prefill rate for the seconds columns (default 2200, the case study's 2,100-2,300)")
+                   help="prefill rate for the seconds columns (default 2200, the case study's 2,100-2,300; "
+                        f"above 0, at most {MAX_PREFILL_TPS:g})")
     p.add_argument("--json", action="store_true", help="print the JSON document (version 1) instead of the table")
     p.add_argument("--out", type=Path, default=None, help="write simulate.json and simulate.html into DIR")
 
 
 DEFAULT_POLICIES = ("baseline", "policy0", "prompt-end", "affinity", "retention")
+MAX_PREFILL_TPS = 1e9  # tokens per second: a thousand times any engine measured
+OUT_HINT = "free space or choose a writable --out"
 
 
 def run(args: argparse.Namespace) -> int:
-    """The subcommand: 0 when the traffic was simulated, 2 on bad input (no traceback)."""
+    """The subcommand: 0 when the traffic was simulated, 2 on bad input, 3 when a run cell's
+    engine reported impossible figures or --out cannot be written (one line, no traceback)."""
+    from shadowlab import records
+    from shadowlab.errors import EngineError, InfrastructureError
+
     try:
-        if not math.isfinite(args.prefill_tps) or args.prefill_tps <= 0:
-            raise TrafficError(f"--prefill-tps must be a positive number, got {args.prefill_tps}")
+        if not 0 < args.prefill_tps <= MAX_PREFILL_TPS:  # NaN fails the test too
+            raise TrafficError(f"--prefill-tps {args.prefill_tps!r} is outside (0, {MAX_PREFILL_TPS:g}] tokens/s")
         policies = [parse_policy(t) for t in (args.policy or DEFAULT_POLICIES)]
         cell = load_run_cell(args.source) if is_run_cell(args.source) else None
         if cell is not None:
@@ -823,20 +830,14 @@ def run(args: argparse.Namespace) -> int:
         if not loaded.requests:
             raise TrafficError("no request in the traffic", file=str(args.source))
         doc = run_policies(loaded, policies, args.prefill_tps, cell=cell)
+        text = json.dumps(doc, ensure_ascii=True)
+        if args.out is not None:
+            with records.storage_errors(OUT_HINT):
+                records.write_bytes_atomic(args.out / "simulate.json", (text + "\n").encode("ascii"))
+                records.write_bytes_atomic(args.out / "simulate.html", render_html(doc).encode("utf-8"))
     except ShadowlabError as exc:
-        from shadowlab.records import terminal_safe
-
-        print(f"shadowlab simulate: {terminal_safe(str(exc))}", file=sys.stderr)
-        return 2
-    text = json.dumps(doc, ensure_ascii=True)
-    if args.out is not None:
-        try:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "simulate.json").write_text(text + "\n", encoding="utf-8")
-            (args.out / "simulate.html").write_text(render_html(doc), encoding="utf-8")
-        except OSError as exc:
-            print(f"shadowlab simulate: cannot write --out {args.out}: {exc.strerror}", file=sys.stderr)
-            return 2
+        print(f"shadowlab simulate: {records.terminal_safe(str(exc))}", file=sys.stderr)
+        return 3 if isinstance(exc, (EngineError, InfrastructureError)) else 2
     sys.stdout.write(text + "\n" if args.json else summary(doc))
     return 0
 

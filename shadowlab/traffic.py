@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from shadowlab import records
 from shadowlab.errors import TrafficError
 
 MOONCAKE_BLOCK = 512
@@ -726,13 +729,23 @@ def check_materialised(requests: Sequence[Request], prompts: Sequence[Sequence[i
 # --------------------------------------------------------------------------- readers
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number, line, ends with newline), each line read bounded."""
+def _open_regular(path: Path) -> Any:
+    """A binary file object of `path` if it is a regular file; TrafficError otherwise (a FIFO
+    would wait for a writer, /dev/zero never end: refused unread)."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise TrafficError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    with fh:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TrafficError("not a regular file (a FIFO, a device or a directory): nothing was read", file=str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, line, ends with newline), each line read bounded."""
+    with _open_regular(path) as fh:
         number = 0
         while True:
             line = fh.readline(MAX_LINE_BYTES + 1)
@@ -750,8 +763,8 @@ def _json_lines(path: Path, skipped: list[str]) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as exc:
+            doc = _parse_line(line, path, number)
+        except records.JSONRefused as exc:
             if not whole:
                 skipped.append(f"line {number}: cut last line skipped")
                 return
@@ -761,12 +774,25 @@ def _json_lines(path: Path, skipped: list[str]) -> Iterator[tuple[int, Any]]:
         yield number, doc
 
 
+def _parse_line(line: bytes, path: Path, number: int) -> Any:
+    """One line through records.parse_json (the one bounded JSON reader): JSON nested too deeply
+    is refused whether or not the line is whole; other JSONRefused pass to the caller."""
+    try:
+        return records.parse_json(line)
+    except records.JSONTooDeep as exc:
+        raise TrafficError(str(exc), file=str(path), line=number) from None
+
+
 # Bounds on what a traffic may claim. No engine's context holds a prompt beyond 2^24 tokens (the
 # longest windows today are ~10M), and the simulator and replay walk prompts batch by batch: a
 # trace line claiming 10^12 tokens is refused, not simulated for hours. 10M requests is ~3,000
-# times the case study's five days.
+# times the case study's five days. Times are at most 10^12 s (~31,700 years: Unix time or time
+# since a start alike); ids are what a 64-bit field or a reasonable key holds.
 MAX_PROMPT_TOKENS = 1 << 24
 MAX_REQUESTS = 10_000_000
+MAX_TIME_S = 1e12
+MAX_ID = (1 << 63) - 1  # hash ids, integer session ids, slots
+MAX_KEY_CHARS = 4096  # a session id or server name as text
 
 
 def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, minimum: int = 0,
@@ -943,13 +969,13 @@ def _trace_time(doc: dict, path: Path, line: int, last: dict[Any, float]) -> flo
 
 def sniff(path: Path) -> str:
     """`trace`, `mooncake` or `shape` from the first non-blank line of a file."""
-    for _, line, _ in _lines(path):
+    for number, line, _ in _lines(path):
         text = line.strip()
         if not text:
             continue
         try:
-            doc = json.loads(text)
-        except (ValueError, UnicodeDecodeError):
+            doc = _parse_line(text, path, number)
+        except records.JSONRefused:
             return "shape"  # YAML
         if isinstance(doc, dict) and doc.get("format") == "shadowlab-trace":
             return "trace"
@@ -962,10 +988,16 @@ def sniff(path: Path) -> str:
 def read_shape(path: Path) -> TrafficShape:
     import yaml
 
+    with _open_regular(path) as fh:
+        raw = fh.read(MAX_LINE_BYTES + 1)
+    if len(raw) > MAX_LINE_BYTES:
+        raise TrafficError(f"a shape file longer than {MAX_LINE_BYTES} bytes", file=str(path))
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        doc = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
         raise TrafficError(f"cannot read: {exc}", file=str(path)) from None
+    except RecursionError:  # YAML's composer recurses per level of nesting
+        raise TrafficError("nested too deeply to be a traffic shape", file=str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise TrafficError(f"not YAML/JSON: {getattr(exc, 'problem', exc)}", file=str(path),

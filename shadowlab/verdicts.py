@@ -317,8 +317,15 @@ def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
         nondeterministic_engines=tuple(sorted(noisy)),
     )
     if write:
-        records.write_json_atomic(run.root / rundir.VERDICTS_NAME, verdict.to_dict())
+        with records.storage_errors(records.DERIVED_WRITE_HINT):  # a full disk: exit 3, naming the file
+            records.write_json_atomic(run.root / rundir.VERDICTS_NAME, verdict.to_dict())
     return verdict
+
+
+def cell_verdict(run: "RunDir", cell_id: str) -> CellVerdict:
+    """One cell's verdict from its records, as `compute` judges it (without the identity
+    comparison, which needs the other cells): what `simulate RUN/cells/CELL` checks."""
+    return _with_ideals(_cell_verdict(run, run.metas[cell_id], _extra_patterns(run)), run)
 
 
 def _with_ideals(cell: CellVerdict, run: "RunDir") -> CellVerdict:
