@@ -40,35 +40,60 @@ OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
 MIB = 1024 * 1024
 
 
+def _bounded(default: Any, low: float, high: float) -> Any:
+    """A policy parameter and the closed range [low, high] it must lie in (finite). The bounds
+    are what any engine could be configured with or measured at: beyond them a figure is a typo
+    or a hostile input, never a policy (a negative cost, 10^8 slots)."""
+    return field(default=default, metadata={"bounds": (low, high)})
+
+
+TOKENS = float(traffic.MAX_PROMPT_TOKENS)  # no context holds more
+TIB_MIB = float(1 << 20)  # a TiB, in MiB: beyond any host's RAM or any checkpoint
+HOUR_MS = 3_600_000.0  # an hour, in ms: beyond any checkpoint's creation or restore
+
+
 @dataclass(frozen=True)
 class Policy:
     """One engine configuration to simulate. Flags keep llama-server's names; the cost side
-    (per-checkpoint MiB and ms, state sizes) defaults to the case study's 35B measurements."""
+    (per-checkpoint MiB and ms, state sizes) defaults to the case study's 35B measurements.
+    Every number is bounded where it is declared (`_bounded`); a Policy outside them is refused."""
 
     name: str
     engine: str = "reference"  # "reference" | "llama.cpp"
-    slots: int = 1  # -np
-    n_batch: int = 2048  # -b
-    n_ubatch: int = 512  # -ub
-    ctx_checkpoints: int = 64  # --ctx-checkpoints
-    checkpoint_min_step: int = 8192  # --checkpoint-min-step
-    prompt_policy: int = 1  # PXA_CKPT_PROMPT_POLICY (reference engine)
-    prompt_end: int = 0  # PXA_CKPT_PROMPT_END (reference engine)
-    cache_ram_mib: float = 0  # -cram (0 off; llama.cpp: -1 no limit)
-    similarity: float = 0.1  # --slot-prompt-similarity
+    slots: int = _bounded(1, 1, 256)  # -np
+    n_batch: int = _bounded(2048, 1, TOKENS)  # -b
+    n_ubatch: int = _bounded(512, 1, TOKENS)  # -ub
+    ctx_checkpoints: int = _bounded(64, 0, 4096)  # --ctx-checkpoints
+    checkpoint_min_step: int = _bounded(8192, 0, TOKENS)  # --checkpoint-min-step
+    prompt_policy: int = _bounded(1, 0, 1)  # PXA_CKPT_PROMPT_POLICY (reference engine)
+    prompt_end: int = _bounded(0, 0, 1)  # PXA_CKPT_PROMPT_END (reference engine)
+    cache_ram_mib: float = _bounded(0, -1, TIB_MIB)  # -cram (0 off; llama.cpp: -1 no limit)
+    similarity: float = _bounded(0.1, 0, 1)  # --slot-prompt-similarity
     cache_idle_slots: bool = True  # llama.cpp --cache-idle-slots (with -cram and a unified KV)
     affinity: bool = False  # SHADOWLAB_SLOT_AFFINITY (reference engine)
-    retain_mib: float = 0  # SHADOWLAB_CKPT_RETAIN_MIB (reference engine)
+    retain_mib: float = _bounded(0, 0, TIB_MIB)  # SHADOWLAB_CKPT_RETAIN_MIB (reference engine)
     chat: bool = False  # requests carry user-message starts (chat / message_delimiters)
-    n_ctx: int = 8192  # llama.cpp's prompt-cache token limit starts at n_ctx
+    n_ctx: int = _bounded(8192, 1, TOKENS)  # llama.cpp's prompt-cache token limit starts at n_ctx
     # cost model (case study, 35B): per checkpoint and per token of attention KV
-    checkpoint_mib: float = 62.9
-    create_ms: float = 63.0
-    restore_ms: float = 24.5  # 12-37 ms measured: the middle
-    kv_mib_per_token: float = 0.02  # assumption (not measured in the case study): ~20 KiB/token
-    state_mib: float = 62.9  # a slot's recurrent state in a -cram entry
+    checkpoint_mib: float = _bounded(62.9, 0, TIB_MIB)
+    create_ms: float = _bounded(63.0, 0, HOUR_MS)
+    restore_ms: float = _bounded(24.5, 0, HOUR_MS)  # 12-37 ms measured: the middle
+    kv_mib_per_token: float = _bounded(0.02, 0, 1024)  # assumption (not measured): ~20 KiB/token
+    state_mib: float = _bounded(62.9, 0, TIB_MIB)  # a slot's recurrent state in a -cram entry
 
     ENGINES = ("reference", "llama.cpp")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if "bounds" in f.metadata:
+                _check_bound(self.name, f.name, getattr(self, f.name), *f.metadata["bounds"])
+
+
+def _check_bound(policy: str, key: str, value: Any, low: float, high: float) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not low <= value <= high:  # NaN fails every test
+        raise TrafficError(f"policy {policy!r}: {key} = {value!r} is outside its bounds [{low:g}, {high:g}]",
+                           hint=f"give {key} a value from {low:g} to {high:g}")
 
 
 PRODUCTION = dict(ctx_checkpoints=64, cache_ram_mib=0, slots=1)  # the case study's flags
@@ -117,16 +142,13 @@ def _params(text: str) -> list[tuple[str, str]]:
 
 
 def _value(key: str, value: str, text: str) -> Any:
-    kind = type(getattr(Policy("x"), key))
+    kind = {"int": int, "float": float, "bool": bool, "str": str}[str(_FIELDS[key].type)]
     try:
         if kind is bool:
             if value.lower() not in ("0", "1", "true", "false"):
                 raise ValueError
             return value.lower() in ("1", "true")
-        out = kind(value)
-        if isinstance(out, float) and not math.isfinite(out):
-            raise ValueError
-        return out
+        return kind(value)  # bounds (finite, in range) are checked by Policy itself
     except ValueError:
         raise TrafficError(f"policy {text!r}: {key}={value!r} is not a {kind.__name__}") from None
 
@@ -134,11 +156,6 @@ def _value(key: str, value: str, text: str) -> Any:
 def _check_policy(p: Policy) -> None:
     if p.engine not in Policy.ENGINES:
         raise TrafficError(f"policy {p.name!r}: engine must be one of {Policy.ENGINES}")
-    for key in ("slots", "n_batch", "n_ubatch"):
-        if getattr(p, key) < 1:
-            raise TrafficError(f"policy {p.name!r}: {key} must be at least 1")
-    if p.ctx_checkpoints < 0 or p.checkpoint_min_step < 0 or p.retain_mib < 0:
-        raise TrafficError(f"policy {p.name!r}: ctx_checkpoints, checkpoint_min_step and retain_mib are >= 0")
     if p.engine == "llama.cpp" and (p.affinity or p.retain_mib or p.prompt_policy != 1 or p.prompt_end):
         raise TrafficError(f"policy {p.name!r}: affinity, retention and the fork's POLICY/PROMPT_END knobs "
                            "exist only in the reference engine")

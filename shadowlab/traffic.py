@@ -807,9 +807,28 @@ def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, m
     if v < minimum:
         raise TrafficError(f"{key!r} must be >= {minimum}, got {v}", file=str(path), line=line)
     if maximum is not None and v > maximum:
-        raise TrafficError(f"{key!r} is {int(v):,}, beyond the {maximum:,} any engine's context holds",
-                           file=str(path), line=line)
+        raise TrafficError(f"{key!r} is {int(v):,}, beyond the {maximum:,} it may be", file=str(path), line=line)
     return int(v)
+
+
+def _key(doc: dict, key: str, path: Path, line: int, *, text: bool = True) -> str | int | None:
+    """An id that names something (a session, a server, a slot): an integer in [0, MAX_ID], or
+    (`text`) a string of at most MAX_KEY_CHARS; None when absent."""
+    v = doc.get(key)
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_ID:
+        return v
+    if text and isinstance(v, str) and len(v) <= MAX_KEY_CHARS:
+        return v
+    kinds = f"a string of at most {MAX_KEY_CHARS} characters or " if text else ""
+    raise TrafficError(f"{key!r} must be {kinds}an integer from 0 to {MAX_ID:,}, got {_shown(v)}",
+                       file=str(path), line=line)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"
 
 
 MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "session_id", "delay", "messages"}
@@ -842,9 +861,7 @@ def read_mooncake(path: Path | str) -> Loaded:
         if unknown:
             raise TrafficError(f"unknown field(s) {sorted(unknown)}", file=str(path), line=line,
                                hint=f"Mooncake fields: {', '.join(sorted(MOONCAKE_KEYS))}")
-        session = doc.get("session_id")
-        if session is not None and not isinstance(session, (str, int)):
-            raise TrafficError(f"'session_id' must be a string or an integer, got {session!r}", file=str(path), line=line)
+        session = _key(doc, "session_id", path, line)
         session = None if session is None else str(session)
         if "hash_ids" not in doc:
             if "messages" in doc:
@@ -869,9 +886,9 @@ def _count(requests: list, path: Path, line: int) -> None:
 
 def _mooncake_time(doc: dict, path: Path, line: int, session: str | None, last: float | None,
                    session_time: dict[str, float]) -> float:
-    ts = _int(doc, "timestamp", path, line, required=False)
+    ts = _int(doc, "timestamp", path, line, required=False, maximum=int(MAX_TIME_S * 1000))
     if ts is None:
-        delay = _int(doc, "delay", path, line, required=False)
+        delay = _int(doc, "delay", path, line, required=False, maximum=int(MAX_TIME_S * 1000))
         if delay is None:
             raise TrafficError("missing 'timestamp' (or AIPerf's 'delay')", file=str(path), line=line)
         base = session_time.get(session, last or 0.0) if session else (last or 0.0)
@@ -887,8 +904,9 @@ def _mooncake_time(doc: dict, path: Path, line: int, session: str | None, last: 
 
 
 def _hash_segments(ids: Any, n: int, fresh: _Blocks, path: Path, line: int) -> tuple[Segment, ...]:
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise TrafficError("'hash_ids' must be a list of integers", file=str(path), line=line)
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID
+                                            for i in ids):
+        raise TrafficError(f"'hash_ids' must be a list of integers from 0 to {MAX_ID:,}", file=str(path), line=line)
     if len(ids) > (n + MOONCAKE_BLOCK - 1) // MOONCAKE_BLOCK:
         raise TrafficError(f"{len(ids)} hash_ids cover more than input_length {n} in {MOONCAKE_BLOCK}-token blocks",
                            file=str(path), line=line)
@@ -930,11 +948,11 @@ def read_trace(path: Path | str) -> Loaded:
             skipped.append(f"line {line}: no prompt_tokens")
             continue
         _count(out, path, line)
+        key = (_key(doc, "server", path, line), _key(doc, "slot", path, line, text=False))
         t = _trace_time(doc, path, line, last_time)
-        key = (doc.get("server"), doc.get("slot"))
         source = doc.get("shared_source")
         shared = _int(doc, "shared_prefix" if source in ("lcp", "n_past") else "reused", path, line,
-                      required=False) or 0
+                      required=False, maximum=MAX_PROMPT_TOKENS) or 0
         prev = previous.get(key, ())
         keep = truncate(prev, min(shared, n, sum(s.length for s in prev)))
         rest = n - sum(s.length for s in keep)
@@ -957,8 +975,9 @@ def _trace_time(doc: dict, path: Path, line: int, last: dict[Any, float]) -> flo
     t = doc.get("time")
     if t is None:
         return last.get(doc.get("server"), 0.0)
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        raise TrafficError(f"'time' must be a number, got {t!r}", file=str(path), line=line)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TIME_S:  # NaN fails too
+        raise TrafficError(f"'time' must be a number of seconds from 0 to {MAX_TIME_S:g}, got {_shown(t)}",
+                           file=str(path), line=line)
     server = doc.get("server")
     if server in last and t < last[server]:
         raise TrafficError(f"time {t} is before the previous request's {last[server]} on server {server!r}",
