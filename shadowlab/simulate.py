@@ -650,6 +650,7 @@ def load_run_cell(path: Path) -> RunCell:
     if [t.index for t in turns] != list(range(len(seq.requests))):
         raise RunDirError(f"the cell answered {len(turns)} of its {len(seq.requests)} requests", path=str(path),
                           hint="a cell that failed part-way has no whole schedule to replay")
+    _believable(run, path.name)
     schedule = None
     if any(t.log_attribution == "task" for t in turns):
         log = run.layout.engine_log(path.name)
@@ -668,6 +669,20 @@ def load_run_cell(path: Path) -> RunCell:
         # prompt-cache entry is counted without a separate state (as in the live tests).
         sizes = {"checkpoint_mib": ckpt / MIB, "kv_mib_per_token": kv / MIB, "state_mib": 0.0}
     return RunCell(loaded, schedule, tuple(t.reused_tokens for t in turns), sizes)
+
+
+def _believable(run: Any, cell_id: str) -> None:
+    """The cell's reuse is what every policy is compared with: refused (exit 3, like the gate) when
+    its engine reported figures the plausibility rules reject."""
+    from shadowlab import plausibility, verdicts
+    from shadowlab.errors import ImpossibleFigures
+
+    verdict = verdicts.cell_verdict(run, cell_id)
+    problems = plausibility.cell_problems(verdict)
+    if problems:
+        raise ImpossibleFigures([plausibility.described(cell_id, problems)], engine=verdict.engine,
+                                hint="the gate refuses this cell too (exit 3): its reuse is no measurement to "
+                                     "compare a policy with")
 
 
 def agreement(measured: Sequence[int | None], turns: Sequence[Turn]) -> dict[str, Any]:
