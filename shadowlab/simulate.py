@@ -92,8 +92,13 @@ class Policy:
 def _check_bound(policy: str, key: str, value: Any, low: float, high: float) -> None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not number or not math.isfinite(value) or not low <= value <= high:  # NaN fails every test
-        raise TrafficError(f"policy {policy!r}: {key} = {value!r} is outside its bounds [{low:g}, {high:g}]",
-                           hint=f"give {key} a value from {low:g} to {high:g}")
+        lo, hi = _shown_bound(low), _shown_bound(high)
+        raise TrafficError(f"policy {policy!r}: {key} = {value!r} is outside its bounds [{lo}, {hi}]",
+                           hint=f"give {key} a value from {lo} to {hi}")
+
+
+def _shown_bound(x: float) -> str:
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:g}"
 
 
 PRODUCTION = dict(ctx_checkpoints=64, cache_ram_mib=0, slots=1)  # the case study's flags
