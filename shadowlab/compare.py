@@ -14,23 +14,32 @@ exact and are judged without a band. Traffic cells add the recovered share of th
 (verdicts.traffic_summary: Σ reused / Σ ideal, the report's own figure), a ratio of two totals,
 so an aggregate's share weighs each cell by its ideal.
 
-Runs whose prompts (sha256 of the records, else the matrix's prompt specs) or engine builds
-(binary / model sha256 of the records) differ are refused (CompareRefused, exit 2) unless that
-difference is declared the point (``allow``); a run without cell records cannot show its build
-and needs ``allow=("unverified",)``.
+Runs whose prompts or engine builds (binary / model sha256 of the records) differ are refused
+(CompareRefused, exit 2) unless that difference is declared the point (``allow``); a run without
+cell records cannot show its build and needs ``allow=("unverified",)``. Prompts are compared like
+with like: the sha256 of their tokens where both runs recorded them, else the sha256 of the
+matrices' prompt specs on both sides, never one against the other.
+
+A cell whose engine reported impossible figures (shadowlab/judge/plausibility.py) is no result: the
+comparison refuses it (ImpossibleFigures, exit 3, like the gate), or, with
+``impossible="exclude"`` (`--exclude-impossible`, and always for the gate's budgets), leaves it
+out and names it in ``excluded``. A cell without its engine.log has unknown checkpoint figures,
+said in ``notes``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shadowlab.judge import plausibility
 from shadowlab.results import rundir
 from shadowlab.results.records import CellMeta
-from shadowlab.errors import CompareRefused, ShadowlabError
+from shadowlab.errors import CompareRefused, ImpossibleFigures, ShadowlabError
 from shadowlab.judge.verdicts import CellVerdict, RunVerdict, traffic_summary
 
 ALLOWABLE = ("engine", "prompts", "unverified")
@@ -116,6 +125,8 @@ class Comparison:
     differences: tuple[str, ...]  # the allowed ones, named
     rows: tuple[Row, ...]
     unmatched: tuple[str, ...] = field(default=())
+    excluded: tuple[str, ...] = ()  # cells left out: their engine reported impossible figures
+    notes: tuple[str, ...] = ()  # evidence missing (an engine.log), how prompts were compared
 
     def row(self, scope: str, name: str) -> Row:
         return next(r for r in self.rows if r.scope == scope and r.name == name)
@@ -224,6 +235,33 @@ def noise_band(base: Sequence[float], cand: Sequence[float]) -> tuple[float, flo
 Key = tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Side:
+    """One side's warm cells by key, and what was left out of them or is unknown."""
+
+    repeats: dict[Key, list[tuple[str, Figures]]]
+    excluded: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # (cell id, engine, impossible figures)
+    notes: tuple[str, ...] = ()
+
+
+def side(run: rundir.RunDir, verdict: RunVerdict, configuration: str | None) -> Side:
+    """The warm cells that ran to the end, keyed (`repeats_by_key`), less those whose engine
+    reported impossible figures (never a result)."""
+    excluded, believable = [], []
+    for cell in verdict.cells:
+        problems = plausibility.cell_problems(cell)
+        if cell.kind == "warm" and (configuration is None or cell.configuration == configuration):
+            if problems:
+                excluded.append((cell.cell_id, cell.engine, problems))
+                continue
+        believable.append(cell)
+    kept = dataclasses.replace(verdict, cells=tuple(believable))
+    notes = tuple(f"{c.cell_id}: {c.engine_log} is missing: its checkpoint figures are unknown"
+                  for c in believable if c.kind == "warm" and c.log_missing
+                  and (configuration is None or c.configuration == configuration))
+    return Side(repeats_by_key(run, kept, configuration), tuple(excluded), notes)
+
+
 def repeats_by_key(run: rundir.RunDir, verdict: RunVerdict, configuration: str | None) -> dict[Key, list[tuple[str, Figures]]]:
     """{(engine, sequence, prompts[, configuration]): [(cell id, figures) per repeat]} of the
     warm cells that ran to the end."""
@@ -251,24 +289,50 @@ def engine_builds(run: rundir.RunDir) -> dict[str, tuple[str, str]]:
 
 
 def prompt_hashes(run: rundir.RunDir) -> dict[str, str]:
-    """{prompt id: sha256} from the turn records, else from the matrix's prompt specs."""
-    found = {t.prompt_id: t.prompt_sha256 for m in run.metas.values() for t in m.turns}
-    if found or run.matrix is None:
-        return found
+    """{prompt id: sha256 of its tokens} from the turn records (empty without cell records)."""
+    return {t.prompt_id: t.prompt_sha256 for m in run.metas.values() for t in m.turns}
+
+
+def spec_hashes(run: rundir.RunDir) -> dict[str, str]:
+    """{prompt id: sha256 of the matrix's spec} for every prompt and traffic sequence the matrix
+    declares (a traffic's prompts are drawn from its shape)."""
+    if run.matrix is None:
+        return {}
     from shadowlab.matrix.dump import matrix_to_dict
     from shadowlab.results.records import sha256_json
 
-    return {pid: "spec:" + sha256_json(spec)
-            for pid, spec in matrix_to_dict(run.matrix).get("prompts", {}).items()}
+    spec = matrix_to_dict(run.matrix)
+    out = {pid: sha256_json(p) for pid, p in spec.get("prompts", {}).items()}
+    out |= {f"traffic sequence {name}": sha256_json(s) for name, s in spec.get("sequences", {}).items()
+            if isinstance(s, dict) and s.get("kind") == "traffic"}
+    return out
+
+
+def prompt_differences(base: rundir.RunDir, cand: rundir.RunDir) -> tuple[list[str], str | None]:
+    """(what differs, how the prompts were compared): token sha256 where both runs recorded a
+    prompt's tokens, else the specs' sha256 on both sides; never a token hash against a spec."""
+    tb, tc, sb, sc = prompt_hashes(base), prompt_hashes(cand), spec_hashes(base), spec_hashes(cand)
+    out, by_spec = [], []
+    for pid in sorted((set(tb) & set(tc)) | (set(sb) & set(sc))):
+        if pid in tb and pid in tc:
+            if tb[pid] != tc[pid]:
+                out.append(f"prompt {pid!r}: token sha256 {tb[pid][-12:]} vs {tc[pid][-12:]}")
+            continue
+        by_spec.append(pid)
+        if sb[pid] != sc[pid]:
+            out.append(f"{pid if pid.startswith('traffic ') else f'prompt {pid!r}'}: matrix spec sha256 "
+                       f"{sb[pid][-12:]} vs {sc[pid][-12:]} (a side has no token records)")
+    how = None
+    if by_spec:
+        shown = ", ".join(by_spec[:6]) + (f" and {len(by_spec) - 6} more" if len(by_spec) > 6 else "")
+        how = (f"prompts compared by their matrix spec (sha256), not their tokens: a side has no token "
+               f"records for {shown}")
+    return out, how
 
 
 def differences(base: rundir.RunDir, cand: rundir.RunDir) -> list[tuple[str, str]]:
     """(kind, what differs) for every difference between the two runs' inputs."""
-    out: list[tuple[str, str]] = []
-    pb, pc = prompt_hashes(base), prompt_hashes(cand)
-    for pid in sorted(set(pb) & set(pc)):
-        if pb[pid] != pc[pid]:
-            out.append(("prompts", f"prompt {pid!r}: sha256 {pb[pid][-12:]} vs {pc[pid][-12:]}"))
+    out: list[tuple[str, str]] = [("prompts", text) for text in prompt_differences(base, cand)[0]]
     eb, ec = engine_builds(base), engine_builds(cand)
     if not eb or not ec:
         side = "baseline" if not eb else "candidate"
@@ -284,7 +348,10 @@ def differences(base: rundir.RunDir, cand: rundir.RunDir) -> list[tuple[str, str
 
 
 def compare(base: rundir.RunDir, cand: rundir.RunDir, *, baseline_configuration: str | None = None,
-            candidate_configuration: str | None = None, allow: Sequence[str] = ()) -> Comparison:
+            candidate_configuration: str | None = None, allow: Sequence[str] = (),
+            impossible: str = "refuse") -> Comparison:
+    """``impossible``: "refuse" a side with a cell whose figures are impossible (ImpossibleFigures,
+    exit 3), or "exclude" such cells (named in ``excluded``)."""
     from shadowlab.judge.verdicts import judge as run_verdict  # verdicts from records, else verdicts.json
 
     refused = [text for kind, text in differences(base, cand) if kind not in allow]
@@ -295,24 +362,36 @@ def compare(base: rundir.RunDir, cand: rundir.RunDir, *, baseline_configuration:
     if (baseline_configuration is None) != (candidate_configuration is None):
         raise ShadowlabError("--baseline-config and --candidate-config go together",
                              hint="name the configuration of each side, or neither (configurations then match by name)")
+    how = prompt_differences(base, cand)[1]
     return _compare(base, run_verdict(base), cand, run_verdict(cand), baseline_configuration,
-                    candidate_configuration, tuple(allow), allowed)
+                    candidate_configuration, tuple(allow), allowed, impossible, (how,) if how else ())
 
 
 def compare_configurations(run: rundir.RunDir, verdict: RunVerdict, baseline: str, candidate: str) -> Comparison:
     """Two configurations of one run whose verdicts are already computed (the gate's budgets and
-    the report's decision section): one run has one build and one set of prompts."""
-    return _compare(run, verdict, run, verdict, baseline, candidate, (), ())
+    the report's decision section): one run has one build and one set of prompts. A cell with
+    impossible figures is left out (``excluded``): the gate fails it on its own."""
+    return _compare(run, verdict, run, verdict, baseline, candidate, (), (), "exclude")
 
 
 def _compare(base: rundir.RunDir, bv: RunVerdict, cand: rundir.RunDir, cv: RunVerdict,
              baseline_configuration: str | None, candidate_configuration: str | None,
-             allow: tuple[str, ...], allowed: tuple[str, ...]) -> Comparison:
-    bk = repeats_by_key(base, bv, baseline_configuration)
-    ck = repeats_by_key(cand, cv, candidate_configuration)
+             allow: tuple[str, ...], allowed: tuple[str, ...], impossible: str = "refuse",
+             notes: tuple[str, ...] = ()) -> Comparison:
+    bs, cs = side(base, bv, baseline_configuration), side(cand, cv, candidate_configuration)
+    excluded = tuple(dict.fromkeys(plausibility.described(cell, problems)
+                                   for cell, _, problems in (*bs.excluded, *cs.excluded)))
+    if excluded and impossible != "exclude":
+        engines = dict.fromkeys(engine for _, engine, _ in (*bs.excluded, *cs.excluded))
+        raise ImpossibleFigures(excluded, engine=", ".join(engines),
+                                hint="the gate refuses these cells too (exit 3); --exclude-impossible "
+                                     "compares the other cells and names these")
+    bk, ck = bs.repeats, cs.repeats
     keys = [k for k in bk if k in ck]
     if not keys:
-        raise CompareRefused(["no warm cell of one run matches a cell of the other (engine, sequence, prompts)"],
+        left_out = [f"left out (impossible figures): {text}" for text in excluded]
+        raise CompareRefused(["no warm cell of one run matches a cell of the other (engine, sequence, prompts)",
+                              *left_out],
                              hint="choose the configurations: --baseline-config NAME --candidate-config NAME")
     rows = [_row("cell", _label(k), [f for _, f in bk[k]], [f for _, f in ck[k]], key=k) for k in keys]
     kinds: dict[str, list[Key]] = {}
@@ -321,8 +400,10 @@ def _compare(base: rundir.RunDir, bv: RunVerdict, cand: rundir.RunDir, cv: RunVe
     rows += [_aggregate("kind", kind, ks, bk, ck) for kind, ks in kinds.items()]
     rows.append(_aggregate("overall", "overall", keys, bk, ck))
     unmatched = tuple(_label(k) for k in [*bk, *ck] if not (k in bk and k in ck))
+    notes = tuple(dict.fromkeys((*notes, *bs.notes, *cs.notes)))
     return Comparison(base.run_id, cand.run_id, baseline_configuration, candidate_configuration,
-                      allow, allowed, tuple(rows), unmatched)
+                      allow, allowed, tuple(rows), unmatched, excluded, notes)
+
 
 
 def _label(key: Key) -> str:
@@ -357,6 +438,8 @@ def render_text(c: Comparison) -> str:
     lines = [f"baseline  {c.baseline}" + (f" [{c.baseline_configuration}]" if c.baseline_configuration else ""),
              f"candidate {c.candidate}" + (f" [{c.candidate_configuration}]" if c.candidate_configuration else "")]
     lines += [f"allowed difference: {d}" for d in c.differences]
+    lines += [f"excluded (impossible figures, no result): {e}" for e in c.excluded]
+    lines += [f"note: {n}" for n in c.notes]
     metrics = {m.name: m for m in METRICS}
     for row in c.rows:
         lines.append("")
@@ -398,7 +481,8 @@ def main(args: Any) -> int:
     base = rundir.load(args.baseline)
     cand = base if args.candidate == args.baseline else rundir.load(args.candidate)
     result = compare(base, cand, baseline_configuration=args.baseline_config,
-                     candidate_configuration=args.candidate_config, allow=tuple(args.allow))
+                     candidate_configuration=args.candidate_config, allow=tuple(args.allow),
+                     impossible="exclude" if args.exclude_impossible else "refuse")
     print(json.dumps(to_dict(result), indent=1) if args.json else render_text(result))
     return 0
 
@@ -412,6 +496,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--candidate-config", default=None, metavar="NAME")
     parser.add_argument("--allow", action="append", default=[], metavar="|".join(ALLOWABLE),
                         help="a difference between the runs that is the point of the comparison (repeatable)")
+    parser.add_argument("--exclude-impossible", action="store_true",
+                        help="leave out (and name) cells whose engine reported impossible figures, instead of "
+                             "refusing the comparison (exit 3)")
     parser.add_argument("--json", action="store_true", help="the comparison as JSON")
 
 
@@ -422,4 +509,5 @@ def _path(text: str) -> Any:
 
 
 __all__ = ["ALLOWABLE", "Comparison", "Delta", "Figures", "METRICS", "Metric", "NO_BAND", "Row", "add",
-           "add_arguments", "cell_figures", "compare", "compare_configurations", "differences", "judge", "main", "render_text", "to_dict"]
+           "add_arguments", "cell_figures", "compare", "compare_configurations", "differences", "judge", "main",
+           "prompt_differences", "render_text", "side", "spec_hashes", "to_dict"]

@@ -9,7 +9,8 @@
     ├── EngineError                an engine process failed the cell (engine, cell, reason, log tail)
     │   ├── EngineStartError       it never became ready (died, timed out, bad flags)
     │   ├── EngineCrashError       it died while the cell was running
-    │   └── ProtocolError          it answered something shadowlab does not understand
+    │   ├── ProtocolError          it answered something shadowlab does not understand
+    │   └── ImpossibleFigures      it reported figures no engine can truthfully report (compare, simulate)
     ├── InfrastructureError        the machine failed the run: no free port, disk full, read-only --out
     └── QualificationError         the run finished but a check failed
 
@@ -35,6 +36,7 @@ __all__ = [
     "EngineStartError",
     "EngineCrashError",
     "ProtocolError",
+    "ImpossibleFigures",
     "InfrastructureError",
     "QualificationError",
 ]
@@ -166,6 +168,17 @@ class EngineError(ShadowlabError):
         if self.log_tail:
             text += "\n  last log lines:\n" + "\n".join("    " + line for line in self.log_tail)
         return text
+
+
+class ImpossibleFigures(EngineError):
+    """A command was asked to judge or show figures of cells whose engine reported figures no
+    engine can truthfully report (shadowlab/judge/plausibility.py): exit 3, as the gate, naming each
+    cell and its impossible figures. Nothing of such a cell is shown as a result."""
+
+    def __init__(self, cells: Sequence[str], *, engine: str, hint: str | None = None) -> None:
+        self.cells = tuple(cells)
+        super().__init__("reported impossible figures, so they are no results: " + "; ".join(self.cells),
+                         engine=engine, hint=hint)
 
 
 class EngineStartError(EngineError):

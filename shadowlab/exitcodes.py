@@ -50,8 +50,9 @@ exit codes:
      that reused cache vs its cold run, a cold-vs-cold control mismatch (identity
      inconclusive), a cascade that kept stale checkpoints, or a turn answered with an error
   2  usage or matrix error: not a run directory, matrix.yaml unreadable or invalid
-  3  infrastructure failure: an engine never started, a cell could not run to the end, or
-     an engine reported impossible figures (it cannot be believed); takes precedence over 1
+  3  infrastructure failure: an engine never started, a cell could not run to the end, an
+     engine reported impossible figures (it cannot be believed), or a check's evidence is
+     missing (a cell's engine.log); takes precedence over 1
 """
 
 TRACEBACK_NAME = "shadowlab-error.txt"

@@ -18,7 +18,9 @@ turn, extrapolated to the matrix's `scale`:
 - net benefit = prefill ms saved − checkpoint ms spent beyond the baseline's.
 
 Without `scale` every figure is as measured. A budget fails when a figure breaks its limit and
-names the figures that condemn it; a figure that cannot be known (no engine.log) fails too.
+names the figures that condemn it; a figure that cannot be known (no engine.log) fails too. A
+cell whose engine (or whose baseline's) reported impossible figures is not judged (ERROR, saying
+so): compare leaves such cells out, and no cost of them is a figure.
 Pure: the loaded run and its verdicts in, results out.
 """
 
@@ -28,11 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shadowlab import compare
+from shadowlab.judge import plausibility
 from shadowlab.results import rundir
 from shadowlab.errors import CompareRefused
 from shadowlab.judge.expectations import CheckResult, CheckStatus
 from shadowlab.matrix import Budget, Matrix, Scale
-from shadowlab.judge.verdicts import RunVerdict
+from shadowlab.judge.verdicts import CellVerdict, RunVerdict
 
 UNKNOWN = "unknown (checkpoint figures need the cell's engine.log)"
 
@@ -183,10 +186,23 @@ def _budget_results(budget: Budget, source: str, found: Sequence[Cost], verdict:
             judged.add(combo)
             out.append(CheckResult(
                 "budget", CheckStatus.ERROR, f"{cell.configuration} {cell.sequence}", _limits(budget, None),
-                "not judged", f"no finished warm cell of {cell.configuration} and of the baseline "
-                f"{matrix.baseline} for {cell.sequence}: the budget cannot be judged", source,
+                "not judged", not_judged(cell, verdict, matrix.baseline or ""), source,
                 cell.cell_id, None, budget.description))
     return out
+
+
+def not_judged(cell: CellVerdict, verdict: RunVerdict, baseline: str) -> str:
+    """Why a warm cell has no cost against the baseline: impossible figures (its own or the
+    baseline's cell of its sequence), else a cell that did not finish."""
+    base = [c for c in verdict.cells if c.kind == "warm" and c.engine == cell.engine
+            and c.sequence == cell.sequence and c.configuration == baseline]
+    for whose, c in (("its", cell), *(("the baseline's", b) for b in base)):
+        problems = plausibility.cell_problems(c)
+        if problems:
+            return (f"not judged: {whose} cell {c.cell_id} reported impossible figures, which are no "
+                    f"results ({problems[0]})")
+    return (f"no finished warm cell of {cell.configuration} and of the baseline {baseline} for "
+            f"{cell.sequence}: the budget cannot be judged")
 
 
 def judge(budget: Budget, cost: Cost, source: str) -> CheckResult:
@@ -239,4 +255,4 @@ def _signed(v: float | None) -> str:
     return "?" if v is None else ("−" + _f(-v) if v < 0 else _f(v))
 
 
-__all__ = ["Cost", "checks", "cost_of", "costs", "judge"]
+__all__ = ["Cost", "checks", "cost_of", "costs", "judge", "not_judged"]

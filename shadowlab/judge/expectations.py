@@ -36,6 +36,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from shadowlab.judge import plausibility
 from shadowlab.matrix import Expectation, Matrix
 from shadowlab.judge.verdicts import (CellVerdict, IdentityCheck, IdentityStatus, Outcome, RunVerdict, TurnVerdict,
                                 traffic_summary)
@@ -159,12 +160,12 @@ def plausible_checks(run: RunVerdict, shown: int = 4) -> list[CheckResult]:
     for cell in run.cells:
         if not cell.turns:
             continue
-        found = [(t, p) for t in cell.turns for p in t.implausible]
+        found = plausibility.cell_problems(cell)
         if not found:
             out.append(_result("plausible", CheckStatus.PASS, cell, None, POSSIBLE, "possible",
                                f"{len(cell.turns)} turn(s): every figure possible"))
             continue
-        listed = "; ".join(f"turn {t.index} ({t.prompt_id}): {p}" for t, p in found[:shown])
+        listed = "; ".join(found[:shown])
         more = f"; and {len(found) - shown} more" if len(found) > shown else ""
         out.append(_result("plausible", CheckStatus.ERROR, cell, None, POSSIBLE,
                            f"{len(found)} impossible",
@@ -234,6 +235,10 @@ def cascade_checks(run: RunVerdict, waived: set[tuple[str, int]] = frozenset()) 
         turns = [t for t in cell.turns if (cell.cell_id, t.index) not in waived]
         if not turns:
             continue
+        if cell.log_missing:  # the cascade is seen only in the log: none seen is no evidence
+            out.append(_result("cascade", CheckStatus.ERROR, cell, None, CASCADE_EXPECTED, "not judged",
+                               _needs_log(cell, "the cascade")))
+            continue
         passed, actual, message = _judge_cascade_turns(turns)
         out.append(_result("cascade", CheckStatus.PASS if passed else CheckStatus.FAIL, cell, None,
                            CASCADE_EXPECTED, actual, message))
@@ -253,6 +258,17 @@ def _judge_cascade_turns(turns: Sequence[TurnVerdict]) -> tuple[bool, str, str]:
     return False, f"{len(missed)} kept", (
         f"the engine kept {len(missed)} checkpoint(s) above the re-entry point that the cascade "
         f"must erase ({positions}); a later restore of one would reuse stale state")
+
+
+# Declared checks whose figures come from engine.log, and what the log shows them. Without the
+# log they are not judged (ERROR): none seen is not none there.
+NEEDS_LOG = {"checkpoints_created_at": "where checkpoints were created", "cascade": "the cascade",
+             "outcome": "the outcome of a turn (a restore, a forcing line)", "max_forced": "a forced re-processing"}
+
+
+def _needs_log(cell: CellVerdict, what: str) -> str:
+    return (f"not judged: {what} is seen only in the engine's log, and {cell.engine_log} is missing "
+            "(the records give reuse from the API only)")
 
 
 def _waived(matrix: Matrix, run: RunVerdict, key: str) -> set[tuple[str, int]]:
@@ -311,16 +327,30 @@ def _expectation_on_cell(x: Expectation, cell: CellVerdict, source: str) -> list
         status = CheckStatus.ERROR if cell.status != CELL_OK else CheckStatus.FAIL
         return [CheckResult(name, status, _subject(cell, None), _expected_text(x, name), "not run", why,
                             source, cell.cell_id, None, x.description) for name in checks]
-    out = []
-    if x.max_forced is not None:
+    impossible = plausibility.cell_problems(cell)
+    if impossible:  # its engine cannot be believed: a pass on its figures would be no pass
+        return [CheckResult(name, CheckStatus.ERROR, _subject(cell, None), _expected_text(x, name), "not judged",
+                            f"not judged: the engine's figures for this cell are impossible ({impossible[0]})",
+                            source, cell.cell_id, None, x.description) for name in checks]
+    out = [_unjudged(name, x, cell, source) for name in checks if name in NEEDS_LOG and cell.log_missing]
+    checks = [name for name in checks if not (name in NEEDS_LOG and cell.log_missing)]
+    if "max_forced" in checks:
         out.append(_max_forced(x, cell, turns, source))
-    if x.min_recovered_share is not None:
+    if "min_recovered_share" in checks:
         out.append(_min_recovered(x, cell, turns, source))
     for turn in turns:
         for name in checks:
             if name not in ("max_forced", "min_recovered_share"):
                 out.append(_turn_check(name, x, cell, turn, source))
     return out
+
+
+def _unjudged(name: str, x: Expectation, cell: CellVerdict, source: str) -> CheckResult:
+    """A declared check on figures from a log the cell does not have."""
+    turn = x.turn if isinstance(x.turn, int) else None
+    return CheckResult(name, CheckStatus.ERROR, _subject(cell, None) + (f" turn {x.turn}" if x.turn is not None else ""),
+                       _expected_text(x, name), "not judged", _needs_log(cell, NEEDS_LOG[name]), source, cell.cell_id,
+                       turn, x.description)
 
 
 def _declared_checks(x: Expectation) -> list[str]:
@@ -331,10 +361,6 @@ def _declared_checks(x: Expectation) -> list[str]:
 
 
 def _turn_check(name: str, x: Expectation, cell: CellVerdict, turn: TurnVerdict, source: str) -> CheckResult:
-    if turn.implausible:  # a pass on figures that cannot be true would be no pass
-        return CheckResult(name, CheckStatus.ERROR, _subject(cell, turn), _expected_text(x, name), "not judged",
-                           f"not judged: the engine's figures for this turn are impossible ({turn.implausible[0]})",
-                           source, cell.cell_id, turn.index, x.description)
     if name == "identity":
         if turn.identity is None:
             return CheckResult("identity", CheckStatus.FAIL, _subject(cell, turn), "identical to cold",

@@ -16,13 +16,18 @@ Exit codes (GATE_HELP, README):
     3  infrastructure failure: an engine never started, or a cell could not run to the end
        (crashed, hung, interrupted), or an engine reported figures no engine can truthfully
        report (reused more tokens than the prompt has, a negative prefill time, reuse on the
-       first turn of a fresh process, ... — shadowlab/judge/plausibility.py): it cannot be believed.
+       first turn of a fresh process, ... — shadowlab/judge/plausibility.py): it cannot be believed;
+       or a check's evidence is missing (a cell's engine.log: the cascade is never passed unseen).
        Takes precedence over 1: a run with a missing cell is never reported as merely "a check
        failed"; the summary still lists every failed check.
 
 A pure function of the run directory: verdicts come from `shadowlab.verdicts.compute(run)` on
 the loaded records (or `verdicts.json` when the raw cell records are not there), so the gate can
 be re-run on another machine from the directory alone. The exit codes are exitcodes.py's.
+
+A verdicts.json without the records it was computed from (no cells/) is judged as it stands
+(its figures re-judged by the plausibility rules), but nothing re-derives it: every output says
+so (`GateResult.unverified`: the gate's line, the report's banner and headline, junit.xml).
 """
 
 from __future__ import annotations
@@ -77,6 +82,17 @@ class RunInputs:
     def metas(self) -> Mapping[str, CellMeta]:
         return self.run.metas
 
+    @property
+    def unverified(self) -> str | None:
+        """Why the verdicts are unverified (judged from verdicts.json alone), else None."""
+        if self.run.has_cells or self.run.saved_verdicts is None:
+            return None
+        return UNVERIFIED
+
+
+UNVERIFIED = ("UNVERIFIED: judged from verdicts.json alone; the records it was computed from (cells/: "
+              "meta.json, engine.log) are not in the run directory, so no figure of it was re-derived")
+
 
 @dataclass(frozen=True)
 class GateResult:
@@ -85,6 +101,7 @@ class GateResult:
     checks: tuple[CheckResult, ...] = ()
     error: str | None = None  # exit 2: why the run directory could not be judged
     inputs: RunInputs | None = field(default=None, repr=False, compare=False)
+    unverified: str | None = None  # judged from a verdicts.json without its records: why that is
 
     def __int__(self) -> int:
         return self.exit_code
@@ -101,6 +118,11 @@ class GateResult:
 
     @property
     def verdict_text(self) -> str:
+        text = self._verdict
+        return text if self.unverified is None else f"{text} — {self.unverified}"
+
+    @property
+    def _verdict(self) -> str:
         if self.exit_code == EXIT_INFRASTRUCTURE and any(c.check == "plausible" for c in self.failures):
             return "not qualified: an engine reported impossible figures (infrastructure failure)"
         return {
@@ -151,7 +173,7 @@ def evaluate_inputs(inputs: RunInputs) -> GateResult:
     """The gate on an already loaded run (the report renders the same result it shows)."""
     checks = evaluate_checks(inputs.matrix, inputs.verdict, inputs.planned)
     checks += tuple(budgets.checks(inputs.run, inputs.verdict))  # cost vs benefit against the baseline
-    return GateResult(exit_code_for(checks), inputs.run_dir, checks, inputs=inputs)
+    return GateResult(exit_code_for(checks), inputs.run_dir, checks, inputs=inputs, unverified=inputs.unverified)
 
 
 def main(run_dir: str | Path, out: TextIO | None = None) -> int:
@@ -190,5 +212,5 @@ judge = verdicts.judge  # public here too: gate callers judge a loaded run
 
 __all__ = [
     "EXIT_QUALIFIED", "EXIT_CHECK_FAILED", "EXIT_USAGE", "EXIT_INFRASTRUCTURE", "GATE_HELP",
-    "GateResult", "RunInputs", "evaluate", "evaluate_inputs", "exit_code_for", "judge", "load_run", "main", "show",
+    "GateResult", "RunInputs", "UNVERIFIED", "evaluate", "evaluate_inputs", "exit_code_for", "judge", "load_run", "main", "show",
 ]

@@ -1,6 +1,12 @@
 """Figures no engine can truthfully report: the rules, in one place.
 
     turn_problems(turn, timings) -> tuple[str, ...]     one readable sentence per impossible figure
+    cell_problems(cell) -> tuple[str, ...]              a cell's, each naming its turn
+    described(cell_id, problems) -> str                 one line for a refused cell
+
+Every command that reads a run judges these the same way: the gate fails the cell (exit 3),
+compare and `simulate RUN/cells/CELL` refuse it (exit 3), the report's budgets and decision
+record leave it unjudged; none shows its figures as results (DESIGN §5).
 
 A *disagreement* (the API and the log differ, a restore re-enters past its checkpoint) can be
 an honest engine reporting its own bug; the identity and cascade checks judge those. The
@@ -31,11 +37,11 @@ need nothing else, so a verdicts.json of an older schema is re-judged the same w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shadowlab.judge.verdicts import CheckpointRef, TurnVerdict
+    from shadowlab.judge.verdicts import CellVerdict, CheckpointRef, TurnVerdict
 
 _API_COUNTS = ("cache_n", "prompt_n")
 _API_TIMINGS = ("prompt_ms",)
@@ -53,6 +59,18 @@ def turn_problems(turn: "TurnVerdict", timings: Mapping[str, Any] | None = None)
         *_checkpoints(turn, timings),
     ]
     return tuple(dict.fromkeys(found))  # one rule may restate another's figure: say it once
+
+
+def cell_problems(cell: "CellVerdict") -> tuple[str, ...]:
+    """Every impossible figure of a cell's turns (as judged into `TurnVerdict.implausible`), each
+    as `turn I (PROMPT): problem`; () when the cell can be believed."""
+    return tuple(f"turn {t.index} ({t.prompt_id}): {p}" for t in cell.turns for p in t.implausible)
+
+
+def described(cell_id: str, problems: Sequence[str], shown: int = 3) -> str:
+    """One line for a cell the rules reject: its id and its first impossible figures."""
+    more = f"; and {len(problems) - shown} more" if len(problems) > shown else ""
+    return f"cell {cell_id}: " + "; ".join(problems[:shown]) + more
 
 
 def _raw_timings(timings: Mapping[str, Any]) -> Iterator[str]:
@@ -172,4 +190,4 @@ def _show(value: Any) -> str:
     return "null" if value is None else repr(value)[:40]
 
 
-__all__ = ["turn_problems"]
+__all__ = ["cell_problems", "described", "turn_problems"]

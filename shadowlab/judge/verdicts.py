@@ -188,6 +188,17 @@ class CellVerdict:
     def count(self, outcome: Outcome) -> int:
         return sum(1 for t in self.turns if t.outcome is outcome)
 
+    @property
+    def log_missing(self) -> bool:
+        """The engine writes a log shadowlab reads (a log family), yet none was read: every
+        log-derived figure (checkpoints, cascade, forcing lines) is unknown, not absent."""
+        return self.log_family != "none" and self.reuse_source != "api+log"
+
+    @property
+    def engine_log(self) -> str:
+        """The cell's engine.log, as a run directory names it (records.RunLayout)."""
+        return f"cells/{self.cell_id}/engine.log"
+
 
 @dataclass(frozen=True)
 class RunVerdict:
@@ -222,8 +233,7 @@ class RunVerdict:
             data = _upgrade_v2(data)
         # v3 -> v4: TurnVerdict.triage did not exist; a missing field reads as None (no triage)
         run = _from_json(cls, _implied_conversations(data))
-        run = _judge_plausibility(run) if version <= 2 else run
-        return dataclasses.replace(run, schema_version=VERDICTS_SCHEMA_VERSION)
+        return _judge_plausibility(run)
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
@@ -280,9 +290,13 @@ def _implied_conversations(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _judge_plausibility(run: "RunVerdict") -> "RunVerdict":
+    """The plausibility rules applied again to every turn read from a verdicts.json, whatever its
+    version: the file is derived and may have been edited, so what it says is impossible is kept
+    and what its figures show to be impossible is added (the raw-timings rule needs the records)."""
     cells = []
     for cell in run.cells:
-        turns = tuple(dataclasses.replace(t, implausible=plausibility.turn_problems(t)) for t in cell.turns)
+        turns = tuple(dataclasses.replace(t, implausible=tuple(dict.fromkeys(
+            (*t.implausible, *plausibility.turn_problems(t))))) for t in cell.turns)
         cells.append(dataclasses.replace(cell, turns=turns))
     return dataclasses.replace(run, cells=tuple(cells), schema_version=VERDICTS_SCHEMA_VERSION)
 
@@ -318,8 +332,15 @@ def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
         nondeterministic_engines=tuple(sorted(noisy)),
     )
     if write:
-        records.write_json_atomic(run.root / rundir.VERDICTS_NAME, verdict.to_dict())
+        with records.storage_errors(records.DERIVED_WRITE_HINT):  # a full disk: exit 3, naming the file
+            records.write_json_atomic(run.root / rundir.VERDICTS_NAME, verdict.to_dict())
     return verdict
+
+
+def cell_verdict(run: "RunDir", cell_id: str) -> CellVerdict:
+    """One cell's verdict from its records, as `compute` judges it (without the identity
+    comparison, which needs the other cells): what `simulate RUN/cells/CELL` checks."""
+    return _with_ideals(_cell_verdict(run, run.metas[cell_id], _extra_patterns(run)), run)
 
 
 def _with_ideals(cell: CellVerdict, run: "RunDir") -> CellVerdict:

@@ -31,6 +31,8 @@ import jinja2
 import markupsafe
 
 from shadowlab.report import decision, traffic as report_traffic
+from shadowlab.judge import plausibility
+from shadowlab.results import records
 from shadowlab.judge import gate as gate_mod
 from shadowlab.escape import visible, xml_text
 from shadowlab.judge.expectations import CheckResult, CheckStatus
@@ -65,9 +67,10 @@ def render_inputs(inputs: RunInputs, result: GateResult) -> ReportPaths:
     """Write the three files for a loaded run and the gate's result on it."""
     root = inputs.run_dir
     paths = ReportPaths(root / HTML_NAME, root / MARKDOWN_NAME, root / JUNIT_NAME)
-    write_bytes_atomic(paths.html, _encode(render_html(inputs, result)))
-    write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result)))
-    write_bytes_atomic(paths.junit, render_junit(inputs, result))
+    with records.storage_errors(records.DERIVED_WRITE_HINT):  # exit 3, one line naming the file
+        write_bytes_atomic(paths.html, _encode(render_html(inputs, result)))
+        write_bytes_atomic(paths.markdown, _encode(render_markdown(inputs, result)))
+        write_bytes_atomic(paths.junit, render_junit(inputs, result))
     return paths
 
 
@@ -411,7 +414,7 @@ def render_html(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellM
     warm = [c for c in run.cells if c.kind == "warm"]
     context = dict(
         inputs=inputs, matrix=inputs.matrix, run=run, result=result, metas=metas,
-        env=inputs.environment, grids=build_grids(inputs), warm=warm,
+        env=_fields(inputs.environment), blank=_Fields(), grids=build_grids(inputs), warm=warm,
         timelines=[build_timeline(c) for c in warm if c.turns],
         traffic=_traffic_sections(inputs, metas),
         identity_rows=identity_rows(run), controls=[c for c in run.cells if c.kind == "control"],
@@ -428,6 +431,20 @@ def render_html(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellM
     return _environment().get_template("report.html.j2").render(**context)
 
 
+class _Fields(dict):  # type: ignore[type-arg]
+    """A record's object as the template reads it: a field it lacks is None (a run directory
+    without environment.json, or an older one, renders '—' instead of failing the report)."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def _fields(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return _Fields({k: _fields(v) for k, v in value.items()})
+    return value
+
+
 def _status_counts(checks: Sequence[CheckResult]) -> dict[str, int]:
     return {s.value: sum(1 for c in checks if c.status is s) for s in CheckStatus}
 
@@ -438,15 +455,17 @@ class Totals:
     prompt_tokens: int = 0
     reused_tokens: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    impossible_cells: int = 0  # warm cells left out: their figures are no results
 
 
 def _totals(warm: Sequence[CellVerdict]) -> Totals:
-    turns = [t for c in warm for t in c.turns]
+    believable = [c for c in warm if not plausibility.cell_problems(c)]
+    turns = [t for c in believable for t in c.turns]
     outcomes: dict[str, int] = {}
     for t in turns:
         outcomes[t.outcome.value] = outcomes.get(t.outcome.value, 0) + 1
     return Totals(len(turns), sum(t.prompt_tokens or 0 for t in turns),
-                  sum(t.reused_tokens or 0 for t in turns), outcomes)
+                  sum(t.reused_tokens or 0 for t in turns), outcomes, len(warm) - len(believable))
 
 
 def _pct(value: float | None) -> str:
@@ -473,13 +492,15 @@ def _short_sha(value: str | None) -> str:
 def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellMeta] | None = None) -> str:
     run = inputs.verdict
     metas = inputs.metas if metas is None else metas
-    icon = "✅" if result.qualified else "❌"
+    icon = ("⚠️" if result.unverified else "✅") if result.qualified else "❌"
     lines = [f"## {icon} shadowlab `{md_cell(inputs.matrix.name)}` — {result.verdict_text} "
              f"(exit {result.exit_code})", ""]
     counts = _status_counts(result.checks)
     lines.append(f"run `{md_cell(run.run_id)}` · {len(run.cells)} cells · checks: "
                  + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
     lines.append("")
+    if result.unverified:
+        lines += [f"> **{md_cell(result.unverified)}**", ""]
     impossible = impossible_figures(run)
     if impossible:
         lines += ["### ⛔ Impossible figures — the engine cannot be believed", "",
@@ -581,6 +602,9 @@ def _md_grid_cell(cell: CellVerdict | None) -> str:
 def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
     """<testsuites> with a `cells` suite (one case per cell) and a `checks` suite (one per check)."""
     root = ET.Element("testsuites", name=xml_text(f"shadowlab {inputs.matrix.name}"))
+    if result.unverified:
+        props = ET.SubElement(root, "properties")
+        ET.SubElement(props, "property", name="shadowlab.unverified", value=xml_text(result.unverified))
     cells = ET.SubElement(root, "testsuite", name="cells")
     by_cell: dict[str, list[CheckResult]] = {}
     for c in result.checks:
@@ -613,14 +637,20 @@ def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
                 detail += f"\nwhy expected: {c.description}"
             _fail(case, "error" if c.status is CheckStatus.ERROR else "failure",
                   f"{c.status.value}: {c.message}", detail)
-    for suite in (cells, checks):
+    suites = [cells, checks]
+    if result.unverified:  # shown in CI as not verified, not as a pass of the evidence
+        evidence = ET.SubElement(root, "testsuite", name="evidence")
+        case = ET.SubElement(evidence, "testcase", classname="shadowlab.evidence", name="cell records (cells/)")
+        ET.SubElement(case, "skipped", message=xml_text(result.unverified))
+        suites.append(evidence)
+    for suite in suites:
         cases = suite.findall("testcase")
         suite.set("tests", str(len(cases)))
         suite.set("failures", str(sum(1 for k in cases if k.find("failure") is not None)))
         suite.set("errors", str(sum(1 for k in cases if k.find("error") is not None)))
-        suite.set("skipped", "0")
-    for attr in ("tests", "failures", "errors"):
-        root.set(attr, str(sum(int(s.get(attr, "0")) for s in (cells, checks))))
+        suite.set("skipped", str(sum(1 for k in cases if k.find("skipped") is not None)))
+    for attr in ("tests", "failures", "errors", "skipped"):
+        root.set(attr, str(sum(int(s.get(attr, "0")) for s in suites)))
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from shadowlab.judge import budgets
 from shadowlab.compare import NO_BAND, Delta
-from shadowlab.judge.expectations import CheckResult
+from shadowlab.judge.expectations import CheckResult, CheckStatus
 from shadowlab.judge.gate import GateResult, RunInputs
 
 NOT_SIGNIFICANT = "not significant"
@@ -43,6 +43,7 @@ class Decision:
     verdict: str  # "pass" | "fail" | "no budget declared" | "not judged"
     condemned: tuple[str, ...]  # the failing budget checks' messages
     revisit: tuple[str, ...]
+    not_judged: tuple[str, ...] = ()  # sequences without figures: why (impossible figures, unfinished)
 
 
 def decisions(inputs: RunInputs, result: GateResult) -> tuple[Decision, ...]:
@@ -54,14 +55,29 @@ def decisions(inputs: RunInputs, result: GateResult) -> tuple[Decision, ...]:
     out = []
     for name, spec in matrix.configurations.items():
         mine = [c for c in found if c.configuration == name]
-        if name == matrix.baseline or not mine:
+        missing = _without_figures(inputs, name, mine)
+        if name == matrix.baseline or not (mine or missing):
             continue
-        ids = {f"{c.engine}.{c.configuration}.{c.sequence}" for c in mine}
+        ids = {f"{c.engine}.{c.configuration}.{c.sequence}" for c in mine} | {cell_id for cell_id, _ in missing}
         judged = [c for c in checks if c.cell_id in ids]
-        out.append(Decision(name, matrix.baseline, spec.description, mine[0].scale,
+        scale = mine[0].scale if mine else (matrix.scale.name if matrix.scale is not None else None)
+        out.append(Decision(name, matrix.baseline, spec.description, scale,
                             tuple(_line(c) for c in mine), _verdict(judged, bool(matrix.budgets)),
-                            tuple(c.message for c in judged if not c.passed), tuple(_revisit(mine, judged))))
+                            tuple(c.message for c in judged if c.status is CheckStatus.FAIL),
+                            tuple(_revisit(mine, judged)) if mine else (), tuple(why for _, why in missing)))
     return tuple(out)
+
+
+def _without_figures(inputs: RunInputs, configuration: str, mine: Sequence[budgets.Cost]) -> list[tuple[str, str]]:
+    """(cell id, why) of the configuration's warm cells of a sequence the baseline runs that got
+    no cost: their figures (or the baseline's) are impossible, or a cell did not finish."""
+    baseline = inputs.matrix.baseline or ""
+    costed = {(c.engine, c.sequence) for c in mine}
+    runs = {(c.engine, c.sequence) for c in inputs.verdict.cells if c.kind == "warm" and c.configuration == baseline}
+    return [(c.cell_id, f"{c.sequence}: {budgets.not_judged(c, inputs.verdict, baseline)}")
+            for c in inputs.verdict.cells
+            if c.kind == "warm" and c.configuration == configuration and (c.engine, c.sequence) in runs
+            and (c.engine, c.sequence) not in costed]
 
 
 def _gain_text(d: Delta, unit: str) -> str:
@@ -88,9 +104,11 @@ def _line(c: budgets.Cost) -> Line:
 def _verdict(judged: Sequence[CheckResult], declared: bool) -> str:
     if not declared:
         return "no budget declared"
-    if not judged:
-        return "not judged"
-    return "pass" if all(c.passed for c in judged) else "fail"
+    if any(c.status is CheckStatus.FAIL for c in judged):
+        return "fail"
+    if not judged or not all(c.passed for c in judged):
+        return "not judged"  # an ERROR: a cell without figures (impossible, or unfinished)
+    return "pass"
 
 
 def _revisit(mine: Sequence[budgets.Cost], judged: Sequence[CheckResult]) -> list[str]:
@@ -137,6 +155,7 @@ def markdown(found: Sequence[Decision], cell: object = str) -> list[str]:
                   "| traffic | gains | costs |", "|---|---|---|"]
         lines += [f"| {cell(x.traffic)} | {cell(x.gain)} | {cell(x.cost)} |" for x in d.lines]
         lines.append("")
+        lines += [f"- not judged: {cell(why)}" for why in d.not_judged]
         lines += [f"- condemned: {cell(m)}" for m in d.condemned]
         lines += [f"- revisit: {cell(r)}" for r in d.revisit]
         lines.append("")

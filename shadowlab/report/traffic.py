@@ -5,14 +5,16 @@ still have processed (prompt − ideal), what the engine processed, and the reco
 (verdicts.traffic_summary: Σ reused / Σ ideal), drawn as bars on one token axis; and per
 conversation which requests erased its checkpoints. The erasures come from the verdicts'
 lifecycle replay: every erase line of a turn names a checkpoint whose `created_turn` the replay
-knows, and that turn's conversation owns it. Pure: a function of the RunVerdict.
+knows, and that turn's conversation owns it. A cell whose engine reported impossible figures
+draws no bar (`excluded` names it): its figures are no results. Pure: a function of the RunVerdict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from shadowlab.judge.plausibility import cell_problems
 from shadowlab.judge.verdicts import CellVerdict, RunVerdict, traffic_summary
 
 TR_LEFT, TR_WIDTH, TR_ROW, TR_TOP, TR_BAR_H = 150, 560, 34, 24, 12
@@ -70,6 +72,7 @@ class TrafficSection:
     ticks: tuple[tuple[float, str], ...]
     left: int = TR_LEFT  # x where the bars start
     in_flight: int = 1  # the sequence's `in_flight`
+    excluded: tuple[str, ...] = ()  # cells drawn no bar: impossible figures (the first named)
 
     @property
     def in_flight_text(self) -> str:
@@ -109,7 +112,10 @@ def build(run: RunVerdict, traffic_sequences: Sequence[str], in_flight: Mapping[
             cells = [c for c in run.cells if c.kind == "warm" and c.engine == engine and c.sequence == sequence
                      and any(t.ideal_tokens is not None for t in c.turns)]
             if cells:
-                sections.append(_section(engine, sequence, cells, (in_flight or {}).get(sequence, 1), reached or {}))
+                section = _section(engine, sequence, [c for c in cells if not cell_problems(c)],
+                                   (in_flight or {}).get(sequence, 1), reached or {})
+                excluded = tuple(f"{c.cell_id}: {cell_problems(c)[0]}" for c in cells if cell_problems(c))
+                sections.append(replace(section, excluded=excluded))
     return sections
 
 
@@ -151,6 +157,8 @@ def markdown(sections: Sequence[TrafficSection], md_cell) -> list[str]:
             lines.append(f"| {md_cell(r.label)} | {r.prompt:,} | {r.prompt - r.ideal:,} | "
                          f"{r.processed:,} | {share} |")
         lines.append("")
+        lines += [f"- not shown (impossible figures, no result): {md_cell(e)}" for e in s.excluded]
+        lines += [""] if s.excluded else []
         for r in s.rows:
             if r.erasures:
                 lines.append(f"Erased checkpoints under `{md_cell(r.label)}`:")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import errno
 import hashlib
 import json
 import math
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shadowlab.errors import RunDirError
+from shadowlab.errors import InfrastructureError, RunDirError
 from shadowlab.escape import visible
 
 SCHEMA_VERSION = 3  # 2: TurnRecord.conversation; 3: log_attribution, sent_ms, in_flight
@@ -429,6 +430,36 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+# The machine, not the input, failing a write: a full or read-only disk, a quota, a path that
+# is no directory. Every writer maps these to one InfrastructureError line (exit 3).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                            errno.EIO, errno.EFBIG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+                            errno.EMFILE, errno.ENFILE})
+
+
+# The hint of a derived file of a run directory (verdicts.json, report.html/md, junit.xml).
+DERIVED_WRITE_HINT = "free space or make the run directory writable, then run `shadowlab report` again"
+
+
+def storage_failure(exc: OSError, hint: str) -> InfrastructureError:
+    """`cannot write FILE: <strerror> (ENOSPC)`: the one wording of a failed write, exit 3."""
+    where = exc.filename if exc.filename is not None else "the run directory"
+    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return InfrastructureError(f"cannot write {where}: {exc.strerror or exc} ({code})", hint=hint)
+
+
+@contextlib.contextmanager
+def storage_errors(hint: str) -> Iterator[None]:
+    """Writes in the block that the machine fails (STORAGE_ERRNOS) become `storage_failure`:
+    one line naming the file and the errno, never a traceback. Other OSErrors pass."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRNOS:
+            raise
+        raise storage_failure(exc, hint) from None
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Temp file in the same directory, fsync, rename: readers see old or new, never half."""
     with atomic_path(path) as tmp:
@@ -446,9 +477,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
     (and a default ACL) exactly as for a plain ``open()``: ``tempfile.mkstemp`` would make
     every record 0600 whatever the user's umask, unlike engine.log beside it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _new_temp_file(path)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _new_temp_file(path)
         yield tmp
         fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -456,8 +488,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and (exc.filename is None or str(exc.filename) == str(tmp)):
+            exc.filename = str(path)  # a write names no file, the temp name means nothing to a reader
         raise
 
 
@@ -543,18 +578,38 @@ def read_json(path: Path, *, max_bytes: int = MAX_RECORD_BYTES) -> Any:
     except OSError as exc:
         raise RunDirError(f"cannot read: {exc.strerror or exc}", path=where) from None
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RunDirError(f"not UTF-8 text (invalid byte at offset {exc.start})", path=where) from None
+        return parse_json(raw)
+    except JSONRefused as exc:
+        raise RunDirError(str(exc), path=where) from None
+
+
+class JSONRefused(ValueError):
+    """Bytes that `parse_json` does not take as JSON; the message says why."""
+
+
+class JSONTooDeep(JSONRefused):
+    """Valid JSON nested deeper than MAX_JSON_DEPTH."""
+
+
+def parse_json(data: bytes | str) -> Any:
+    """The one bounded JSON reader of every JSON input (run records, trace lines): UTF-8, strict
+    JSON (NaN/Infinity refused: shadowlab never writes them), nested at most MAX_JSON_DEPTH
+    levels. JSONRefused otherwise; json's RecursionError on deep input never escapes. The caller
+    names the file (and line)."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JSONRefused(f"not UTF-8 text (invalid byte at offset {exc.start})") from None
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(data, parse_constant=_refuse_constant)
     except RecursionError:
-        raise RunDirError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", path=where) from None
+        raise JSONTooDeep(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:
-        raise RunDirError(f"not valid JSON ({exc})", path=where) from None
-    if json_depth(data) > MAX_JSON_DEPTH:
-        raise RunDirError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", path=where)
-    return data
+        raise JSONRefused(f"not valid JSON ({exc})") from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise JSONTooDeep(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 def _refuse_constant(name: str) -> Any:

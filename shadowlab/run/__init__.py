@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import errno
 import fcntl
 import json
 import os
@@ -87,10 +86,10 @@ MAX_RESPONSE_BYTES = 64 << 20  # an answer larger than this is an engine error, 
 # before it was stopped) is the engine's own doing, and fails its cell.
 STOPPED_EXITS = {"TERM": {0, -signal.SIGTERM, 128 + signal.SIGTERM},
                  "KILL": {0, -signal.SIGTERM, 128 + signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGKILL}}
-# Errors of the machine, not of shadowlab, when it writes the run directory.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
-                            errno.EIO, errno.EFBIG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
-                            errno.EMFILE, errno.ENFILE})
+# Errors of the machine, not of shadowlab, when it writes the run directory (records.py: the
+# one mapping of a failed write, shared with every writer of derived files).
+STORAGE_ERRNOS = records.STORAGE_ERRNOS
+RESUME_HINT = "free space or choose a writable --out, then rerun with --resume"
 INTERRUPTED_REASON = "shadowlab was interrupted; rerun with --resume"
 
 
@@ -253,23 +252,14 @@ def _in_use(layout: RunLayout, holder: bytes) -> RunDirError:
                        hint="wait for it to end (or stop it), then --resume")
 
 
-@contextlib.contextmanager
-def storage_errors() -> Iterator[None]:
+def storage_errors() -> contextlib.AbstractContextManager[None]:
     """The run directory (or the disk under it) failing a write is the machine's failure:
     one line naming the file and the cause, exit 3, never a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno not in STORAGE_ERRNOS:
-            raise
-        raise storage_failure(exc) from None
+    return records.storage_errors(RESUME_HINT)
 
 
 def storage_failure(exc: OSError) -> InfrastructureError:
-    where = exc.filename if exc.filename is not None else "the run directory"
-    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    return InfrastructureError(f"cannot write {where}: {exc.strerror or exc} ({code})",
-                               hint="free space or choose a writable --out, then rerun with --resume")
+    return records.storage_failure(exc, RESUME_HINT)
 
 
 def request_timeout(given: float | None) -> float:

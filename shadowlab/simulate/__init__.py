@@ -40,35 +40,65 @@ OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
 MIB = 1024 * 1024
 
 
+def _bounded(default: Any, low: float, high: float) -> Any:
+    """A policy parameter and the closed range [low, high] it must lie in (finite). The bounds
+    are what any engine could be configured with or measured at: beyond them a figure is a typo
+    or a hostile input, never a policy (a negative cost, 10^8 slots)."""
+    return field(default=default, metadata={"bounds": (low, high)})
+
+
+TOKENS = float(traffic.MAX_PROMPT_TOKENS)  # no context holds more
+TIB_MIB = float(1 << 20)  # a TiB, in MiB: beyond any host's RAM or any checkpoint
+HOUR_MS = 3_600_000.0  # an hour, in ms: beyond any checkpoint's creation or restore
+
+
 @dataclass(frozen=True)
 class Policy:
     """One engine configuration to simulate. Flags keep llama-server's names; the cost side
-    (per-checkpoint MiB and ms, state sizes) defaults to the case study's 35B measurements."""
+    (per-checkpoint MiB and ms, state sizes) defaults to the case study's 35B measurements.
+    Every number is bounded where it is declared (`_bounded`); a Policy outside them is refused."""
 
     name: str
     engine: str = "reference"  # "reference" | "llama.cpp"
-    slots: int = 1  # -np
-    n_batch: int = 2048  # -b
-    n_ubatch: int = 512  # -ub
-    ctx_checkpoints: int = 64  # --ctx-checkpoints
-    checkpoint_min_step: int = 8192  # --checkpoint-min-step
-    prompt_policy: int = 1  # PXA_CKPT_PROMPT_POLICY (reference engine)
-    prompt_end: int = 0  # PXA_CKPT_PROMPT_END (reference engine)
-    cache_ram_mib: float = 0  # -cram (0 off; llama.cpp: -1 no limit)
-    similarity: float = 0.1  # --slot-prompt-similarity
+    slots: int = _bounded(1, 1, 256)  # -np
+    n_batch: int = _bounded(2048, 1, TOKENS)  # -b
+    n_ubatch: int = _bounded(512, 1, TOKENS)  # -ub
+    ctx_checkpoints: int = _bounded(64, 0, 4096)  # --ctx-checkpoints
+    checkpoint_min_step: int = _bounded(8192, 0, TOKENS)  # --checkpoint-min-step
+    prompt_policy: int = _bounded(1, 0, 1)  # PXA_CKPT_PROMPT_POLICY (reference engine)
+    prompt_end: int = _bounded(0, 0, 1)  # PXA_CKPT_PROMPT_END (reference engine)
+    cache_ram_mib: float = _bounded(0, -1, TIB_MIB)  # -cram (0 off; llama.cpp: -1 no limit)
+    similarity: float = _bounded(0.1, 0, 1)  # --slot-prompt-similarity
     cache_idle_slots: bool = True  # llama.cpp --cache-idle-slots (with -cram and a unified KV)
     affinity: bool = False  # SHADOWLAB_SLOT_AFFINITY (reference engine)
-    retain_mib: float = 0  # SHADOWLAB_CKPT_RETAIN_MIB (reference engine)
+    retain_mib: float = _bounded(0, 0, TIB_MIB)  # SHADOWLAB_CKPT_RETAIN_MIB (reference engine)
     chat: bool = False  # requests carry user-message starts (chat / message_delimiters)
-    n_ctx: int = 8192  # llama.cpp's prompt-cache token limit starts at n_ctx
+    n_ctx: int = _bounded(8192, 1, TOKENS)  # llama.cpp's prompt-cache token limit starts at n_ctx
     # cost model (case study, 35B): per checkpoint and per token of attention KV
-    checkpoint_mib: float = 62.9
-    create_ms: float = 63.0
-    restore_ms: float = 24.5  # 12-37 ms measured: the middle
-    kv_mib_per_token: float = 0.02  # assumption (not measured in the case study): ~20 KiB/token
-    state_mib: float = 62.9  # a slot's recurrent state in a -cram entry
+    checkpoint_mib: float = _bounded(62.9, 0, TIB_MIB)
+    create_ms: float = _bounded(63.0, 0, HOUR_MS)
+    restore_ms: float = _bounded(24.5, 0, HOUR_MS)  # 12-37 ms measured: the middle
+    kv_mib_per_token: float = _bounded(0.02, 0, 1024)  # assumption (not measured): ~20 KiB/token
+    state_mib: float = _bounded(62.9, 0, TIB_MIB)  # a slot's recurrent state in a -cram entry
 
     ENGINES = ("reference", "llama.cpp")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if "bounds" in f.metadata:
+                _check_bound(self.name, f.name, getattr(self, f.name), *f.metadata["bounds"])
+
+
+def _check_bound(policy: str, key: str, value: Any, low: float, high: float) -> None:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not low <= value <= high:  # NaN fails every test
+        lo, hi = _shown_bound(low), _shown_bound(high)
+        raise TrafficError(f"policy {policy!r}: {key} = {value!r} is outside its bounds [{lo}, {hi}]",
+                           hint=f"give {key} a value from {lo} to {hi}")
+
+
+def _shown_bound(x: float) -> str:
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:g}"
 
 
 PRODUCTION = dict(ctx_checkpoints=64, cache_ram_mib=0, slots=1)  # the case study's flags
@@ -117,16 +147,13 @@ def _params(text: str) -> list[tuple[str, str]]:
 
 
 def _value(key: str, value: str, text: str) -> Any:
-    kind = type(getattr(Policy("x"), key))
+    kind = {"int": int, "float": float, "bool": bool, "str": str}[str(_FIELDS[key].type)]
     try:
         if kind is bool:
             if value.lower() not in ("0", "1", "true", "false"):
                 raise ValueError
             return value.lower() in ("1", "true")
-        out = kind(value)
-        if isinstance(out, float) and not math.isfinite(out):
-            raise ValueError
-        return out
+        return kind(value)  # bounds (finite, in range) are checked by Policy itself
     except ValueError:
         raise TrafficError(f"policy {text!r}: {key}={value!r} is not a {kind.__name__}") from None
 
@@ -134,11 +161,6 @@ def _value(key: str, value: str, text: str) -> Any:
 def _check_policy(p: Policy) -> None:
     if p.engine not in Policy.ENGINES:
         raise TrafficError(f"policy {p.name!r}: engine must be one of {Policy.ENGINES}")
-    for key in ("slots", "n_batch", "n_ubatch"):
-        if getattr(p, key) < 1:
-            raise TrafficError(f"policy {p.name!r}: {key} must be at least 1")
-    if p.ctx_checkpoints < 0 or p.checkpoint_min_step < 0 or p.retain_mib < 0:
-        raise TrafficError(f"policy {p.name!r}: ctx_checkpoints, checkpoint_min_step and retain_mib are >= 0")
     if p.engine == "llama.cpp" and (p.affinity or p.retain_mib or p.prompt_policy != 1 or p.prompt_end):
         raise TrafficError(f"policy {p.name!r}: affinity, retention and the fork's POLICY/PROMPT_END knobs "
                            "exist only in the reference engine")
@@ -635,6 +657,7 @@ def load_run_cell(path: Path) -> RunCell:
     if [t.index for t in turns] != list(range(len(seq.requests))):
         raise RunDirError(f"the cell answered {len(turns)} of its {len(seq.requests)} requests", path=str(path),
                           hint="a cell that failed part-way has no whole schedule to replay")
+    _believable(run, path.name)
     schedule = None
     if any(t.log_attribution == "task" for t in turns):
         log = run.layout.engine_log(path.name)
@@ -653,6 +676,20 @@ def load_run_cell(path: Path) -> RunCell:
         # prompt-cache entry is counted without a separate state (as in the live tests).
         sizes = {"checkpoint_mib": ckpt / MIB, "kv_mib_per_token": kv / MIB, "state_mib": 0.0}
     return RunCell(loaded, schedule, tuple(t.reused_tokens for t in turns), sizes)
+
+
+def _believable(run: Any, cell_id: str) -> None:
+    """The cell's reuse is what every policy is compared with: refused (exit 3, like the gate) when
+    its engine reported figures the plausibility rules reject."""
+    from shadowlab.judge import plausibility, verdicts
+    from shadowlab.errors import ImpossibleFigures
+
+    verdict = verdicts.cell_verdict(run, cell_id)
+    problems = plausibility.cell_problems(verdict)
+    if problems:
+        raise ImpossibleFigures([plausibility.described(cell_id, problems)], engine=verdict.engine,
+                                hint="the gate refuses this cell too (exit 3): its reuse is no measurement to "
+                                     "compare a policy with")
 
 
 def agreement(measured: Sequence[int | None], turns: Sequence[Turn]) -> dict[str, Any]:
@@ -804,19 +841,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a preset (" + ", ".join(PRESETS) + ") with optional parameters; repeatable "
                         "(default: baseline, policy0, prompt-end, affinity, retention)")
     p.add_argument("--prefill-tps", type=float, default=2200.0, metavar="TOKENS_PER_S",
-                   help="prefill rate for the seconds columns (default 2200, the case study's 2,100-2,300)")
+                   help="prefill rate for the seconds columns (default 2200, the case study's 2,100-2,300; "
+                        f"above 0, at most {MAX_PREFILL_TPS:g})")
     p.add_argument("--json", action="store_true", help="print the JSON document (version 1) instead of the table")
     p.add_argument("--out", type=Path, default=None, help="write simulate.json and simulate.html into DIR")
 
 
 DEFAULT_POLICIES = ("baseline", "policy0", "prompt-end", "affinity", "retention")
+MAX_PREFILL_TPS = 1e9  # tokens per second: a thousand times any engine measured
+OUT_HINT = "free space or choose a writable --out"
 
 
 def run(args: argparse.Namespace) -> int:
-    """The subcommand: 0 when the traffic was simulated, 2 on bad input (no traceback)."""
+    """The subcommand: 0 when the traffic was simulated, 2 on bad input, 3 when a run cell's
+    engine reported impossible figures or --out cannot be written (one line, no traceback)."""
+    from shadowlab.results import records
+    from shadowlab.errors import EngineError, InfrastructureError
+
     try:
-        if not math.isfinite(args.prefill_tps) or args.prefill_tps <= 0:
-            raise TrafficError(f"--prefill-tps must be a positive number, got {args.prefill_tps}")
+        if not 0 < args.prefill_tps <= MAX_PREFILL_TPS:  # NaN fails the test too
+            raise TrafficError(f"--prefill-tps {args.prefill_tps!r} is outside (0, {MAX_PREFILL_TPS:g}] tokens/s")
         policies = [parse_policy(t) for t in (args.policy or DEFAULT_POLICIES)]
         cell = load_run_cell(args.source) if is_run_cell(args.source) else None
         if cell is not None:
@@ -825,20 +869,14 @@ def run(args: argparse.Namespace) -> int:
         if not loaded.requests:
             raise TrafficError("no request in the traffic", file=str(args.source))
         doc = run_policies(loaded, policies, args.prefill_tps, cell=cell)
+        text = json.dumps(doc, ensure_ascii=True)
+        if args.out is not None:
+            with records.storage_errors(OUT_HINT):
+                records.write_bytes_atomic(args.out / "simulate.json", (text + "\n").encode("ascii"))
+                records.write_bytes_atomic(args.out / "simulate.html", render_html(doc).encode("utf-8"))
     except ShadowlabError as exc:
-        from shadowlab.results.records import terminal_safe
-
-        print(f"shadowlab simulate: {terminal_safe(str(exc))}", file=sys.stderr)
-        return 2
-    text = json.dumps(doc, ensure_ascii=True)
-    if args.out is not None:
-        try:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "simulate.json").write_text(text + "\n", encoding="utf-8")
-            (args.out / "simulate.html").write_text(render_html(doc), encoding="utf-8")
-        except OSError as exc:
-            print(f"shadowlab simulate: cannot write --out {args.out}: {exc.strerror}", file=sys.stderr)
-            return 2
+        print(f"shadowlab simulate: {records.terminal_safe(str(exc))}", file=sys.stderr)
+        return 3 if isinstance(exc, (EngineError, InfrastructureError)) else 2
     sys.stdout.write(text + "\n" if args.json else summary(doc))
     return 0
 

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from shadowlab.results import records
 from shadowlab.errors import TrafficError
 
 MOONCAKE_BLOCK = 512
@@ -728,13 +731,23 @@ def check_materialised(requests: Sequence[Request], prompts: Sequence[Sequence[i
 # --------------------------------------------------------------------------- readers
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
-    """(line number, line, ends with newline), each line read bounded."""
+def _open_regular(path: Path) -> Any:
+    """A binary file object of `path` if it is a regular file; TrafficError otherwise (a FIFO
+    would wait for a writer, /dev/zero never end: refused unread)."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise TrafficError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    with fh:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TrafficError("not a regular file (a FIFO, a device or a directory): nothing was read", file=str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, line, ends with newline), each line read bounded."""
+    with _open_regular(path) as fh:
         number = 0
         while True:
             line = fh.readline(MAX_LINE_BYTES + 1)
@@ -752,8 +765,8 @@ def _json_lines(path: Path, skipped: list[str]) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            doc = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as exc:
+            doc = _parse_line(line, path, number)
+        except records.JSONRefused as exc:
             if not whole:
                 skipped.append(f"line {number}: cut last line skipped")
                 return
@@ -763,12 +776,25 @@ def _json_lines(path: Path, skipped: list[str]) -> Iterator[tuple[int, Any]]:
         yield number, doc
 
 
+def _parse_line(line: bytes, path: Path, number: int) -> Any:
+    """One line through records.parse_json (the one bounded JSON reader): JSON nested too deeply
+    is refused whether or not the line is whole; other JSONRefused pass to the caller."""
+    try:
+        return records.parse_json(line)
+    except records.JSONTooDeep as exc:
+        raise TrafficError(str(exc), file=str(path), line=number) from None
+
+
 # Bounds on what a traffic may claim. No engine's context holds a prompt beyond 2^24 tokens (the
 # longest windows today are ~10M), and the simulator and replay walk prompts batch by batch: a
 # trace line claiming 10^12 tokens is refused, not simulated for hours. 10M requests is ~3,000
-# times the case study's five days.
+# times the case study's five days. Times are at most 10^12 s (~31,700 years: Unix time or time
+# since a start alike); ids are what a 64-bit field or a reasonable key holds.
 MAX_PROMPT_TOKENS = 1 << 24
 MAX_REQUESTS = 10_000_000
+MAX_TIME_S = 1e12
+MAX_ID = (1 << 63) - 1  # hash ids, integer session ids, slots
+MAX_KEY_CHARS = 4096  # a session id or server name as text
 
 
 def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, minimum: int = 0,
@@ -783,9 +809,28 @@ def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, m
     if v < minimum:
         raise TrafficError(f"{key!r} must be >= {minimum}, got {v}", file=str(path), line=line)
     if maximum is not None and v > maximum:
-        raise TrafficError(f"{key!r} is {int(v):,}, beyond the {maximum:,} any engine's context holds",
-                           file=str(path), line=line)
+        raise TrafficError(f"{key!r} is {int(v):,}, beyond the {maximum:,} it may be", file=str(path), line=line)
     return int(v)
+
+
+def _key(doc: dict, key: str, path: Path, line: int, *, text: bool = True) -> str | int | None:
+    """An id that names something (a session, a server, a slot): an integer in [0, MAX_ID], or
+    (`text`) a string of at most MAX_KEY_CHARS; None when absent."""
+    v = doc.get(key)
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_ID:
+        return v
+    if text and isinstance(v, str) and len(v) <= MAX_KEY_CHARS:
+        return v
+    kinds = f"a string of at most {MAX_KEY_CHARS} characters or " if text else ""
+    raise TrafficError(f"{key!r} must be {kinds}an integer from 0 to {MAX_ID:,}, got {_shown(v)}",
+                       file=str(path), line=line)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"
 
 
 MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "session_id", "delay", "messages"}
@@ -818,9 +863,7 @@ def read_mooncake(path: Path | str) -> Loaded:
         if unknown:
             raise TrafficError(f"unknown field(s) {sorted(unknown)}", file=str(path), line=line,
                                hint=f"Mooncake fields: {', '.join(sorted(MOONCAKE_KEYS))}")
-        session = doc.get("session_id")
-        if session is not None and not isinstance(session, (str, int)):
-            raise TrafficError(f"'session_id' must be a string or an integer, got {session!r}", file=str(path), line=line)
+        session = _key(doc, "session_id", path, line)
         session = None if session is None else str(session)
         if "hash_ids" not in doc:
             if "messages" in doc:
@@ -845,9 +888,9 @@ def _count(requests: list, path: Path, line: int) -> None:
 
 def _mooncake_time(doc: dict, path: Path, line: int, session: str | None, last: float | None,
                    session_time: dict[str, float]) -> float:
-    ts = _int(doc, "timestamp", path, line, required=False)
+    ts = _int(doc, "timestamp", path, line, required=False, maximum=int(MAX_TIME_S * 1000))
     if ts is None:
-        delay = _int(doc, "delay", path, line, required=False)
+        delay = _int(doc, "delay", path, line, required=False, maximum=int(MAX_TIME_S * 1000))
         if delay is None:
             raise TrafficError("missing 'timestamp' (or AIPerf's 'delay')", file=str(path), line=line)
         base = session_time.get(session, last or 0.0) if session else (last or 0.0)
@@ -863,8 +906,9 @@ def _mooncake_time(doc: dict, path: Path, line: int, session: str | None, last: 
 
 
 def _hash_segments(ids: Any, n: int, fresh: _Blocks, path: Path, line: int) -> tuple[Segment, ...]:
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise TrafficError("'hash_ids' must be a list of integers", file=str(path), line=line)
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID
+                                            for i in ids):
+        raise TrafficError(f"'hash_ids' must be a list of integers from 0 to {MAX_ID:,}", file=str(path), line=line)
     if len(ids) > (n + MOONCAKE_BLOCK - 1) // MOONCAKE_BLOCK:
         raise TrafficError(f"{len(ids)} hash_ids cover more than input_length {n} in {MOONCAKE_BLOCK}-token blocks",
                            file=str(path), line=line)
@@ -906,11 +950,11 @@ def read_trace(path: Path | str) -> Loaded:
             skipped.append(f"line {line}: no prompt_tokens")
             continue
         _count(out, path, line)
+        key = (_key(doc, "server", path, line), _key(doc, "slot", path, line, text=False))
         t = _trace_time(doc, path, line, last_time)
-        key = (doc.get("server"), doc.get("slot"))
         source = doc.get("shared_source")
         shared = _int(doc, "shared_prefix" if source in ("lcp", "n_past") else "reused", path, line,
-                      required=False) or 0
+                      required=False, maximum=MAX_PROMPT_TOKENS) or 0
         prev = previous.get(key, ())
         keep = truncate(prev, min(shared, n, sum(s.length for s in prev)))
         rest = n - sum(s.length for s in keep)
@@ -933,8 +977,9 @@ def _trace_time(doc: dict, path: Path, line: int, last: dict[Any, float]) -> flo
     t = doc.get("time")
     if t is None:
         return last.get(doc.get("server"), 0.0)
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        raise TrafficError(f"'time' must be a number, got {t!r}", file=str(path), line=line)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TIME_S:  # NaN fails too
+        raise TrafficError(f"'time' must be a number of seconds from 0 to {MAX_TIME_S:g}, got {_shown(t)}",
+                           file=str(path), line=line)
     server = doc.get("server")
     if server in last and t < last[server]:
         raise TrafficError(f"time {t} is before the previous request's {last[server]} on server {server!r}",
@@ -945,13 +990,13 @@ def _trace_time(doc: dict, path: Path, line: int, last: dict[Any, float]) -> flo
 
 def sniff(path: Path) -> str:
     """`trace`, `mooncake` or `shape` from the first non-blank line of a file."""
-    for _, line, _ in _lines(path):
+    for number, line, _ in _lines(path):
         text = line.strip()
         if not text:
             continue
         try:
-            doc = json.loads(text)
-        except (ValueError, UnicodeDecodeError):
+            doc = _parse_line(text, path, number)
+        except records.JSONRefused:
             return "shape"  # YAML
         if isinstance(doc, dict) and doc.get("format") == "shadowlab-trace":
             return "trace"
@@ -964,10 +1009,16 @@ def sniff(path: Path) -> str:
 def read_shape(path: Path) -> TrafficShape:
     import yaml
 
+    with _open_regular(path) as fh:
+        raw = fh.read(MAX_LINE_BYTES + 1)
+    if len(raw) > MAX_LINE_BYTES:
+        raise TrafficError(f"a shape file longer than {MAX_LINE_BYTES} bytes", file=str(path))
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        doc = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
         raise TrafficError(f"cannot read: {exc}", file=str(path)) from None
+    except RecursionError:  # YAML's composer recurses per level of nesting
+        raise TrafficError("nested too deeply to be a traffic shape", file=str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise TrafficError(f"not YAML/JSON: {getattr(exc, 'problem', exc)}", file=str(path),

@@ -10,6 +10,7 @@ from shadowlab.errors import (
     EngineCrashError,
     EngineError,
     EngineStartError,
+    ImpossibleFigures,
     InfrastructureError,
     LogSourceError,
     MatrixError,
@@ -26,10 +27,10 @@ def test_the_hierarchy_is_the_one_the_docstring_draws():
                 InfrastructureError, QualificationError):
         assert cls.__bases__ == (ShadowlabError,)
         assert cls.__name__ in errors.__doc__
-    for cls in (EngineStartError, EngineCrashError, ProtocolError):
+    for cls in (EngineStartError, EngineCrashError, ProtocolError, ImpossibleFigures):
         assert issubclass(cls, EngineError) and cls.__name__ in errors.__doc__
     assert set(errors.__all__) == {"ShadowlabError", "MatrixError", "RunDirError", "EngineError",
-                                   "EngineStartError", "EngineCrashError", "ProtocolError",
+                                   "EngineStartError", "EngineCrashError", "ProtocolError", "ImpossibleFigures",
                                    "InfrastructureError", "QualificationError", "LogSourceError",
                                    "TrafficError", "CompareRefused"}
 
