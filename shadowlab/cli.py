@@ -31,6 +31,7 @@ MODULE_COMMANDS = {
     "logs": ("shadowlab.logs", "read production llama-server logs: lifecycle counts, shared prefixes, trace"),
     "simulate": ("shadowlab.simulate", "predict what each cache policy would reuse on a traffic (no engine)"),
     "compare": ("shadowlab.compare", "baseline vs candidate run: deltas with their noise band"),
+    "capture": ("shadowlab.capture", "record production traffic as a trace of hashed token blocks (never the text)"),
 }
 
 
@@ -186,6 +187,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _merge(args.parts, args.out)
         if args.command == "compare":
             return int(importlib.import_module("shadowlab.compare").main(args))
+        if args.command == "capture":
+            return int(importlib.import_module("shadowlab.capture").run(args))
         return _gate(args.run_dir)
     except BrokenPipeError:
         raise

@@ -59,7 +59,8 @@ class Policy:
     cache_idle_slots: bool = True  # llama.cpp --cache-idle-slots (with -cram and a unified KV)
     affinity: bool = False  # SHADOWLAB_SLOT_AFFINITY (reference engine)
     retain_mib: float = 0  # SHADOWLAB_CKPT_RETAIN_MIB (reference engine)
-    chat: bool = False  # requests carry user-message starts (chat / message_delimiters)
+    chat: bool = False  # requests carry user-message starts (chat / message_delimiters); a captured
+    # chat request (kind "chat") was sent as one, so its starts count whatever this says
     n_ctx: int = 8192  # llama.cpp's prompt-cache token limit starts at n_ctx
     # cost model (case study, 35B): per checkpoint and per token of attention KV
     checkpoint_mib: float = 62.9
@@ -214,7 +215,7 @@ class _Sim:
             loaded = "retention" if from_store else loaded
             created = self._place_reference(slot, index, r, re_entry)
         out = max(0, r.output_length - 1)  # the last sampled token is never evaluated
-        slot.tokens = prompt + ((Segment(-1 - index, 0, out),) if out else ())
+        slot.tokens = prompt + ((Segment(traffic.output_block(index), 0, out),) if out else ())
         slot.n = L + out
         if not self.scheduled:
             self.end(slot)
@@ -383,7 +384,7 @@ class _Sim:
 
     def _place_reference(self, slot: _Slot, task: int, r: Request, re_entry: int) -> int:
         last = slot.ckpts[-1][0] if slot.ckpts else 0
-        starts = r.user_starts if self.p.chat else ()
+        starts = r.user_starts if self.p.chat or r.kind == "chat" else ()
         planned = plan_checkpoints(self.cfg, r.prompt_tokens, re_entry, starts, last)
         for n in planned:
             while len(slot.ckpts) >= self.p.ctx_checkpoints:
@@ -419,7 +420,7 @@ class _Sim:
         if self.p.ctx_checkpoints <= 0:
             return 0
         p, L = self.p, r.prompt_tokens
-        starts = sorted(s for s in r.user_starts if s > 0) if p.chat else []
+        starts = sorted(s for s in r.user_starts if s > 0) if p.chat or r.kind == "chat" else []
         user = set(starts)
         last_user = starts[-1] if starts else -1
         tails = sorted({L - min(p.n_batch, 4 + p.n_ubatch), L - min(p.n_batch, 4)})
@@ -669,6 +670,8 @@ def run_policies(loaded: traffic.Loaded, policies: Sequence[Policy], prefill_tps
     for policy in policies:
         turns = simulate(requests, policy, cell.schedule if cell is not None else None)
         doc = summarise(requests, turns, ideal, policy, prefill_tps)
+        if loaded.reported_reuse:  # a capture trace: what the server said it reused, per request
+            doc["versus_reported"] = agreement(loaded.reported_reuse, turns)
         if cell is not None:
             doc["versus_run"] = agreement(cell.reused, turns)
             if cell.schedule is not None:
@@ -755,17 +758,23 @@ def summary(doc: dict[str, Any]) -> str:
         if late:
             lines.append(f"  {p['policy']}: {len(late)} timing-dependent turn(s), first: "
                          + ", ".join(map(str, late[:10])))
-    for p in doc["policies"]:
-        vs = p.get("versus_run")
-        if vs is not None:
-            first_diff = vs["first_difference"]
-            tail = "" if first_diff is None else (f"; first difference at turn {first_diff['turn']}: run reused "
-                                                  f"{first_diff['measured']}, predicted {first_diff['predicted']}")
-            lines.append(f"  {p['policy']} versus the run: {vs['equal_turns']} of {vs['turns']} turns reuse "
-                         f"exactly what the cell reused{tail}")
+    for key, against, what, unit, said in (
+            ("versus_reported", "the captured answers", "what the server reported", "request", "server reported"),
+            ("versus_run", "the run", "exactly what the cell reused", "turn", "run reused")):
+        for p in doc["policies"]:
+            if p.get(key) is not None:
+                lines.append(_versus_line(p["policy"], p[key], (against, what, unit, said)))
     lines += [f"  note: {n}" for n in doc["notes"]]
     lines += [f"  skipped: {s}" for s in doc["skipped"][:20]]
     return "\n".join(lines) + "\n"
+
+
+def _versus_line(policy: str, vs: dict[str, Any], words: tuple[str, str, str, str]) -> str:
+    against, what, unit, said = words
+    first = vs["first_difference"]
+    tail = "" if first is None else (f"; first difference at {unit} {first['turn']}: {said} "
+                                     f"{first['measured']}, predicted {first['predicted']}")
+    return f"  {policy} versus {against}: {vs['equal_turns']} of {vs['turns']} {unit}s reuse {what}{tail}"
 
 
 CLASS_LABELS = {"after_own_turn": "after its own previous turn", "after_other_request": "after another request",

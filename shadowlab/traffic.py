@@ -156,12 +156,15 @@ def ideals(requests: Iterable[Request]) -> Iterator[tuple[int, int]]:
     are capped at the prompt length - 1: every engine evaluates at least one prompt token."""
     trie = PrefixTrie()
     last: dict[str, tuple[Segment, ...]] = {}
-    for r in requests:
-        ideal = trie.add(r.segments)
+    for index, r in enumerate(requests):
+        # What a cache holds after the request: its prompt and its answer's evaluated tokens (a
+        # capture trace's later prompt may continue with them: `extends`).
+        served = r.segments + ((Segment(output_block(index), 0, r.output_length - 1),) if r.output_length > 1 else ())
+        ideal = trie.add(served)
         prev = last.get(r.conversation) if r.conversation is not None else None
         consecutive = common_prefix(prev, r.segments) if prev is not None else 0
         if r.conversation is not None:
-            last[r.conversation] = r.segments
+            last[r.conversation] = served
         cap = r.prompt_tokens - 1
         yield min(ideal, cap), min(consecutive, cap)
 
@@ -787,6 +790,9 @@ def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, m
 
 
 MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "session_id", "delay", "messages"}
+# `shadowlab capture`'s extra fields (docs/trace.md "Capture traces"); other readers ignore them.
+CAPTURE_KEYS = {"block_size", "salt_id", "endpoint", "stream", "status", "reported_reuse", "reported_prompt_tokens",
+                "session_source", "user_starts", "extends"}
 
 
 @dataclass(frozen=True)
@@ -797,6 +803,7 @@ class Loaded:
     skipped: tuple[str, ...] = ()
     source: str = ""
     format: str = ""
+    reported_reuse: tuple[int | None, ...] = ()  # per request, what the server said it reused (capture)
 
 
 def read_mooncake(path: Path | str) -> Loaded:
@@ -804,18 +811,27 @@ def read_mooncake(path: Path | str) -> Loaded:
     512-token blocks; the last block is cut to the input length, tokens beyond the listed blocks
     are a block of their own), optional `session_id` (the conversation). AIPerf's variant: a
     `delay` (ms after the previous request of the session) instead of `timestamp`; `messages`
-    without `hash_ids` carries no prefix information and is skipped (counted)."""
+    without `hash_ids` carries no prefix information and is skipped (counted).
+    `shadowlab capture`'s fields (docs/trace.md): `block_size` (instead of 512; one per file),
+    `user_starts` (a chat request: the engine checkpoints there whatever the policy says: kind
+    "chat"), `extends` [L, k, id] (the prompt is the whole prompt of the latest earlier request
+    of L tokens whose last id is `id`, then k tokens of that request's answer, then its own
+    blocks from L + k on: `_Extensions`), `status` (an error answer is skipped, counted),
+    `reported_reuse` (kept per request); `output_length` null = unknown."""
     path = Path(path)
     skipped: list[str] = []
     out: list[Request] = []
+    reported: list[int | None] = []
     last_time: float | None = None
     session_time: dict[str, float] = {}
     fresh = _Blocks(first=-(1 << 62))  # never equal to a hash id of the file
+    block: int | None = None
+    extensions = _Extensions()
     for line, doc in _json_lines(path, skipped):
-        unknown = set(doc) - MOONCAKE_KEYS
+        unknown = set(doc) - MOONCAKE_KEYS - CAPTURE_KEYS
         if unknown:
             raise TrafficError(f"unknown field(s) {sorted(unknown)}", file=str(path), line=line,
-                               hint=f"Mooncake fields: {', '.join(sorted(MOONCAKE_KEYS))}")
+                               hint=f"Mooncake fields: {', '.join(sorted(MOONCAKE_KEYS))}; capture's: docs/trace.md")
         session = doc.get("session_id")
         if session is not None and not isinstance(session, (str, int)):
             raise TrafficError(f"'session_id' must be a string or an integer, got {session!r}", file=str(path), line=line)
@@ -825,14 +841,98 @@ def read_mooncake(path: Path | str) -> Loaded:
                 skipped.append(f"line {line}: messages without hash_ids (no prefix information)")
                 continue
             raise TrafficError("missing 'hash_ids'", file=str(path), line=line)
+        status = _int(doc, "status", path, line, required=False)
+        if status is not None and not 200 <= status < 300:
+            skipped.append(f"line {line}: the server answered HTTP {status}")
+            continue
+        b = _int(doc, "block_size", path, line, required=False, minimum=1, maximum=MAX_PROMPT_TOKENS) or MOONCAKE_BLOCK
+        if block is not None and b != block:
+            raise TrafficError(f"block_size {b} after lines of {block}", file=str(path), line=line,
+                               hint="hash ids of different block sizes never compare: read one capture at a time")
+        block = b
         t = _mooncake_time(doc, path, line, session, last_time, session_time)
         n = _int(doc, "input_length", path, line, minimum=1, maximum=MAX_PROMPT_TOKENS)
-        n_out = _int(doc, "output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS) or 1
+        n_out = _int(doc, "output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
         _count(out, path, line)
-        segments = _hash_segments(doc["hash_ids"], n, fresh, path, line)
-        out.append(Request(t, session, segments, n_out, (), "mooncake"))
+        own = _hash_segments(doc["hash_ids"], n, fresh, path, line, block)
+        segments = extensions.splice(out, doc.get("extends"), own, n, path, line)
+        starts = _user_starts(doc.get("user_starts"), n, path, line)
+        kind = "mooncake" if starts is None else "chat"
+        out.append(Request(t, session, segments, n_out or 1, starts or (), kind))
+        extensions.remember(len(out) - 1, doc["hash_ids"], n, n_out is None)
+        reported.append(_int(doc, "reported_reuse", path, line, required=False, maximum=MAX_PROMPT_TOKENS))
         last_time = t
-    return Loaded(tuple(out), tuple(skipped), str(path), "mooncake")
+    out = extensions.fill_outputs(out)
+    return Loaded(tuple(out), tuple(skipped), str(path), "mooncake",
+                  tuple(reported) if any(r is not None for r in reported) else ())
+
+
+def output_block(index: int) -> int:
+    """The block id of request `index`'s answer in a slot (simulate's opaque output tokens; a
+    capture trace's `extends` names them where a prompt continues with that answer)."""
+    return -1 - index
+
+
+class _Extensions:
+    """Capture's `extends`: the earlier prompt a request extends whole, found by (its last hash
+    id, its length); the answer tokens that follow it; answers of unknown length (a mirror
+    trace) given k + 1 tokens from the first request that continues them (the answer as the
+    client sent it back, and the end-of-generation token after it)."""
+
+    def __init__(self) -> None:
+        self._ends: dict[tuple[int, int], int] = {}  # (last id, length) -> request index
+        self._unknown_output: set[int] = set()
+        self._continued: dict[int, int] = {}  # request index -> answer tokens a later prompt re-sent
+
+    def remember(self, index: int, ids: list[int], n: int, output_unknown: bool) -> None:
+        if ids:
+            self._ends[(ids[-1], n)] = index
+        if output_unknown:
+            self._unknown_output.add(index)
+
+    def splice(self, out: list[Request], extends: Any, own: tuple[Segment, ...], n: int, path: Path,
+               line: int) -> tuple[Segment, ...]:
+        if extends is None:
+            return own
+        if (not isinstance(extends, list) or len(extends) != 3
+                or not all(type(v) is int for v in extends) or extends[0] < 1 or extends[1] < 0):
+            raise TrafficError(f"'extends' must be [tokens >= 1, answer tokens >= 0, hash id], got {extends!r}",
+                               file=str(path), line=line)
+        at, k, last_id = extends
+        if at + k > n:
+            raise TrafficError(f"'extends' {at} + {k} tokens is beyond input_length {n}", file=str(path), line=line)
+        earlier = self._ends.get((last_id, at))
+        if earlier is None:  # not in this file (an earlier piece): the prefix as the blocks show it
+            return own
+        if k:
+            self._continued[earlier] = max(k, self._continued.get(earlier, 0))
+        head = out[earlier].segments + ((Segment(output_block(earlier), 0, k),) if k else ())
+        return head + _from(own, at + k)
+
+    def fill_outputs(self, out: list[Request]) -> list[Request]:
+        for index, k in self._continued.items():
+            if index in self._unknown_output:
+                out[index] = replace(out[index], output_length=k + 1)
+        return out
+
+
+def _from(segments: tuple[Segment, ...], at: int) -> tuple[Segment, ...]:
+    """The segments from token `at` on."""
+    out, pos = [], 0
+    for s in segments:
+        if pos + s.length > at:
+            cut = max(0, at - pos)
+            out.append(Segment(s.block, s.start + cut, s.length - cut))
+        pos += s.length
+    return tuple(out)
+
+
+def _user_starts(value: Any, n: int, path: Path, line: int) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(v) is int and 0 <= v < n for v in value):
+        raise TrafficError(f"'user_starts' must be positions below input_length {n}", file=str(path), line=line)
+    return tuple(sorted(set(value)))
 
 
 def _count(requests: list, path: Path, line: int) -> None:
@@ -860,14 +960,15 @@ def _mooncake_time(doc: dict, path: Path, line: int, session: str | None, last: 
     return t
 
 
-def _hash_segments(ids: Any, n: int, fresh: _Blocks, path: Path, line: int) -> tuple[Segment, ...]:
+def _hash_segments(ids: Any, n: int, fresh: _Blocks, path: Path, line: int,
+                   block: int = MOONCAKE_BLOCK) -> tuple[Segment, ...]:
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise TrafficError("'hash_ids' must be a list of integers", file=str(path), line=line)
-    if len(ids) > (n + MOONCAKE_BLOCK - 1) // MOONCAKE_BLOCK:
-        raise TrafficError(f"{len(ids)} hash_ids cover more than input_length {n} in {MOONCAKE_BLOCK}-token blocks",
+    if len(ids) > (n + block - 1) // block:
+        raise TrafficError(f"{len(ids)} hash_ids cover more than input_length {n} in {block}-token blocks",
                            file=str(path), line=line)
-    segs = [Segment(h, 0, min(MOONCAKE_BLOCK, n - k * MOONCAKE_BLOCK)) for k, h in enumerate(ids)]
-    rest = n - MOONCAKE_BLOCK * len(ids)
+    segs = [Segment(h, 0, min(block, n - k * block)) for k, h in enumerate(ids)]
+    rest = n - block * len(ids)
     if rest > 0:
         segs.append(fresh.new(rest))
     return tuple(segs)
