@@ -182,7 +182,7 @@ async def _serve(o: dict) -> int:
     print(f"shadowlab capture: {front.options.mode} on {args.listen}, trace in {args.out}", file=sys.stderr)
     await stop.wait()
     server.close()
-    recorder.stop()
+    await recorder.stop(tasks[0])
     for task in tasks:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -136,6 +136,7 @@ class RecorderSupervisor:
         self.hello = hello
         self.proc: subprocess.Popen | None = None
         self._stopping = False
+        self._transport: asyncio.WriteTransport | None = None
 
     async def run(self) -> None:
         backoff = 0.2
@@ -163,29 +164,33 @@ class RecorderSupervisor:
         ours.setblocking(False)
         transport, _ = await loop.create_unix_connection(lambda: _Link(closed), sock=ours)
         transport.set_write_buffer_limits(high=self.channel.limit)
+        self._transport = transport
         self.channel.attach(transport)  # then the salt, before any exchange (no await between)
         self.channel.offer(encode({"kind": "hello", **self.hello}), counted=False)
         waiter = loop.run_in_executor(None, self.proc.wait)
         await asyncio.wait({closed, waiter}, return_when=asyncio.FIRST_COMPLETED)
         self.channel.attach(None)
-        transport.abort()
+        self._transport = None
+        if not self._stopping:
+            transport.abort()
         code = await waiter
         exits = self.channel.counts.recorder_exits
         exits.append(code)
         del exits[:-20]
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """End the recorder: SIGTERM (it writes what it holds), then SIGKILL after `timeout_s`."""
+    async def stop(self, running: asyncio.Task, timeout_s: float = 30.0) -> None:
+        """End the recorder: close the channel after what is queued (the recorder reads to its
+        end, writes every line and exits), then SIGTERM, then SIGKILL, `timeout_s` apart."""
         self._stopping = True
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if self._transport is not None:
+            self._transport.close()  # flushes the write buffer first
+        for ending in (None, signal.SIGTERM, signal.SIGKILL):
+            proc = self.proc
+            if ending is not None and proc is not None and proc.poll() is None:
+                proc.send_signal(ending)
+            done, _ = await asyncio.wait({running}, timeout=timeout_s)
+            if done:
+                return
 
     @property
     def pid(self) -> int | None:
