@@ -792,7 +792,7 @@ def _int(doc: dict, key: str, path: Path, line: int, *, required: bool = True, m
 MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "session_id", "delay", "messages"}
 # `shadowlab capture`'s extra fields (docs/trace.md "Capture traces"); other readers ignore them.
 CAPTURE_KEYS = {"block_size", "salt_id", "endpoint", "stream", "status", "reported_reuse", "reported_prompt_tokens",
-                "session_source", "user_starts", "extends"}
+                "session_source", "user_starts", "user_start_ids", "extends", "max_output_length"}
 
 
 @dataclass(frozen=True)
@@ -854,12 +854,14 @@ def read_mooncake(path: Path | str) -> Loaded:
         n = _int(doc, "input_length", path, line, minimum=1, maximum=MAX_PROMPT_TOKENS)
         n_out = _int(doc, "output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
         _count(out, path, line)
-        own = _hash_segments(doc["hash_ids"], n, fresh, path, line, block)
-        segments = extensions.splice(out, doc.get("extends"), own, n, path, line)
         starts = _user_starts(doc.get("user_starts"), n, path, line)
+        own = _hash_segments(doc["hash_ids"], n, fresh, path, line, block)
+        own = _cut(own, _prefix_cuts(doc.get("user_start_ids"), starts, path, line))
+        segments = extensions.splice(out, doc.get("extends"), own, n, path, line)
         kind = "mooncake" if starts is None else "chat"
         out.append(Request(t, session, segments, n_out or 1, starts or (), kind))
-        extensions.remember(len(out) - 1, doc["hash_ids"], n, n_out is None)
+        limit = _int(doc, "max_output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
+        extensions.remember(len(out) - 1, doc["hash_ids"], n, limit if n_out is None else -1)
         reported.append(_int(doc, "reported_reuse", path, line, required=False, maximum=MAX_PROMPT_TOKENS))
         last_time = t
     out = extensions.fill_outputs(out)
@@ -876,19 +878,20 @@ def output_block(index: int) -> int:
 class _Extensions:
     """Capture's `extends`: the earlier prompt a request extends whole, found by (its last hash
     id, its length); the answer tokens that follow it; answers of unknown length (a mirror
-    trace) given k + 1 tokens from the first request that continues them (the answer as the
-    client sent it back, and the end-of-generation token after it)."""
+    trace) filled in from the requests that continue them (`fill_outputs`)."""
 
     def __init__(self) -> None:
         self._ends: dict[tuple[int, int], int] = {}  # (last id, length) -> request index
-        self._unknown_output: set[int] = set()
+        self._unknown_output: dict[int, int | None] = {}  # request index -> its answer's allowed length
         self._continued: dict[int, int] = {}  # request index -> answer tokens a later prompt re-sent
 
-    def remember(self, index: int, ids: list[int], n: int, output_unknown: bool) -> None:
+    def remember(self, index: int, ids: list[int], n: int, unknown_limit: int | None) -> None:
+        """`unknown_limit`: -1 when the request's answer length is known; else the answer length
+        its client allowed (None: no limit given)."""
         if ids:
             self._ends[(ids[-1], n)] = index
-        if output_unknown:
-            self._unknown_output.add(index)
+        if unknown_limit != -1:
+            self._unknown_output[index] = unknown_limit
 
     def splice(self, out: list[Request], extends: Any, own: tuple[Segment, ...], n: int, path: Path,
                line: int) -> tuple[Segment, ...]:
@@ -910,9 +913,12 @@ class _Extensions:
         return head + _from(own, at + k)
 
     def fill_outputs(self, out: list[Request]) -> list[Request]:
+        """An answer re-sent as k tokens was k + 1 long (its end-of-generation token is never
+        re-sent), or k when k is the length its client allowed (it was cut there)."""
         for index, k in self._continued.items():
             if index in self._unknown_output:
-                out[index] = replace(out[index], output_length=k + 1)
+                limit = self._unknown_output[index]
+                out[index] = replace(out[index], output_length=k if limit is not None and k >= limit else k + 1)
         return out
 
 
@@ -923,6 +929,36 @@ def _from(segments: tuple[Segment, ...], at: int) -> tuple[Segment, ...]:
         if pos + s.length > at:
             cut = max(0, at - pos)
             out.append(Segment(s.block, s.start + cut, s.length - cut))
+        pos += s.length
+    return tuple(out)
+
+
+def _prefix_cuts(ids: Any, starts: tuple[int, ...] | None, path: Path, line: int) -> list[tuple[int, int]]:
+    """(position, id) of capture's `user_start_ids`: the id of the prefix up to each user start
+    (null where the start ends a block)."""
+    if ids is None:
+        return []
+    if (starts is None or not isinstance(ids, list) or len(ids) != len(starts)
+            or not all(i is None or type(i) is int for i in ids)):
+        raise TrafficError("'user_start_ids' must be ids (or null) one per user start", file=str(path), line=line)
+    return [(u, i) for u, i in zip(starts, ids) if i is not None]
+
+
+def _cut(segments: tuple[Segment, ...], cuts: list[tuple[int, int]]) -> tuple[Segment, ...]:
+    """The segments with each cut's prefix named: the tokens from the start of the segment
+    holding position u up to u become a segment of the prefix's own id (every prompt with that
+    id has those tokens), so prompts that share a prefix up to u share u tokens, not u rounded
+    down to a block."""
+    out, pos, cuts = [], 0, sorted(cuts)
+    for s in segments:
+        start, end = s.start, s.start + s.length
+        while cuts and cuts[0][0] < pos + (end - s.start):
+            u, prefix = cuts.pop(0)
+            if u <= pos + (start - s.start):
+                continue
+            out.append(Segment(prefix, start, u - pos - start + s.start))
+            start = u - pos + s.start
+        out.append(Segment(s.block, start, end - start))
         pos += s.length
     return tuple(out)
 

@@ -39,6 +39,16 @@ def chain(salt: bytes, tokens: Sequence[int], block: int) -> list[int]:
     return ids
 
 
+def prefix_id(salt: bytes, tokens: Sequence[int], ids: Sequence[int], at: int, block: int) -> int | None:
+    """The id of the prefix tokens[:at] (a partial block's id), None when `at` ends a block (its
+    id is then `ids[at // block - 1]`). Trace lines name the prefixes up to their user-message
+    starts this way, so a shared prefix that reaches a start is known to the token there."""
+    q, r = divmod(at, block)
+    if r == 0:
+        return None
+    return _hash(salt, ids[q - 1] if q else 0, tokens[q * block:at])
+
+
 def salt_id(salt: bytes) -> str:
     """A name for the salt that reveals nothing of it: which lines can be compared."""
     return hashlib.blake2b(salt, digest_size=4, person=b"shadowlab-salt").hexdigest()

@@ -69,7 +69,10 @@ http {{
     fastcgi_temp_path fastcgi; uwsgi_temp_path uwsgi; scgi_temp_path scgi;
     client_max_body_size 64m;
     client_body_buffer_size 1m;
-    upstream primary {{ server {primary}; keepalive 64; }}
+    # No idle connections kept to llama-server: it closes the connection after a streamed
+    # /completion answer although it said keep-alive, and nginx does not resend a POST that
+    # failed on a reused connection (a 502). Keep them where the primary is no llama-server.
+    upstream primary {{ server {primary}; }}
     upstream shadowlab_capture {{ server {capture}; keepalive 64; }}
     {extra_http}
     server {{

@@ -79,6 +79,7 @@ class LineBuilder:
         starts = self._user_starts(endpoint, doc, tokens)
         if starts is not None:
             line["user_starts"] = starts
+            line["user_start_ids"] = [blocks.prefix_id(self.salt, tokens, ids, u, self.config.block) for u in starts]
         end = self.ends.longest(tokens, ids)
         if end is not None:
             line["extends"] = [end.tokens, self._answer_follows(endpoint, doc, tokens, end.tokens), end.last_id]
@@ -93,7 +94,7 @@ class LineBuilder:
             "timestamp": int(meta["t"] * 1000), "input_length": len(tokens), "output_length": said.output_length,
             "hash_ids": ids, "block_size": self.config.block, "salt_id": self.salt_id, "endpoint": endpoint,
             "stream": doc.get("stream") is True, "status": meta.get("status"), "reported_reuse": said.reused,
-            "reported_prompt_tokens": said.prompt_tokens,
+            "reported_prompt_tokens": said.prompt_tokens, "max_output_length": _max_output(doc),
         }
         found = conversation.key(doc, meta.get("conversation_header"))
         if found is not None:
@@ -151,6 +152,15 @@ class LineBuilder:
         while n < len(answer) and at + n < len(tokens) and answer[n] == tokens[at + n]:
             n += 1
         return n
+
+
+def _max_output(doc: dict[str, Any]) -> int | None:
+    """The answer length the client allowed (an answer that long was cut, not ended)."""
+    for name in ("n_predict", "max_completion_tokens", "max_tokens"):  # llama-server's precedence
+        value = doc.get(name)
+        if type(value) is int and value >= 0:
+            return value
+    return None
 
 
 def _endpoint(meta: dict[str, Any]) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,13 @@ def assert_no_text_or_token_ids(directory: Path, sent: list[Sent], tokens: list[
                 assert sep.join(map(str, window)).encode() not in blob, window
 
 
+def simulated(trace: Path, policy: str) -> dict[str, Any]:
+    """`shadowlab simulate TRACE --policy P --json`, the command a team runs."""
+    out = subprocess.run([sys.executable, "-m", "shadowlab", "simulate", str(trace), "--policy", policy, "--json"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    return json.loads(out)
+
+
 def direct(server: Any) -> httpx.Client:
     """A client straight to llama-server, one connection per request: after a streamed
     `/completion` answer the server closes the connection it called keep-alive, and a client
@@ -135,6 +144,10 @@ def test_proxy_trace_equals_what_the_client_sent(llama, tmp_path):
     assert any(line.get("extends", [0, 0])[1] > 0 for line in lines)  # answers re-sent, found
     assert_no_text_or_token_ids(cap.out, sent, tokens)
     assert cap.status()["channel"]["sent"] == len(sent) and not cap.status()["channel"]["dropped_full"]
+    # The server ran with -np 1 and its default RAM cache: simulate compares with what it reported.
+    doc = simulated(cap.trace(tmp_path / "trace.jsonl"), "llama-cram")
+    assert doc["policies"][0]["versus_reported"] == {"equal_turns": len(sent), "turns": len(sent),
+                                                     "first_difference": None}
 
 
 def _normal(sent: Sent) -> list[Any]:
@@ -236,3 +249,33 @@ def test_capture_down_or_stopped_changes_no_answer_of_the_primary(llama, nginx_b
                     os.killpg(cap.proc.pid, signal.SIGKILL)
                 answers.append(send(client, s))
     assert [_normal(a) for a in answers] == [_normal(r) for r in reference]
+
+
+# --------------------------------------------------------------------------- the decision side
+
+AGREEMENT = {
+    "llama-1slot": ["-np", "1", "-cram", "0"],
+    "llama-cram": ["-np", "1", "-cram", "8192"],
+    "llama-slots4": ["-np", "4", "-cram", "0"],
+}
+
+
+
+
+@pytest.mark.parametrize("policy", list(AGREEMENT))
+def test_a_mirror_trace_predicts_the_reuse_the_server_reported(policy, llama, nginx_binary, tmp_path):
+    """Seeded chat traffic through nginx to llama-server started with the policy's flags; the
+    mirror's trace, simulated under that policy, gives each request the reuse (`timings.cache_n`)
+    the server reported to the client, turn by turn."""
+    with llama(AGREEMENT[policy]) as server, \
+            Capture(tmp_path / "cap", "--mirror", "--tokenizer", str(server.client.base_url),
+                    "--conversation-header", HEADER) as cap, \
+            Nginx(nginx_binary, tmp_path / "nginx", server.port_lease.port, cap.port) as proxy:
+        with httpx.Client(base_url=proxy.url, timeout=120) as client:
+            sent = chat_traffic(client, 5, conversations=5, turns=4)
+        wait_until(lambda: cap.recorder().get("counts", {}).get("exchanges") == len(sent), 60, "mirrored")
+    predicted = simulated(cap.trace(tmp_path / "trace.jsonl"), policy)["policies"][0]["turns"]["reused"]
+    reported = [s.reported_reuse for s in sent]
+    differ = [(i, reported[i], predicted[i]) for i in range(len(sent)) if reported[i] != predicted[i]]
+    assert not differ, f"{len(sent) - len(differ)} of {len(sent)} agree; (request, reported, predicted): {differ}"
+    assert sum(reported) > 0
