@@ -48,6 +48,19 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def stop_group(proc: subprocess.Popen | None) -> None:
+    """SIGTERM to the process group (after SIGCONT: a test may have stopped it), SIGKILL after 30 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGCONT)
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class Capture:
     """`python -m shadowlab capture ...` as a process; `with` starts it and stops it (SIGTERM)."""
 
@@ -86,14 +99,7 @@ class Capture:
         return pid is not None and self.recorder().get("pid") == pid
 
     def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGCONT)  # a test may have stopped it
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
         self.log.close()
         self.lease.release()
 
@@ -146,13 +152,7 @@ class Nginx:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
         self.log.close()
         self.lease.release()
 
