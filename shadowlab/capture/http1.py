@@ -146,27 +146,69 @@ async def copy_body(src: asyncio.StreamReader, dst: asyncio.StreamWriter | None,
 
 
 async def _copy_chunked(src: asyncio.StreamReader, dst: asyncio.StreamWriter | None, tap: Tap | None) -> None:
-    while True:
-        line = await src.readline()
-        if not line.endswith(b"\n"):
+    """Pass raw reads on as they come (one read and one write per arrival, not per chunk: an SSE
+    answer is a chunk per event), while a scanner finds where the body ends."""
+    scanner = ChunkScanner(tap)
+    while not scanner.done:
+        data = await src.read(READ_SIZE)
+        if not data:
             raise BadMessage("connection closed inside a chunked body")
+        if scanner.feed(data) != len(data):
+            raise BadMessage("bytes after the end of a chunked body")
+        await _pass(dst, data, None, b"")
+
+
+class ChunkScanner:
+    """The chunked framing (RFC 9112 §7.1) of bytes fed in any pieces: where the body ends, and
+    its payload to a Tap."""
+
+    __slots__ = ("tap", "state", "left", "line", "done")
+
+    def __init__(self, tap: Tap | None) -> None:
+        self.tap = tap
+        self.state = "size"  # size | data | crlf | trailer
+        self.left = 0
+        self.line = bytearray()
+        self.done = False
+
+    def feed(self, data: bytes) -> int:
+        """Consume bytes of the body; returns how many were its own (fewer once it ended)."""
+        at, n = 0, len(data)
+        while at < n and not self.done:
+            if self.state == "data":
+                take = min(self.left, n - at)
+                if self.tap is not None:
+                    self.tap.feed(data[at:at + take])
+                at, self.left = at + take, self.left - take
+                if not self.left:
+                    self.state, self.left = "crlf", 2
+            elif self.state == "crlf":
+                take = min(self.left, n - at)
+                at, self.left = at + take, self.left - take
+                if not self.left:
+                    self.state = "size"
+            else:
+                at = self._line(data, at)
+        return at
+
+    def _line(self, data: bytes, at: int) -> int:
+        nl = data.find(b"\n", at)
+        if nl < 0:
+            self.line += data[at:]
+            if len(self.line) > MAX_HEAD_BYTES:
+                raise BadMessage("chunk size or trailer line too long")
+            return len(data)
+        self.line += data[at:nl + 1]
+        line, self.line = bytes(self.line), bytearray()
+        if self.state == "trailer":
+            self.done = line in (b"\r\n", b"\n")
+            return nl + 1
         try:
             size = int(line.split(b";", 1)[0].strip(), 16)
         except ValueError:
             raise BadMessage(f"bad chunk size line {line[:40]!r}") from None
-        if size == 0:
-            trailer = line
-            while True:  # trailers, then the empty line that ends the message
-                more = await src.readline()
-                if not more.endswith(b"\n"):
-                    raise BadMessage("connection closed inside chunked trailers")
-                trailer += more
-                if more in (b"\r\n", b"\n"):
-                    break
-            await _pass(dst, trailer, None, b"")
-            return
-        data = await src.readexactly(size + 2)  # the chunk and its CRLF
-        await _pass(dst, line + data, tap, data[:-2])
+        self.state, self.left = ("trailer", 0) if size == 0 else ("data", size)
+        return nl + 1
 
 
 async def _pass(dst: asyncio.StreamWriter | None, raw: bytes, tap: Tap | None, payload: bytes) -> None:

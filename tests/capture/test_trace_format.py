@@ -172,3 +172,19 @@ def test_the_command_refuses_what_it_cannot_run(tmp_path):
                "--nginx-config", "0.0.0.0:80")
     assert conf.returncode == 0 and "mirror /_shadowlab_capture;" in conf.stdout
     assert "server 127.0.0.1:8091; keepalive" in conf.stdout and "listen 0.0.0.0:80;" in conf.stdout
+
+
+def test_a_chunked_body_ends_where_its_framing_says_in_any_pieces():
+    from shadowlab.capture.http1 import BadMessage, ChunkScanner, Tap
+
+    body = b"5\r\nhello\r\n3;ext=1\r\nabc\r\n0\r\nTrailer: v\r\n\r\n"
+    for step in range(1, len(body) + 1):
+        tap, scanner, used = Tap(100), ChunkScanner(None), 0
+        scanner.tap = tap
+        for at in range(0, len(body), step):
+            used += scanner.feed(body[at:at + step])
+        assert scanner.done and used == len(body) and tap.payload() == b"helloabc", step
+    scanner = ChunkScanner(None)
+    assert scanner.feed(body + b"HTTP/1.1") == len(body)  # what follows is not this body's
+    with pytest.raises(BadMessage):
+        ChunkScanner(None).feed(b"zz\r\n")
