@@ -20,6 +20,7 @@ from shadowlab.capture.front import Front
 from shadowlab.capture.http1 import BadMessage, Head, Tap
 
 IDLE_REUSE_S = 4.0  # below llama-server's keep-alive timeout of 5 s
+ANSWER_HEAD_BYTES = 1 << 20  # of an answer the recorder gets this much whole, past it the last 64 KiB
 POOL_MAX = 64
 BAD_GATEWAY = (b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: 28\r\n"
                b"Connection: close\r\n\r\nshadowlab capture: upstream\n")
@@ -37,10 +38,11 @@ class UpstreamPool:
         self.host, self.port = host, port
         self._idle: list[_Upstream] = []
 
-    async def get(self) -> tuple[_Upstream, bool]:
-        """A connection, and whether it was reused (a reused one may have been closed by the peer)."""
+    async def get(self, fresh: bool = False) -> tuple[_Upstream, bool]:
+        """A connection, and whether it was reused (a reused one may have been closed by the
+        peer); `fresh`: a new one whatever is idle."""
         now = time.monotonic()
-        while self._idle:
+        while self._idle and not fresh:
             up = self._idle.pop()
             if now - up.idle_since < IDLE_REUSE_S and not up.reader.at_eof():
                 return up, True
@@ -104,7 +106,7 @@ class Proxy:
     async def _forward(self, request: Head, raw: bytes | None, reader: asyncio.StreamReader, body: Tap,
                        writer: asyncio.StreamWriter) -> tuple[_Upstream | None, Head | None, Tap | None]:
         for attempt in (0, 1):
-            up, reused = await self._connect(writer)
+            up, reused = await self._connect(writer, fresh=attempt > 0)
             if up is None:
                 return None, None, None
             try:
@@ -115,18 +117,18 @@ class Proxy:
             except (ConnectionError, OSError, BadMessage, asyncio.IncompleteReadError):
                 up.writer.close()
                 if reused and raw is not None and attempt == 0:
-                    continue  # a stale keep-alive connection: nothing reached the client yet
+                    continue  # a stale keep-alive connection: nothing reached the client yet; resend on a new one
                 writer.write(BAD_GATEWAY)
                 return None, None, None
-            answer = Tap(self.front.options.max_body_bytes)
+            answer = Tap(ANSWER_HEAD_BYTES)
             if not http1.bodiless(response, request.start[0]):
                 await http1.copy_body(up.reader, writer, response, answer, until_close=True)
             return up, response, answer
         return None, None, None
 
-    async def _connect(self, writer: asyncio.StreamWriter) -> tuple[_Upstream | None, bool]:
+    async def _connect(self, writer: asyncio.StreamWriter, fresh: bool) -> tuple[_Upstream | None, bool]:
         try:
-            return await self.pool.get()
+            return await self.pool.get(fresh)
         except OSError:
             writer.write(BAD_GATEWAY)
             return None, False
