@@ -723,9 +723,11 @@ def _notes(loaded: traffic.Loaded, cell: RunCell | None = None) -> list[str]:
 
 def summary(doc: dict[str, Any]) -> str:
     s = doc["shape"]
+    inferred = doc.get("conversations", {}).get("source") == "inferred"
     lines = [f"shadowlab simulate: {doc['source']} ({doc['format']}): {s['requests']:,} requests, "
              f"{s['prompt_tokens']:,} prompt tokens, {s['interlopers']:,} interlopers, "
-             f"{s['conversations']:,} conversations",
+             f"{s['conversations']:,} conversations" + (" (inferred from shared prefixes: the trace names none)"
+                                                          if inferred else ""),
              f"  ideal (perfect cache) {s['ideal_tokens']:,} tokens; consecutive-turn ideal "
              f"{s['consecutive_ideal_tokens']:,}; shared with the previous request: median "
              f"{s['shared_with_previous']['median']}, under 512 {_pc(s['share_near_zero_overlap'])}",
@@ -748,7 +750,8 @@ def summary(doc: dict[str, Any]) -> str:
                  f"restore from each policy's parameters; net ms/turn: prefill saved minus checkpoint time "
                  f"spent, against {first})")
     classes = doc["policies"][0]["by_turn_class"]
-    lines.append("  reused tokens by turn (of the consecutive-turn ideal): "
+    lines.append("  reused tokens by turn (of the consecutive-turn ideal" + (", conversations inferred" if inferred else "")
+                 + "): "
                  + "; ".join(f"{CLASS_LABELS[c]} ({classes[c]['turns']:,})" for c in TURN_CLASSES if classes[c]["turns"]))
     for p in doc["policies"]:
         cls = p["by_turn_class"]
@@ -831,7 +834,9 @@ def run(args: argparse.Namespace) -> int:
         loaded = cell.loaded if cell is not None else traffic.load(args.source)
         if not loaded.requests:
             raise TrafficError("no request in the traffic", file=str(args.source))
+        loaded, inference = _conversations(loaded)
         doc = run_policies(loaded, policies, args.prefill_tps, cell=cell)
+        doc["conversations"] = inference.summary() if inference is not None else {"source": "given"}
     except ShadowlabError as exc:
         from shadowlab.records import terminal_safe
 
@@ -848,6 +853,17 @@ def run(args: argparse.Namespace) -> int:
             return 2
     sys.stdout.write(text + "\n" if args.json else summary(doc))
     return 0
+
+
+def _conversations(loaded: traffic.Loaded) -> tuple[traffic.Loaded, Any]:
+    """A traffic that names no conversation (a public hash-id trace) gets inferred ones
+    (shadowlab/traffic_infer.py): the by-turn-class figures and the affinity key then use them,
+    and every output says "inferred"."""
+    from shadowlab import traffic_infer
+
+    if not traffic_infer.needs_inference(loaded):
+        return loaded, None
+    return traffic_infer.apply(loaded, traffic_infer.Rule(block=loaded.block_size))
 
 
 def main(argv: Iterable[str] | None = None) -> int:

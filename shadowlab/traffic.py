@@ -804,6 +804,7 @@ class Loaded:
     source: str = ""
     format: str = ""
     reported_reuse: tuple[int | None, ...] = ()  # per request, what the server said it reused (capture)
+    block_size: int = 1  # the prefix resolution of a hash-id trace (Mooncake 512; capture's block_size)
 
 
 def read_mooncake(path: Path | str) -> Loaded:
@@ -866,7 +867,7 @@ def read_mooncake(path: Path | str) -> Loaded:
         last_time = t
     out = extensions.fill_outputs(out)
     return Loaded(tuple(out), tuple(skipped), str(path), "mooncake",
-                  tuple(reported) if any(r is not None for r in reported) else ())
+                  tuple(reported) if any(r is not None for r in reported) else (), block or MOONCAKE_BLOCK)
 
 
 def output_block(index: int) -> int:
