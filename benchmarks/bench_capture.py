@@ -11,6 +11,11 @@ script that POSTs streamed `/v1/chat/completions` requests, each with a prompt o
 `--connections` keep-alive connections. The setups run interleaved (direct, proxy, nginx,
 nginx+mirror, repeated `--rounds` times) so a drift of the machine's load falls on all of them.
 
+Each capture runs twice: recording (the recorder tokenizes each exchange on the same server and
+writes the trace) and "unrecorded" (a channel too small for any frame: every exchange dropped and
+counted, so only the forwarding path, or nginx's mirror and the sink, run); the difference
+separates what the request path costs from what the recording's CPU costs a saturated machine.
+
 Per run: wrk's latency percentiles (50, 75, 90, 99), requests per second, errors; the proxy's
 CPU time per request (psutil, front process only). Reported: per setup the median over rounds
 of each percentile, and the differences proxy - direct and mirror - nginx with their spread over
@@ -122,8 +127,8 @@ def main() -> int:
     banned = json.dumps([[t, False] for t in gguf_model.invalid_utf8_token_ids()]).replace(" ", "")
     script = work / "chat.lua"
     script.write_text(LUA % {"banned": banned, "max_tokens": args.max_tokens, "words": args.words})
-    leases = [isolation.lease_port() for _ in range(5)]
-    llama_p, proxy_p, sink_p, nginx_p, plain_p = (lease.port for lease in leases)
+    leases = [isolation.lease_port() for _ in range(8)]
+    llama_p, proxy_p, proxy_u, sink_p, sink_u, nginx_p, nginx_u, plain_p = (lease.port for lease in leases)
     procs = []
     try:
         env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
@@ -133,23 +138,32 @@ def main() -> int:
         wait_port(llama_p)
         upstream = f"http://127.0.0.1:{llama_p}"
         cap = [sys.executable, "-m", "shadowlab", "capture"]
-        proxy = start([*cap, "--upstream", upstream, "--listen", f"127.0.0.1:{proxy_p}", "--out", str(work / "proxy")],
-                      work / "proxy.log")
-        procs.append(proxy)
-        procs.append(start([*cap, "--mirror", "--tokenizer", upstream, "--listen", f"127.0.0.1:{sink_p}",
-                            "--out", str(work / "mirror")], work / "mirror.log"))
-        for port, with_mirror, name in ((nginx_p, True, "nginx-mirror"), (plain_p, False, "nginx-plain")):
+        # "unrecorded": the same front with a channel too small for any frame, so every exchange
+        # is dropped (counted) and the recorder never tokenizes: the forwarding path alone.
+        quiet = ["--queue-mib", "0.0001"]
+        fronts = {}
+        for name, port, argv in (("proxy", proxy_p, ["--upstream", upstream]),
+                                 ("proxy-unrecorded", proxy_u, ["--upstream", upstream, *quiet]),
+                                 ("mirror", sink_p, ["--mirror", "--tokenizer", upstream]),
+                                 ("mirror-unrecorded", sink_u, ["--mirror", "--tokenizer", upstream, *quiet])):
+            fronts[name] = start([*cap, *argv, "--listen", f"127.0.0.1:{port}", "--out", str(work / name)],
+                                 work / f"{name}.log")
+            procs.append(fronts[name])
+        for port, sink, name in ((nginx_p, sink_p, "nginx-mirror"), (nginx_u, sink_u, "nginx-mirror-unrecorded"),
+                                 (plain_p, None, "nginx-plain")):
             prefix = work / name
             prefix.mkdir(exist_ok=True)
-            conf = mirror.nginx_config(f"127.0.0.1:{port}", f"127.0.0.1:{llama_p}", f"127.0.0.1:{sink_p}")
-            if not with_mirror:
+            conf = mirror.nginx_config(f"127.0.0.1:{port}", f"127.0.0.1:{llama_p}", f"127.0.0.1:{sink or sink_p}")
+            if sink is None:
                 conf = conf.replace("mirror /_shadowlab_capture;", "").replace("mirror_request_body on;", "")
             (prefix / "nginx.conf").write_text(conf)
             procs.append(start([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(prefix), "-c", "nginx.conf"],
                                prefix / "nginx.log"))
-        for port in (proxy_p, sink_p, nginx_p, plain_p):
+        for port in (proxy_p, proxy_u, sink_p, sink_u, nginx_p, nginx_u, plain_p):
             wait_port(port)
-        setups = {"direct": llama_p, "proxy": proxy_p, "nginx": plain_p, "nginx+mirror": nginx_p}
+        proxy = fronts["proxy"]
+        setups = {"direct": llama_p, "proxy": proxy_p, "proxy-unrecorded": proxy_u, "nginx": plain_p,
+                  "nginx+mirror": nginx_p, "nginx+mirror-unrecorded": nginx_u}
         wrk(llama_p, script, 3, args.connections)  # warm-up
         front = psutil.Process(proxy.pid)
         runs: dict[str, list[dict]] = {name: [] for name in setups}
@@ -173,13 +187,14 @@ def main() -> int:
 
 def report(runs: dict[str, list[dict]], work: Path, args: argparse.Namespace) -> None:
     doc = {"connections": args.connections, "seconds": args.seconds, "rounds": args.rounds, "runs": runs,
-           "trace_lines": {k: _lines(work / k) for k in ("proxy", "mirror")}}
-    print("\nmedian over rounds (ms)       p50      p75      p90      p99    req/s")
+           "trace_lines": {k: _lines(work / k) for k in ("proxy", "mirror", "proxy-unrecorded", "mirror-unrecorded")}}
+    print("\nmedian over rounds (ms)         p50      p75      p90      p99    req/s")
     for name, rs in runs.items():
-        print(f"  {name:22s}" + "".join(f"{statistics.median(r[k] for r in rs):9.2f}"
+        print(f"  {name:24s}" + "".join(f"{statistics.median(r[k] for r in rs):9.2f}"
                                         for k in ("p50", "p75", "p90", "p99"))
               + f"{statistics.median(r['rps'] for r in rs):9.1f}")
-    for a, b in (("proxy", "direct"), ("nginx+mirror", "nginx")):
+    for a, b in (("proxy", "direct"), ("proxy-unrecorded", "direct"), ("nginx+mirror", "nginx"),
+                 ("nginx+mirror-unrecorded", "nginx")):
         for k in ("p50", "p99"):
             d = [x[k] - y[k] for x, y in zip(runs[a], runs[b])]
             doc[f"{a} - {b} {k}"] = d
