@@ -188,3 +188,42 @@ def test_a_chunked_body_ends_where_its_framing_says_in_any_pieces():
     assert scanner.feed(body + b"HTTP/1.1") == len(body)  # what follows is not this body's
     with pytest.raises(BadMessage):
         ChunkScanner(None).feed(b"zz\r\n")
+
+
+REPLAY_MATRIX = """\
+version: 1
+name: cap
+engines:
+  reference: {kind: reference, model: {preset: tiny, seed: 0}, flags: [-c, 2048, -np, 1], threads: 1}
+configurations:
+  d: {}
+sequences:
+  traffic: {kind: traffic, trace: capture.jsonl, format: mooncake}
+generation: {n_predict: 4, temperature: 0}
+isolation: {cores_per_cell: 1, jobs: 1}
+identity: {control: false}
+"""
+
+
+def test_a_matrix_replays_a_capture_trace_with_its_exact_prefixes(tmp_path):
+    """`{kind: traffic, trace: ..., format: mooncake}` on a capture trace: the replay's prompts
+    are as long as the captured ones and share exactly what the trace says they share."""
+    from shadowlab import prompts
+    from shadowlab.matrix import load as load_matrix
+    from shadowlab_engine.tokenizer import encode
+
+    p1 = list(range(37))
+    p2 = p1 + [1000, 1001] + list(range(2000, 2030))
+    p3 = list(range(21)) + [5000] * 20
+    i1, i2, i3 = (blocks.chain(SALT, p, B) for p in (p1, p2, p3))
+    lines = [_line(i1, 37, user_starts=[21], user_start_ids=[blocks.prefix_id(SALT, p1, i1, 21, B)], session_id="a"),
+             _line(i2, len(p2), t=1, extends=[37, 2, i1[-1]], session_id="a"),
+             _line(i3, len(p3), t=2, user_starts=[21], user_start_ids=[blocks.prefix_id(SALT, p3, i3, 21, B)])]
+    _write(tmp_path / "capture.jsonl", lines)
+    (tmp_path / "m.yaml").write_text(REPLAY_MATRIX)
+    sequence = load_matrix(tmp_path / "m.yaml").sequences["traffic"]
+    built = prompts.materialize_traffic(sequence, encode)
+    tokens = [built[pid].tokens for pid in sequence.prompts]
+    assert [len(t) for t in tokens] == [37, len(p2), len(p3)]
+    assert tokens[1][:37] == tokens[0] and tokens[2][:21] == tokens[0][:21] and tokens[2][21] != tokens[0][21]
+    assert [r.conversation for r in sequence.requests] == ["a", "a", None]
