@@ -2,6 +2,7 @@
 what nginx's mirror to the capture sink adds to the primary's, under a real load generator.
 
     python benchmarks/bench_capture.py [--seconds 15] [--rounds 3] [--connections 32] [--out DIR]
+    python benchmarks/bench_capture.py --mirror-faults
 
 Starts a real llama-server (the seeded tiny GGUF, `-np 32`: every connection has a slot, so a
 request's latency is its own prefill and decode, not a queue), the capture proxy in front of it
@@ -26,6 +27,7 @@ median and < 5 ms at p99; the mirror adds nothing measurable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -116,6 +118,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per answer (streamed: one event each)")
     p.add_argument("--words", type=int, default=12, help="words per prompt")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--mirror-faults", action="store_true",
+                   help="instead: a hung and a dead capture sink behind nginx's mirror, one keep-alive client")
     args = p.parse_args()
     for tool in ("wrk", "nginx"):
         if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
@@ -125,6 +129,9 @@ def main() -> int:
     binary, _ = llama_server.locate_binary("auto")
     model = gguf_model.ensure_gguf("tiny", 0, work / "models")
     banned = json.dumps([[t, False] for t in gguf_model.invalid_utf8_token_ids()]).replace(" ", "")
+    if args.mirror_faults:
+        mirror_faults(work, binary, model, banned)
+        return 0
     script = work / "chat.lua"
     script.write_text(LUA % {"banned": banned, "max_tokens": args.max_tokens, "words": args.words})
     leases = [isolation.lease_port() for _ in range(8)]
@@ -183,6 +190,69 @@ def main() -> int:
         for lease in leases:
             lease.release()
     return 0
+
+
+def mirror_faults(work: Path, binary: Path, model: Path, banned: str, requests: int = 15) -> None:
+    """`--mirror-faults`: one client, one keep-alive connection through nginx + mirror, requests
+    one after another, with the capture sink running, hung (SIGSTOP: connections queue in its
+    backlog, nothing answers) and down (killed: connect refused); each at the mirror timeouts
+    200 ms (the generated config's) and 50 ms. nginx reads the next request of a connection only
+    when the previous request's mirror subrequest has finished: a hung sink costs up to the
+    timeout per request, a dead one nothing."""
+    import httpx
+
+    leases = [isolation.lease_port() for _ in range(4)]
+    llama_p, sink_p, n200, n50 = (lease.port for lease in leases)
+    procs = []
+    body = {"messages": [{"role": "user", "content": "cache slot turn"}], "max_tokens": 2, "temperature": 0,
+            "logit_bias": json.loads(banned)}
+    try:
+        env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+        procs.append(start([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(llama_p), "-t", "1",
+                            "-np", "1", "-cram", "0"], work / "faults-llama.log", env))
+        sink = start([sys.executable, "-m", "shadowlab", "capture", "--mirror", "--tokenizer",
+                      f"http://127.0.0.1:{llama_p}", "--listen", f"127.0.0.1:{sink_p}", "--out", str(work / "faults")],
+                     work / "faults-sink.log")
+        procs.append(sink)
+        for port, timeout_ms in ((n200, 200), (n50, 50)):
+            prefix = work / f"faults-nginx-{timeout_ms}"
+            prefix.mkdir(exist_ok=True)
+            (prefix / "nginx.conf").write_text(mirror.nginx_config(f"127.0.0.1:{port}", f"127.0.0.1:{llama_p}",
+                                                                   f"127.0.0.1:{sink_p}", mirror_timeout_ms=timeout_ms))
+            procs.append(start([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(prefix), "-c", "nginx.conf"],
+                               prefix / "nginx.log"))
+        for port in (llama_p, sink_p, n200, n50):
+            wait_port(port)
+        recorder_pid = None
+        while recorder_pid is None:  # the sink's status names its recorder once it is started
+            time.sleep(0.1)
+            with contextlib.suppress(OSError, ValueError):
+                recorder_pid = json.loads((work / "faults" / "capture.json").read_text())["recorder_pid"]
+        for state in ("running", "recorder stopped", "hung", "down"):
+            if state == "recorder stopped":
+                os.kill(recorder_pid, signal.SIGSTOP)  # tokenizing and writing stall; the channel fills
+            if state == "hung":
+                os.kill(recorder_pid, signal.SIGCONT)
+                os.killpg(sink.pid, signal.SIGSTOP)
+            if state == "down":
+                os.killpg(sink.pid, signal.SIGKILL)
+            for port, timeout_ms in ((n200, 200), (n50, 50)):
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                    times = []
+                    for _ in range(requests):
+                        t0 = time.perf_counter()
+                        assert client.post("/v1/chat/completions", json=body).status_code == 200
+                        times.append((time.perf_counter() - t0) * 1e3)
+                print(f"  sink {state:16s} mirror timeout {timeout_ms:3d} ms: request after request on one "
+                      f"keep-alive connection, median {statistics.median(times[1:]):7.1f} ms "
+                      f"(min {min(times[1:]):.1f}, max {max(times[1:]):.1f})", flush=True)
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+            stop(proc)
+        for lease in leases:
+            lease.release()
 
 
 def report(runs: dict[str, list[dict]], work: Path, args: argparse.Namespace) -> None:

@@ -12,7 +12,9 @@ issue of ngx_http_mirror_module", 2017). `nginx_config` therefore sets the mirro
 and read timeouts short, keeps connections to the sink alive (no connect per request), and the
 sink answers at once: a slow recorder cannot slow it, and a sink that is down is refused at
 connect (immediate). A sink that hangs (stopped, not dead) delays the next request on that
-client connection by at most the mirror timeout; benchmarks/bench_capture.py measures both.
+client connection by the mirror timeout, 50 ms here: the sink answers in well under a
+millisecond, so a lower one only risks losing copies on a loaded machine (nginx logs each);
+`benchmarks/bench_capture.py --mirror-faults` measures it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ async def serve(sink: MirrorSink, host: str, port: int) -> asyncio.base_events.S
     return await http1.listen(sink.exchange, host, port)
 
 
-def nginx_config(listen: str, primary: str, capture: str, *, mirror_timeout_ms: int = 200,
+def nginx_config(listen: str, primary: str, capture: str, *, mirror_timeout_ms: int = 50,
                  extra_http: str = "") -> str:
     """An nginx.conf (the `http` block and what it needs) that serves `listen` from `primary`
     and mirrors every request to the capture sink at `capture` (host:port each). The documented

@@ -128,14 +128,13 @@ def nginx_binary() -> Path:
 class Nginx:
     """Debian's nginx with shadowlab's mirror configuration (mirror.nginx_config), in `prefix`."""
 
-    def __init__(self, binary: Path, prefix: Path, primary: int, capture: int, mirror_timeout_ms: int = 200) -> None:
+    def __init__(self, binary: Path, prefix: Path, primary: int, capture: int) -> None:
         self.binary, self.prefix = binary, prefix
         self.lease = isolation.lease_port()
         self.port = self.lease.port
         prefix.mkdir(parents=True, exist_ok=True)
         (prefix / "nginx.conf").write_text(mirror.nginx_config(f"127.0.0.1:{self.port}", f"127.0.0.1:{primary}",
-                                                               f"127.0.0.1:{capture}",
-                                                               mirror_timeout_ms=mirror_timeout_ms))
+                                                               f"127.0.0.1:{capture}"))
         self.proc: subprocess.Popen | None = None
 
     @property
