@@ -227,3 +227,16 @@ def test_a_matrix_replays_a_capture_trace_with_its_exact_prefixes(tmp_path):
     assert [len(t) for t in tokens] == [37, len(p2), len(p3)]
     assert tokens[1][:37] == tokens[0] and tokens[2][:21] == tokens[0][:21] and tokens[2][21] != tokens[0][21]
     assert [r.conversation for r in sequence.requests] == ["a", "a", None]
+
+
+def test_the_conversation_key_comes_from_what_the_client_sent_in_order():
+    from shadowlab.capture import conversation
+
+    body = {"prompt_cache_key": "k", "user": "u", "id_slot": 2}
+    assert conversation.key(body, "h") == ("header", "h")
+    assert conversation.key(body, None) == ("prompt_cache_key", "k")
+    assert conversation.key({"user": "u", "id_slot": 2}, None) == ("user", "u")
+    assert conversation.key({"id_slot": 2}, None) == ("id_slot", "2")
+    assert conversation.key({"id_slot": -1, "user": ""}, None) is None
+    a, b = conversation.session_id(SALT, "user", "u"), conversation.session_id(bytes(32), "user", "u")
+    assert a != b and a == conversation.session_id(SALT, "user", "u") != conversation.session_id(SALT, "header", "u")
