@@ -22,6 +22,7 @@ from shadowlab.capture.http1 import BadMessage, Head, Tap
 IDLE_REUSE_S = 4.0  # below llama-server's keep-alive timeout of 5 s
 ANSWER_HEAD_BYTES = 1 << 20  # of an answer the recorder gets this much whole, past it the last 64 KiB
 POOL_MAX = 64
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 BAD_GATEWAY = (b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nContent-Length: 28\r\n"
                b"Connection: close\r\n\r\nshadowlab capture: upstream\n")
 
@@ -75,7 +76,7 @@ class Proxy:
         seq, t = self.front.begin()
         try:
             body = Tap(self.front.options.max_body_bytes)
-            raw = await self._read_request_body(reader, request, body)
+            raw = await self._read_request_body(reader, writer, request, body)
             up, response, answer = await self._forward(request, raw, reader, body, writer)
         except BaseException:
             self.front.abandon(seq)
@@ -91,12 +92,15 @@ class Proxy:
             up.writer.close()
         return keep
 
-    async def _read_request_body(self, reader: asyncio.StreamReader, request: Head, body: Tap) -> bytes | None:
+    async def _read_request_body(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: Head,
+                                 body: Tap) -> bytes | None:
         """The body read whole when it is small enough to buffer (then it can be resent); None
         when it must be streamed (chunked, or larger than the recording limit)."""
         n = request.content_length
         if n is None and not request.chunked:
             return b""
+        if _continued(request):
+            writer.write(CONTINUE)  # the client waits for it before it sends the body we read here
         if n is not None and n <= body.limit:
             raw = await reader.readexactly(n)
             body.feed(raw)
@@ -113,7 +117,7 @@ class Proxy:
                 up.writer.write(request.raw if raw is None else request.raw + raw)
                 if raw is None:
                     await http1.copy_body(reader, up.writer, request, body, until_close=False)
-                response = await self._response_head(up, writer)
+                response = await self._response_head(up, writer, _continued(request))
             except (ConnectionError, OSError, BadMessage, asyncio.IncompleteReadError):
                 up.writer.close()
                 if reused and raw is not None and attempt == 0:
@@ -133,15 +137,23 @@ class Proxy:
             writer.write(BAD_GATEWAY)
             return None, False
 
-    async def _response_head(self, up: _Upstream, writer: asyncio.StreamWriter) -> Head:
+    async def _response_head(self, up: _Upstream, writer: asyncio.StreamWriter, continued: bool) -> Head:
         """The final response head, interim (1xx) heads passed on to the client before it."""
         while True:
             head = await http1.read_head(up.reader, request=False)
             if head is None:
                 raise BadMessage("upstream closed before answering")
+            if head.status == 100 and continued:
+                continue  # the client had its 100 Continue from us
             writer.write(head.raw)
             if not 100 <= head.status < 200 or head.status == 101:
                 return head
+
+
+def _continued(request: Head) -> bool:
+    """A request whose client waits for `100 Continue` before its body: the proxy sends it."""
+    return request.headers.get("expect", "").lower() == "100-continue" and (
+        request.chunked or bool(request.content_length))
 
 
 def _runs_to_close(request: Head, response: Head) -> bool:

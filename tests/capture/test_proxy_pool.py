@@ -49,3 +49,27 @@ def test_a_request_that_meets_closed_keep_alive_connections_is_sent_on_a_new_one
 
     answers = asyncio.run(go())
     assert answers == [b'HTTP/1.1 200 OK {"ok":true}'] * 6
+
+
+def test_a_client_that_waits_for_100_continue_gets_it_and_its_answer():
+    """curl sends `Expect: 100-continue` with a large body and waits (1 s) before sending it:
+    the proxy, which reads the body before forwarding, answers the 100 itself."""
+    async def go() -> bytes:
+        up = await asyncio.start_server(_upstream, "127.0.0.1", 0)
+        front = Front(FrontOptions("proxy", None, 1 << 20), channel.Channel(1 << 20))
+        pool = proxy.UpstreamPool("127.0.0.1", up.sockets[0].getsockname()[1])
+        server = await proxy.serve(proxy.Proxy(front, pool), "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        body = b'{"prompt": "x"}'
+        writer.write(b"POST /completion HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+                     % len(body))
+        interim = await asyncio.wait_for(http1.read_head(reader, request=False), 5)
+        writer.write(body)
+        final = await http1.read_head(reader, request=False)
+        data = await reader.readexactly(final.content_length or 0)
+        writer.close()
+        server.close()
+        up.close()
+        return interim.raw.split(b"\r\n")[0] + b" / " + final.raw.split(b"\r\n")[0] + b" " + data
+
+    assert asyncio.run(go()) == b'HTTP/1.1 100 Continue / HTTP/1.1 200 OK {"ok":true}'
