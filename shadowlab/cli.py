@@ -36,6 +36,7 @@ COMMANDS = {
     "logs": ("shadowlab.commands.logs", "read production llama-server logs: lifecycle counts, shared prefixes, trace"),
     "simulate": ("shadowlab.commands.simulate", "predict what each cache policy would reuse on a traffic (no engine)"),
     "compare": ("shadowlab.commands.compare", "baseline vs candidate run: deltas with their noise band"),
+    "capture": ("shadowlab.commands.capture", "record production traffic as a trace of hashed token blocks (never the text)"),
 }
 
 

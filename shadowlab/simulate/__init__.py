@@ -72,7 +72,8 @@ class Policy:
     cache_idle_slots: bool = True  # llama.cpp --cache-idle-slots (with -cram and a unified KV)
     affinity: bool = False  # SHADOWLAB_SLOT_AFFINITY (reference engine)
     retain_mib: float = _bounded(0, 0, TIB_MIB)  # SHADOWLAB_CKPT_RETAIN_MIB (reference engine)
-    chat: bool = False  # requests carry user-message starts (chat / message_delimiters)
+    chat: bool = False  # requests carry user-message starts (chat / message_delimiters); a captured
+    # chat request (kind "chat") was sent as one, so its starts count whatever this says
     n_ctx: int = _bounded(8192, 1, TOKENS)  # llama.cpp's prompt-cache token limit starts at n_ctx
     # cost model (case study, 35B): per checkpoint and per token of attention KV
     checkpoint_mib: float = _bounded(62.9, 0, TIB_MIB)
@@ -236,7 +237,7 @@ class _Sim:
             loaded = "retention" if from_store else loaded
             created = self._place_reference(slot, index, r, re_entry)
         out = max(0, r.output_length - 1)  # the last sampled token is never evaluated
-        slot.tokens = prompt + ((Segment(-1 - index, 0, out),) if out else ())
+        slot.tokens = prompt + ((Segment(traffic.output_block(index), 0, out),) if out else ())
         slot.n = L + out
         if not self.scheduled:
             self.end(slot)
@@ -405,7 +406,7 @@ class _Sim:
 
     def _place_reference(self, slot: _Slot, task: int, r: Request, re_entry: int) -> int:
         last = slot.ckpts[-1][0] if slot.ckpts else 0
-        starts = r.user_starts if self.p.chat else ()
+        starts = r.user_starts if self.p.chat or r.kind == "chat" else ()
         planned = plan_checkpoints(self.cfg, r.prompt_tokens, re_entry, starts, last)
         for n in planned:
             while len(slot.ckpts) >= self.p.ctx_checkpoints:
@@ -441,7 +442,7 @@ class _Sim:
         if self.p.ctx_checkpoints <= 0:
             return 0
         p, L = self.p, r.prompt_tokens
-        starts = sorted(s for s in r.user_starts if s > 0) if p.chat else []
+        starts = sorted(s for s in r.user_starts if s > 0) if p.chat or r.kind == "chat" else []
         user = set(starts)
         last_user = starts[-1] if starts else -1
         tails = sorted({L - min(p.n_batch, 4 + p.n_ubatch), L - min(p.n_batch, 4)})
@@ -708,6 +709,8 @@ def run_policies(loaded: traffic.Loaded, policies: Sequence[Policy], prefill_tps
     for policy in policies:
         turns = simulate(requests, policy, cell.schedule if cell is not None else None)
         doc = summarise(requests, turns, ideal, policy, prefill_tps)
+        if loaded.reported_reuse:  # a capture trace: what the server said it reused, per request
+            doc["versus_reported"] = agreement(loaded.reported_reuse, turns)
         if cell is not None:
             doc["versus_run"] = agreement(cell.reused, turns)
             if cell.schedule is not None:
@@ -759,9 +762,11 @@ def _notes(loaded: traffic.Loaded, cell: RunCell | None = None) -> list[str]:
 
 def summary(doc: dict[str, Any]) -> str:
     s = doc["shape"]
+    inferred = doc.get("conversations", {}).get("source") == "inferred"
     lines = [f"shadowlab simulate: {doc['source']} ({doc['format']}): {s['requests']:,} requests, "
              f"{s['prompt_tokens']:,} prompt tokens, {s['interlopers']:,} interlopers, "
-             f"{s['conversations']:,} conversations",
+             f"{s['conversations']:,} conversations" + (" (inferred from shared prefixes: the trace names none)"
+                                                          if inferred else ""),
              f"  ideal (perfect cache) {s['ideal_tokens']:,} tokens; consecutive-turn ideal "
              f"{s['consecutive_ideal_tokens']:,}; shared with the previous request: median "
              f"{s['shared_with_previous']['median']}, under 512 {_pc(s['share_near_zero_overlap'])}",
@@ -784,7 +789,8 @@ def summary(doc: dict[str, Any]) -> str:
                  f"restore from each policy's parameters; net ms/turn: prefill saved minus checkpoint time "
                  f"spent, against {first})")
     classes = doc["policies"][0]["by_turn_class"]
-    lines.append("  reused tokens by turn (of the consecutive-turn ideal): "
+    lines.append("  reused tokens by turn (of the consecutive-turn ideal" + (", conversations inferred" if inferred else "")
+                 + "): "
                  + "; ".join(f"{CLASS_LABELS[c]} ({classes[c]['turns']:,})" for c in TURN_CLASSES if classes[c]["turns"]))
     for p in doc["policies"]:
         cls = p["by_turn_class"]
@@ -794,17 +800,23 @@ def summary(doc: dict[str, Any]) -> str:
         if late:
             lines.append(f"  {p['policy']}: {len(late)} timing-dependent turn(s), first: "
                          + ", ".join(map(str, late[:10])))
-    for p in doc["policies"]:
-        vs = p.get("versus_run")
-        if vs is not None:
-            first_diff = vs["first_difference"]
-            tail = "" if first_diff is None else (f"; first difference at turn {first_diff['turn']}: run reused "
-                                                  f"{first_diff['measured']}, predicted {first_diff['predicted']}")
-            lines.append(f"  {p['policy']} versus the run: {vs['equal_turns']} of {vs['turns']} turns reuse "
-                         f"exactly what the cell reused{tail}")
+    for key, against, what, unit, said in (
+            ("versus_reported", "the captured answers", "what the server reported", "request", "server reported"),
+            ("versus_run", "the run", "exactly what the cell reused", "turn", "run reused")):
+        for p in doc["policies"]:
+            if p.get(key) is not None:
+                lines.append(_versus_line(p["policy"], p[key], (against, what, unit, said)))
     lines += [f"  note: {n}" for n in doc["notes"]]
     lines += [f"  skipped: {s}" for s in doc["skipped"][:20]]
     return "\n".join(lines) + "\n"
+
+
+def _versus_line(policy: str, vs: dict[str, Any], words: tuple[str, str, str, str]) -> str:
+    against, what, unit, said = words
+    first = vs["first_difference"]
+    tail = "" if first is None else (f"; first difference at {unit} {first['turn']}: {said} "
+                                     f"{first['measured']}, predicted {first['predicted']}")
+    return f"  {policy} versus {against}: {vs['equal_turns']} of {vs['turns']} {unit}s reuse {what}{tail}"
 
 
 CLASS_LABELS = {"after_own_turn": "after its own previous turn", "after_other_request": "after another request",
@@ -868,7 +880,9 @@ def run(args: argparse.Namespace) -> int:
         loaded = cell.loaded if cell is not None else traffic.load(args.source)
         if not loaded.requests:
             raise TrafficError("no request in the traffic", file=str(args.source))
+        loaded, inference = _conversations(loaded)
         doc = run_policies(loaded, policies, args.prefill_tps, cell=cell)
+        doc["conversations"] = inference.summary() if inference is not None else {"source": "given"}
         text = json.dumps(doc, ensure_ascii=True)
         if args.out is not None:
             with records.storage_errors(OUT_HINT):
@@ -879,6 +893,17 @@ def run(args: argparse.Namespace) -> int:
         return 3 if isinstance(exc, (EngineError, InfrastructureError)) else 2
     sys.stdout.write(text + "\n" if args.json else summary(doc))
     return 0
+
+
+def _conversations(loaded: traffic.Loaded) -> tuple[traffic.Loaded, Any]:
+    """A traffic that names no conversation (a public hash-id trace) gets inferred ones
+    (shadowlab/traffic/infer.py): the by-turn-class figures and the affinity key then use them,
+    and every output says "inferred"."""
+    from shadowlab.traffic import infer as traffic_infer
+
+    if not traffic_infer.needs_inference(loaded):
+        return loaded, None
+    return traffic_infer.apply(loaded, traffic_infer.Rule(block=loaded.block_size))
 
 
 def main(argv: Iterable[str] | None = None) -> int:

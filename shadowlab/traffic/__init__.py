@@ -159,12 +159,15 @@ def ideals(requests: Iterable[Request]) -> Iterator[tuple[int, int]]:
     are capped at the prompt length - 1: every engine evaluates at least one prompt token."""
     trie = PrefixTrie()
     last: dict[str, tuple[Segment, ...]] = {}
-    for r in requests:
-        ideal = trie.add(r.segments)
+    for index, r in enumerate(requests):
+        # What a cache holds after the request: its prompt and its answer's evaluated tokens (a
+        # capture trace's later prompt may continue with them: `extends`).
+        served = r.segments + ((Segment(output_block(index), 0, r.output_length - 1),) if r.output_length > 1 else ())
+        ideal = trie.add(served)
         prev = last.get(r.conversation) if r.conversation is not None else None
         consecutive = common_prefix(prev, r.segments) if prev is not None else 0
         if r.conversation is not None:
-            last[r.conversation] = r.segments
+            last[r.conversation] = served
         cap = r.prompt_tokens - 1
         yield min(ideal, cap), min(consecutive, cap)
 
@@ -834,6 +837,9 @@ def _shown(value: Any) -> str:
 
 
 MOONCAKE_KEYS = {"timestamp", "input_length", "output_length", "hash_ids", "session_id", "delay", "messages"}
+# `shadowlab capture`'s extra fields (docs/trace.md "Capture traces"); other readers ignore them.
+CAPTURE_KEYS = {"block_size", "salt_id", "endpoint", "stream", "status", "reported_reuse", "reported_prompt_tokens",
+                "session_source", "user_starts", "user_start_ids", "extends", "max_output_length"}
 
 
 @dataclass(frozen=True)
@@ -844,6 +850,8 @@ class Loaded:
     skipped: tuple[str, ...] = ()
     source: str = ""
     format: str = ""
+    reported_reuse: tuple[int | None, ...] = ()  # per request, what the server said it reused (capture)
+    block_size: int = 1  # the prefix resolution of a hash-id trace (Mooncake 512; capture's block_size)
 
 
 def read_mooncake(path: Path | str) -> Loaded:
@@ -851,18 +859,27 @@ def read_mooncake(path: Path | str) -> Loaded:
     512-token blocks; the last block is cut to the input length, tokens beyond the listed blocks
     are a block of their own), optional `session_id` (the conversation). AIPerf's variant: a
     `delay` (ms after the previous request of the session) instead of `timestamp`; `messages`
-    without `hash_ids` carries no prefix information and is skipped (counted)."""
+    without `hash_ids` carries no prefix information and is skipped (counted).
+    `shadowlab capture`'s fields (docs/trace.md): `block_size` (instead of 512; one per file),
+    `user_starts` (a chat request: the engine checkpoints there whatever the policy says: kind
+    "chat"), `extends` [L, k, id] (the prompt is the whole prompt of the latest earlier request
+    of L tokens whose last id is `id`, then k tokens of that request's answer, then its own
+    blocks from L + k on: `_Extensions`), `status` (an error answer is skipped, counted),
+    `reported_reuse` (kept per request); `output_length` null = unknown."""
     path = Path(path)
     skipped: list[str] = []
     out: list[Request] = []
+    reported: list[int | None] = []
     last_time: float | None = None
     session_time: dict[str, float] = {}
     fresh = _Blocks(first=-(1 << 62))  # never equal to a hash id of the file
+    block: int | None = None
+    extensions = _Extensions()
     for line, doc in _json_lines(path, skipped):
-        unknown = set(doc) - MOONCAKE_KEYS
+        unknown = set(doc) - MOONCAKE_KEYS - CAPTURE_KEYS
         if unknown:
             raise TrafficError(f"unknown field(s) {sorted(unknown)}", file=str(path), line=line,
-                               hint=f"Mooncake fields: {', '.join(sorted(MOONCAKE_KEYS))}")
+                               hint=f"Mooncake fields: {', '.join(sorted(MOONCAKE_KEYS))}; capture's: docs/trace.md")
         session = _key(doc, "session_id", path, line)
         session = None if session is None else str(session)
         if "hash_ids" not in doc:
@@ -870,14 +887,134 @@ def read_mooncake(path: Path | str) -> Loaded:
                 skipped.append(f"line {line}: messages without hash_ids (no prefix information)")
                 continue
             raise TrafficError("missing 'hash_ids'", file=str(path), line=line)
+        status = _int(doc, "status", path, line, required=False)
+        if status is not None and not 200 <= status < 300:
+            skipped.append(f"line {line}: the server answered HTTP {status}")
+            continue
+        b = _int(doc, "block_size", path, line, required=False, minimum=1, maximum=MAX_PROMPT_TOKENS) or MOONCAKE_BLOCK
+        if block is not None and b != block:
+            raise TrafficError(f"block_size {b} after lines of {block}", file=str(path), line=line,
+                               hint="hash ids of different block sizes never compare: read one capture at a time")
+        block = b
         t = _mooncake_time(doc, path, line, session, last_time, session_time)
         n = _int(doc, "input_length", path, line, minimum=1, maximum=MAX_PROMPT_TOKENS)
-        n_out = _int(doc, "output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS) or 1
+        n_out = _int(doc, "output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
         _count(out, path, line)
-        segments = _hash_segments(doc["hash_ids"], n, fresh, path, line)
-        out.append(Request(t, session, segments, n_out, (), "mooncake"))
+        starts = _user_starts(doc.get("user_starts"), n, path, line)
+        own = _hash_segments(doc["hash_ids"], n, fresh, path, line, block)
+        own = _cut(own, _prefix_cuts(doc.get("user_start_ids"), starts, path, line))
+        segments = extensions.splice(out, doc.get("extends"), own, n, path, line)
+        kind = "mooncake" if starts is None else "chat"
+        out.append(Request(t, session, segments, n_out or 1, starts or (), kind))
+        limit = _int(doc, "max_output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
+        extensions.remember(len(out) - 1, doc["hash_ids"], n, limit if n_out is None else -1)
+        reported.append(_int(doc, "reported_reuse", path, line, required=False, maximum=MAX_PROMPT_TOKENS))
         last_time = t
-    return Loaded(tuple(out), tuple(skipped), str(path), "mooncake")
+    out = extensions.fill_outputs(out)
+    return Loaded(tuple(out), tuple(skipped), str(path), "mooncake",
+                  tuple(reported) if any(r is not None for r in reported) else (), block or MOONCAKE_BLOCK)
+
+
+def output_block(index: int) -> int:
+    """The block id of request `index`'s answer in a slot (simulate's opaque output tokens; a
+    capture trace's `extends` names them where a prompt continues with that answer)."""
+    return -1 - index
+
+
+class _Extensions:
+    """Capture's `extends`: the earlier prompt a request extends whole, found by (its last hash
+    id, its length); the answer tokens that follow it; answers of unknown length (a mirror
+    trace) filled in from the requests that continue them (`fill_outputs`)."""
+
+    def __init__(self) -> None:
+        self._ends: dict[tuple[int, int], int] = {}  # (last id, length) -> request index
+        self._unknown_output: dict[int, int | None] = {}  # request index -> its answer's allowed length
+        self._continued: dict[int, int] = {}  # request index -> answer tokens a later prompt re-sent
+
+    def remember(self, index: int, ids: list[int], n: int, unknown_limit: int | None) -> None:
+        """`unknown_limit`: -1 when the request's answer length is known; else the answer length
+        its client allowed (None: no limit given)."""
+        if ids:
+            self._ends[(ids[-1], n)] = index
+        if unknown_limit != -1:
+            self._unknown_output[index] = unknown_limit
+
+    def splice(self, out: list[Request], extends: Any, own: tuple[Segment, ...], n: int, path: Path,
+               line: int) -> tuple[Segment, ...]:
+        if extends is None:
+            return own
+        if (not isinstance(extends, list) or len(extends) != 3
+                or not all(type(v) is int for v in extends) or extends[0] < 1 or extends[1] < 0):
+            raise TrafficError(f"'extends' must be [tokens >= 1, answer tokens >= 0, hash id], got {extends!r}",
+                               file=str(path), line=line)
+        at, k, last_id = extends
+        if at + k > n:
+            raise TrafficError(f"'extends' {at} + {k} tokens is beyond input_length {n}", file=str(path), line=line)
+        earlier = self._ends.get((last_id, at))
+        if earlier is None:  # not in this file (an earlier piece): the prefix as the blocks show it
+            return own
+        if k:
+            self._continued[earlier] = max(k, self._continued.get(earlier, 0))
+        head = out[earlier].segments + ((Segment(output_block(earlier), 0, k),) if k else ())
+        return head + _from(own, at + k)
+
+    def fill_outputs(self, out: list[Request]) -> list[Request]:
+        """An answer re-sent as k tokens was k + 1 long (its end-of-generation token is never
+        re-sent), or k when k is the length its client allowed (it was cut there)."""
+        for index, k in self._continued.items():
+            if index in self._unknown_output:
+                limit = self._unknown_output[index]
+                out[index] = replace(out[index], output_length=k if limit is not None and k >= limit else k + 1)
+        return out
+
+
+def _from(segments: tuple[Segment, ...], at: int) -> tuple[Segment, ...]:
+    """The segments from token `at` on."""
+    out, pos = [], 0
+    for s in segments:
+        if pos + s.length > at:
+            cut = max(0, at - pos)
+            out.append(Segment(s.block, s.start + cut, s.length - cut))
+        pos += s.length
+    return tuple(out)
+
+
+def _prefix_cuts(ids: Any, starts: tuple[int, ...] | None, path: Path, line: int) -> list[tuple[int, int]]:
+    """(position, id) of capture's `user_start_ids`: the id of the prefix up to each user start
+    (null where the start ends a block)."""
+    if ids is None:
+        return []
+    if (starts is None or not isinstance(ids, list) or len(ids) != len(starts)
+            or not all(i is None or type(i) is int for i in ids)):
+        raise TrafficError("'user_start_ids' must be ids (or null) one per user start", file=str(path), line=line)
+    return [(u, i) for u, i in zip(starts, ids) if i is not None]
+
+
+def _cut(segments: tuple[Segment, ...], cuts: list[tuple[int, int]]) -> tuple[Segment, ...]:
+    """The segments with each cut's prefix named: the tokens from the start of the segment
+    holding position u up to u become a segment of the prefix's own id (every prompt with that
+    id has those tokens), so prompts that share a prefix up to u share u tokens, not u rounded
+    down to a block."""
+    out, pos, cuts = [], 0, sorted(cuts)
+    for s in segments:
+        start, end = s.start, s.start + s.length
+        while cuts and cuts[0][0] < pos + (end - s.start):
+            u, prefix = cuts.pop(0)
+            if u <= pos + (start - s.start):
+                continue
+            out.append(Segment(prefix, start, u - pos - start + s.start))
+            start = u - pos + s.start
+        out.append(Segment(s.block, start, end - start))
+        pos += s.length
+    return tuple(out)
+
+
+def _user_starts(value: Any, n: int, path: Path, line: int) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(v) is int and 0 <= v < n for v in value):
+        raise TrafficError(f"'user_starts' must be positions below input_length {n}", file=str(path), line=line)
+    return tuple(sorted(set(value)))
 
 
 def _count(requests: list, path: Path, line: int) -> None:
@@ -905,15 +1042,16 @@ def _mooncake_time(doc: dict, path: Path, line: int, session: str | None, last: 
     return t
 
 
-def _hash_segments(ids: Any, n: int, fresh: _Blocks, path: Path, line: int) -> tuple[Segment, ...]:
+def _hash_segments(ids: Any, n: int, fresh: _Blocks, path: Path, line: int,
+                   block: int = MOONCAKE_BLOCK) -> tuple[Segment, ...]:
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID
                                             for i in ids):
         raise TrafficError(f"'hash_ids' must be a list of integers from 0 to {MAX_ID:,}", file=str(path), line=line)
-    if len(ids) > (n + MOONCAKE_BLOCK - 1) // MOONCAKE_BLOCK:
-        raise TrafficError(f"{len(ids)} hash_ids cover more than input_length {n} in {MOONCAKE_BLOCK}-token blocks",
+    if len(ids) > (n + block - 1) // block:
+        raise TrafficError(f"{len(ids)} hash_ids cover more than input_length {n} in {block}-token blocks",
                            file=str(path), line=line)
-    segs = [Segment(h, 0, min(MOONCAKE_BLOCK, n - k * MOONCAKE_BLOCK)) for k, h in enumerate(ids)]
-    rest = n - MOONCAKE_BLOCK * len(ids)
+    segs = [Segment(h, 0, min(block, n - k * block)) for k, h in enumerate(ids)]
+    rest = n - block * len(ids)
     if rest > 0:
         segs.append(fresh.new(rest))
     return tuple(segs)

@@ -1,0 +1,284 @@
+"""`shadowlab capture` on the request path: what the pass-through proxy adds to a request, and
+what nginx's mirror to the capture sink adds to the primary's, under a real load generator.
+
+    python benchmarks/bench_capture.py [--seconds 15] [--rounds 3] [--connections 32] [--out DIR]
+    python benchmarks/bench_capture.py --mirror-faults
+
+Starts a real llama-server (the seeded tiny GGUF, `-np 32`: every connection has a slot, so a
+request's latency is its own prefill and decode, not a queue), the capture proxy in front of it
+(its recorder tokenizing on the same server, as in production), Debian's nginx in front of it
+twice (with and without the mirror to a capture sink), and runs Debian's `wrk` with a Lua
+script that POSTs streamed `/v1/chat/completions` requests, each with a prompt of its own, over
+`--connections` keep-alive connections. The setups run interleaved (direct, proxy, nginx,
+nginx+mirror, repeated `--rounds` times) so a drift of the machine's load falls on all of them.
+
+Each capture runs twice: recording (the recorder tokenizes each exchange on the same server and
+writes the trace) and "unrecorded" (a channel too small for any frame: every exchange dropped and
+counted, so only the forwarding path, or nginx's mirror and the sink, run); the difference
+separates what the request path costs from what the recording's CPU costs a saturated machine.
+
+Per run: wrk's latency percentiles (50, 75, 90, 99), requests per second, errors; the proxy's
+CPU time per request (psutil, front process only). Reported: per setup the median over rounds
+of each percentile, and the differences proxy - direct and mirror - nginx with their spread over
+rounds (min..max of the per-round differences). Targets (issue 23): proxy adds < 1 ms at the
+median and < 5 ms at p99; the mirror adds nothing measurable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from shadowlab.engines import gguf_model  # noqa: E402
+from shadowlab.run import isolation
+from shadowlab.capture import mirror  # noqa: E402
+from shadowlab.engines import llama_server  # noqa: E402
+
+LUA = """
+local banned = '%(banned)s'
+local words = {"cache", "slot", "turn", "prefix", "state", "token", "model", "batch", "queue", "reuse"}
+local n = 0
+setup = function(thread) thread:set("seed", math.random(1, 1000000)) end
+init = function(args) math.randomseed(seed) end
+request = function()
+  n = n + 1
+  local text = {}
+  for i = 1, %(words)d do text[i] = words[math.random(1, #words)] end
+  local body = '{"messages":[{"role":"user","content":"' .. n .. ' ' .. table.concat(text, " ") ..
+               '"}],"max_tokens":%(max_tokens)d,"temperature":0,"stream":true,"logit_bias":' .. banned .. '}'
+  return wrk.format("POST", "/v1/chat/completions", {["Content-Type"] = "application/json"}, body)
+end
+"""
+
+
+def wait_port(port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"port {port} not listening")
+
+
+def start(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wrk(port: int, script: Path, seconds: int, connections: int) -> dict:
+    out = subprocess.run(["wrk", "-t", "2", "-c", str(connections), "-d", f"{seconds}s", "--latency",
+                          "--timeout", "30s", "-s", str(script), f"http://127.0.0.1:{port}"],
+                         capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
+    pct = {p: _ms(v, u) for p, v, u in re.findall(r"^\s+(50|75|90|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock_errors = re.search(r"Socket errors: (.*)", out)
+    return {"p50": pct["50"], "p75": pct["75"], "p90": pct["90"], "p99": pct["99"], "rps": rps,
+            "requests": requests, "non_2xx": int(errors.group(1)) if errors else 0,
+            "socket_errors": sock_errors.group(1) if sock_errors else None}
+
+
+def _ms(value: str, unit: str) -> float:
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=8, help="tokens per answer (streamed: one event each)")
+    p.add_argument("--words", type=int, default=12, help="words per prompt")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--mirror-faults", action="store_true",
+                   help="instead: a hung and a dead capture sink behind nginx's mirror, one keep-alive client")
+    args = p.parse_args()
+    for tool in ("wrk", "nginx"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            sys.exit(f"bench_capture: needs Debian's {tool} (apt-get install {tool})")
+    work = args.out or Path(tempfile.mkdtemp(prefix="bench-capture-"))
+    work.mkdir(parents=True, exist_ok=True)
+    binary, _ = llama_server.locate_binary("auto")
+    model = gguf_model.ensure_gguf("tiny", 0, work / "models")
+    banned = json.dumps([[t, False] for t in gguf_model.invalid_utf8_token_ids()]).replace(" ", "")
+    if args.mirror_faults:
+        mirror_faults(work, binary, model, banned)
+        return 0
+    script = work / "chat.lua"
+    script.write_text(LUA % {"banned": banned, "max_tokens": args.max_tokens, "words": args.words})
+    leases = [isolation.lease_port() for _ in range(8)]
+    llama_p, proxy_p, proxy_u, sink_p, sink_u, nginx_p, nginx_u, plain_p = (lease.port for lease in leases)
+    procs = []
+    try:
+        env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+        procs.append(start([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(llama_p), "-t", "1",
+                            "-np", str(args.connections), "-c", str(512 * args.connections), "--kv-unified",
+                            "-cram", "0"], work / "llama.log", env))
+        wait_port(llama_p)
+        upstream = f"http://127.0.0.1:{llama_p}"
+        cap = [sys.executable, "-m", "shadowlab", "capture"]
+        # "unrecorded": the same front with a channel too small for any frame, so every exchange
+        # is dropped (counted) and the recorder never tokenizes: the forwarding path alone.
+        quiet = ["--queue-mib", "0.0001"]
+        fronts = {}
+        for name, port, argv in (("proxy", proxy_p, ["--upstream", upstream]),
+                                 ("proxy-unrecorded", proxy_u, ["--upstream", upstream, *quiet]),
+                                 ("mirror", sink_p, ["--mirror", "--tokenizer", upstream]),
+                                 ("mirror-unrecorded", sink_u, ["--mirror", "--tokenizer", upstream, *quiet])):
+            fronts[name] = start([*cap, *argv, "--listen", f"127.0.0.1:{port}", "--out", str(work / name)],
+                                 work / f"{name}.log")
+            procs.append(fronts[name])
+        for port, sink, name in ((nginx_p, sink_p, "nginx-mirror"), (nginx_u, sink_u, "nginx-mirror-unrecorded"),
+                                 (plain_p, None, "nginx-plain")):
+            prefix = work / name
+            prefix.mkdir(exist_ok=True)
+            conf = mirror.nginx_config(f"127.0.0.1:{port}", f"127.0.0.1:{llama_p}", f"127.0.0.1:{sink or sink_p}")
+            if sink is None:
+                conf = conf.replace("mirror /_shadowlab_capture;", "").replace("mirror_request_body on;", "")
+            (prefix / "nginx.conf").write_text(conf)
+            procs.append(start([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(prefix), "-c", "nginx.conf"],
+                               prefix / "nginx.log"))
+        for port in (proxy_p, proxy_u, sink_p, sink_u, nginx_p, nginx_u, plain_p):
+            wait_port(port)
+        proxy = fronts["proxy"]
+        setups = {"direct": llama_p, "proxy": proxy_p, "proxy-unrecorded": proxy_u, "nginx": plain_p,
+                  "nginx+mirror": nginx_p, "nginx+mirror-unrecorded": nginx_u}
+        wrk(llama_p, script, 3, args.connections)  # warm-up
+        front = psutil.Process(proxy.pid)
+        runs: dict[str, list[dict]] = {name: [] for name in setups}
+        for r in range(args.rounds):
+            for name, port in setups.items():
+                cpu0 = sum(front.cpu_times()[:2])
+                result = wrk(port, script, args.seconds, args.connections)
+                if name == "proxy":
+                    result["proxy_cpu_ms_per_request"] = (sum(front.cpu_times()[:2]) - cpu0) * 1e3 / result["requests"]
+                result["load"] = os.getloadavg()[0]
+                runs[name].append(result)
+                print(f"round {r + 1} {name:13s} " + json.dumps(result), flush=True)
+        report(runs, work, args)
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+        for lease in leases:
+            lease.release()
+    return 0
+
+
+def mirror_faults(work: Path, binary: Path, model: Path, banned: str, requests: int = 15) -> None:
+    """`--mirror-faults`: one client, one keep-alive connection through nginx + mirror, requests
+    one after another, with the capture sink running, hung (SIGSTOP: connections queue in its
+    backlog, nothing answers) and down (killed: connect refused); each at the mirror timeouts
+    200 ms (the generated config's) and 50 ms. nginx reads the next request of a connection only
+    when the previous request's mirror subrequest has finished: a hung sink costs up to the
+    timeout per request, a dead one nothing."""
+    import httpx
+
+    leases = [isolation.lease_port() for _ in range(4)]
+    llama_p, sink_p, n200, n50 = (lease.port for lease in leases)
+    procs = []
+    body = {"messages": [{"role": "user", "content": "cache slot turn"}], "max_tokens": 2, "temperature": 0,
+            "logit_bias": json.loads(banned)}
+    try:
+        env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+        procs.append(start([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(llama_p), "-t", "1",
+                            "-np", "1", "-cram", "0"], work / "faults-llama.log", env))
+        sink = start([sys.executable, "-m", "shadowlab", "capture", "--mirror", "--tokenizer",
+                      f"http://127.0.0.1:{llama_p}", "--listen", f"127.0.0.1:{sink_p}", "--out", str(work / "faults")],
+                     work / "faults-sink.log")
+        procs.append(sink)
+        for port, timeout_ms in ((n200, 200), (n50, 50)):
+            prefix = work / f"faults-nginx-{timeout_ms}"
+            prefix.mkdir(exist_ok=True)
+            (prefix / "nginx.conf").write_text(mirror.nginx_config(f"127.0.0.1:{port}", f"127.0.0.1:{llama_p}",
+                                                                   f"127.0.0.1:{sink_p}", mirror_timeout_ms=timeout_ms))
+            procs.append(start([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(prefix), "-c", "nginx.conf"],
+                               prefix / "nginx.log"))
+        for port in (llama_p, sink_p, n200, n50):
+            wait_port(port)
+        recorder_pid = None
+        while recorder_pid is None:  # the sink's status names its recorder once it is started
+            time.sleep(0.1)
+            with contextlib.suppress(OSError, ValueError):
+                recorder_pid = json.loads((work / "faults" / "capture.json").read_text())["recorder_pid"]
+        for state in ("running", "recorder stopped", "hung", "down"):
+            if state == "recorder stopped":
+                os.kill(recorder_pid, signal.SIGSTOP)  # tokenizing and writing stall; the channel fills
+            if state == "hung":
+                os.kill(recorder_pid, signal.SIGCONT)
+                os.killpg(sink.pid, signal.SIGSTOP)
+            if state == "down":
+                os.killpg(sink.pid, signal.SIGKILL)
+            for port, timeout_ms in ((n200, 200), (n50, 50)):
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+                    times = []
+                    for _ in range(requests):
+                        t0 = time.perf_counter()
+                        assert client.post("/v1/chat/completions", json=body).status_code == 200
+                        times.append((time.perf_counter() - t0) * 1e3)
+                print(f"  sink {state:16s} mirror timeout {timeout_ms:3d} ms: request after request on one "
+                      f"keep-alive connection, median {statistics.median(times[1:]):7.1f} ms "
+                      f"(min {min(times[1:]):.1f}, max {max(times[1:]):.1f})", flush=True)
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+            stop(proc)
+        for lease in leases:
+            lease.release()
+
+
+def report(runs: dict[str, list[dict]], work: Path, args: argparse.Namespace) -> None:
+    doc = {"connections": args.connections, "seconds": args.seconds, "rounds": args.rounds, "runs": runs,
+           "trace_lines": {k: _lines(work / k) for k in ("proxy", "mirror", "proxy-unrecorded", "mirror-unrecorded")}}
+    print("\nmedian over rounds (ms)         p50      p75      p90      p99    req/s")
+    for name, rs in runs.items():
+        print(f"  {name:24s}" + "".join(f"{statistics.median(r[k] for r in rs):9.2f}"
+                                        for k in ("p50", "p75", "p90", "p99"))
+              + f"{statistics.median(r['rps'] for r in rs):9.1f}")
+    for a, b in (("proxy", "direct"), ("proxy-unrecorded", "direct"), ("nginx+mirror", "nginx"),
+                 ("nginx+mirror-unrecorded", "nginx")):
+        for k in ("p50", "p99"):
+            d = [x[k] - y[k] for x, y in zip(runs[a], runs[b])]
+            doc[f"{a} - {b} {k}"] = d
+            print(f"  {a} - {b} {k}: median {statistics.median(d):+.2f} ms (rounds {min(d):+.2f} .. {max(d):+.2f})")
+    cpu = [r["proxy_cpu_ms_per_request"] for r in runs["proxy"]]
+    print(f"  proxy front CPU per request: {statistics.median(cpu):.3f} ms; trace lines: {doc['trace_lines']}")
+    (work / "bench_capture.json").write_text(json.dumps(doc, indent=1))
+    print(f"  (details in {work / 'bench_capture.json'})")
+
+
+def _lines(directory: Path) -> int:
+    return sum(len(p.read_bytes().splitlines()) for p in directory.glob("trace-*.jsonl"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
