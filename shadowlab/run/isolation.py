@@ -32,7 +32,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,8 +194,10 @@ def _reap_marked_orphans() -> list[int]:
         if pid == os.getpid() or _marker_owner_alive(marker) is not False:
             continue
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            psutil.Process(pid).kill()
-            reaped.append(pid)
+            orphan = psutil.Process(pid)
+            if listeners.environment_value(pid, ENGINE_MARKER_ENV) == marker:  # not a pid recycled since
+                orphan.kill()  # psutil refuses when the pid was recycled after its creation time was read
+                reaped.append(pid)
     return reaped
 
 
@@ -527,7 +529,7 @@ class EngineProcess:
         if listeners.available():
             for pid, marker in listeners.environment_values(ENGINE_MARKER_ENV).items():
                 if marker == self.marker and pid != os.getpid() and not self._is_member(pid):
-                    self._remember(pid)
+                    self._remember(pid, lambda: listeners.environment_value(pid, ENGINE_MARKER_ENV) == self.marker)
             return
         uid = os.getuid()
         for proc in psutil.process_iter(["pid", "uids"]):
@@ -540,11 +542,15 @@ class EngineProcess:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
                 continue
 
-    def _remember(self, pid: int) -> None:
+    def _remember(self, pid: int, still: Callable[[], bool] | None = None) -> None:
+        """Hold ``pid`` as a member; with ``still``, only if it still says so once its handle (which
+        pins its creation time) exists: the pid was found by a scan, and may have been recycled since."""
         try:
-            self._members[pid] = psutil.Process(pid)
+            member = psutil.Process(pid)
         except psutil.NoSuchProcess:
-            pass
+            return
+        if still is None or still():
+            self._members[pid] = member
 
     def _is_member(self, pid: int) -> bool:
         known = self._members.get(pid)
@@ -661,11 +667,14 @@ class EngineProcess:
         """KILL what left the group and is alive once the group is gone: a descendant that called
         setsid() (found by its marker or as a holder of the engine's socket), also one forked at
         the stop itself (on SIGTERM), after the scans that came before the signal. Round after
-        round: a killed process forks no more, and the next scan finds what it forked before."""
-        while time.monotonic() < deadline:
+        round, until two scans in a row find none: a killed process forks no more, and the next
+        scan finds what it forked before. Two, because a scan lists the processes first and reads
+        each one after: a parent that forks after the listing and exits before its read (a double
+        fork's middle process) is missed, and its child is not listed yet; the next scan lists it."""
+        clean = 0
+        while clean < 2 and time.monotonic() < deadline:
             escaped = self._escaped()
-            if not escaped:
-                return
+            clean = 0 if escaped else clean + 1
             for member in escaped:
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                     member.send_signal(signal.SIGKILL)  # psutil refuses when the pid was recycled
@@ -679,8 +688,8 @@ class EngineProcess:
         self.remember_marked()
         if self._port_inodes and not port_is_free(self.port, self.host):
             for pid in listeners.socket_holders(self._port_inodes):
-                if not self._is_member(pid):
-                    self._remember(pid)
+                if pid != os.getpid() and not self._is_member(pid):
+                    self._remember(pid, lambda: bool(listeners.socket_inodes(pid) & self._port_inodes))
         return [m for pid, m in list(self._members.items()) if pid != self.pid and _alive(m)]
 
     def _port_holders(self) -> list[int]:

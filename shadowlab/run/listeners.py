@@ -141,19 +141,23 @@ def environment_values(name: str) -> dict[int, str]:
     and whose environment we may read. The kernel shows the block exec wrote (inherited through
     fork and setsid alike; setenv() does not change it, though a process may overwrite that memory
     itself); a zombie shows none."""
+    found = {pid: environment_value(pid, name) for pid in _pids()}
+    return {pid: value for pid, value in found.items() if value is not None}
+
+
+def environment_value(pid: int, name: str) -> str | None:
+    """The value of ``name`` in ``pid``'s environment (see environment_values); None: it has none,
+    is gone, or is not ours to read."""
     prefix = name.encode() + b"="
-    found: dict[int, str] = {}
-    for pid in _pids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                block = fh.read()
-        except OSError:
-            continue  # gone, or not ours to read
-        for entry in block.split(b"\0"):
-            if entry.startswith(prefix):
-                found[pid] = entry[len(prefix):].decode("utf-8", "replace")
-                break
-    return found
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            block = fh.read()
+    except OSError:
+        return None
+    for entry in block.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", "replace")
+    return None
 
 
 def socket_holders(inodes: set[int]) -> list[int]:
