@@ -296,7 +296,7 @@ def test_a_device_pool_in_the_matrix_is_checked():
     assert load("{gpu: 1}").isolation.devices == (1,)
     assert load("{}").isolation.devices is None
     for bad, message in (("{gpu: [0, 0]}", "distinct device indices"), ("{gpu: []}", "distinct device indices"),
-                         ("{gpu: [0, -1]}", "distinct device indices"),
+                         ("{gpu: [0, -1]}", r"isolation.gpu\[1\]: expected an integer ≥ 0, got -1"),
                          ("{gpu: [0], gpus_per_cell: 2}", "2 devices per cell, but isolation.gpu names 1")):
         with pytest.raises(MatrixError, match=message):
             load(bad)
