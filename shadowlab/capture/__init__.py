@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from shadowlab.exitcodes import EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE
+from shadowlab.results.records import write_json_atomic
 
 if TYPE_CHECKING:
     from shadowlab.capture.channel import RecorderSupervisor
@@ -177,7 +178,8 @@ def _recorder_options(args: argparse.Namespace, tokenizer: str) -> list[str]:
 async def _status(out: Path, front: Front, recorder: RecorderSupervisor, salt_id: str,
                   args: argparse.Namespace) -> None:
     while True:
-        _write_status(out, front, recorder, salt_id, args)
+        # Off the event loop: the status file's fsync must never hold a proxied request.
+        await asyncio.to_thread(_write_status, out, front, recorder, salt_id, args)
         await asyncio.sleep(STATUS_S)
 
 
@@ -187,6 +189,4 @@ def _write_status(out: Path, front: Front, recorder: RecorderSupervisor, salt_id
            "block_tokens": args.block_tokens, "recorder_pid": recorder.pid, "front_pid": os.getpid(),
            "channel": dict(vars(front.link.counts))}
     with contextlib.suppress(OSError):
-        tmp = out / "capture.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, out / "capture.json")
+        write_json_atomic(out / "capture.json", doc)

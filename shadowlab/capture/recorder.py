@@ -33,6 +33,7 @@ from typing import Any
 
 from shadowlab.capture import answers, blocks, channel, conversation, writer
 from shadowlab.capture.tokenizer import EngineTokenizer, TokenizerError, occurrences
+from shadowlab.results.records import write_json_atomic
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 COMPLETION_PATHS = ("/completion", "/completions", "/v1/completions")
@@ -249,9 +250,7 @@ class Recorder:
         doc = {"pid": os.getpid(), "piece": str(self.writer.path) if self.writer.path else None,
                "lines": self.writer.lines, "late": self.reorder.late, "repaired_bytes": self.repaired,
                "counts": dict(self.counts)}
-        tmp = self.out / "recorder.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, self.out / "recorder.json")
+        write_json_atomic(self.out / "recorder.json", doc)
 
 
 def main(argv: list[str] | None = None) -> int:

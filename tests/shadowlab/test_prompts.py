@@ -114,7 +114,7 @@ def test_same_tokens_in_another_process():
     """No hash-order or global-state dependence: a fresh interpreter with another hash seed
     materializes the same token ids."""
     here = {pid: p.sha256 for pid, p in materialize(load(CKPT).prompts, byte_tokenize).items()}
-    code = ("import json; from shadowlab.matrix import load; from shadowlab.prompts import materialize;"
+    code = ("import json; from shadowlab.matrix import load; from shadowlab.run.prompts import materialize;"
             f"m = load({str(CKPT)!r});"
             "print(json.dumps({k: p.sha256 for k, p in materialize(m.prompts, lambda t: list(t.encode())).items()}))")
     env = dict(os.environ, PYTHONHASHSEED="12345")
