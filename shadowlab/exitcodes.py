@@ -4,6 +4,7 @@
   1  a check failed (the run completed; the gate said no)
   2  usage or matrix error (nothing was started)
   3  infrastructure failure (an engine never started; a cell could not run)
+  4  shadowlab logs: a log without checkpoint lifecycle lines (start llama-server with -lv 4)
   130 / 143  interrupted by SIGINT / SIGTERM (engines stopped, run resumable)
 
 cli.py maps exceptions to them and gate.py decides 0/1/3 for a run directory; both import them
@@ -22,6 +23,7 @@ EXIT_QUALIFIED = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INFRASTRUCTURE = 3
+EXIT_NOT_VERBOSE = 4  # shadowlab logs: a log without the lifecycle lines (llama-server without -lv 4)
 
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
@@ -74,6 +76,6 @@ def write_traceback(run_dir: Path | None) -> Path:
     return Path(name)
 
 
-__all__ = ["EPILOG", "EXIT_CHECK_FAILED", "EXIT_INFRASTRUCTURE", "EXIT_QUALIFIED", "EXIT_SIGINT", "EXIT_SIGTERM",
+__all__ = ["EPILOG", "EXIT_CHECK_FAILED", "EXIT_INFRASTRUCTURE", "EXIT_NOT_VERBOSE", "EXIT_QUALIFIED", "EXIT_SIGINT", "EXIT_SIGTERM",
            "EXIT_USAGE", "GATE_HELP", "epilog",
            "TRACEBACK_NAME", "write_traceback"]

@@ -23,7 +23,7 @@
  *             newline), body[lo] is at file offset base_offset and starts line base_line + 1
  * search      which trigger search runs (0: the fastest here; see pick_search)
  * classes     tuple of the 15 event classes, in the order of enum kind below
- * strings     ("lru", "lcp"): the SlotSelected.method values
+ * strings     ("lru", "lcp", "id"): the SlotSelected.method values
  * events      list of event records of the lines handled here, in line order
  * slow        list of (index, start, stop, line_no, word): a candidate line body[start:stop] for
  *             Python, to be read before events[index]
@@ -44,7 +44,7 @@ enum kind {
 /* the scan words of logparse._SCAN_WORDS, in its order */
 enum word { W_CK, W_PROMPT, W_TRIM, W_KV, W_SELECTED, W_STARTED, W_NONE = -1 };
 
-#define LOGSCAN_ABI 7      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
+#define LOGSCAN_ABI 8      /* logparse._ACCEL_ABI: bump when scan()'s arguments or results change */
 #define MAX_LINE (1 << 20) /* logparse.MAX_LINE */
 #define LOOK_BACK (1 << 16) /* logparse.LOOK_BACK */
 #define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
@@ -421,11 +421,13 @@ static cp line_start(cp low, cp at)
  * The search and the line parsers run without the GIL (find()): a line's fields become typed
  * values in a record, and build() turns records into Python objects later. */
 
-enum vtype { V_NONE, V_FALSE, V_INT, V_FLOAT, V_FLOAT_TEXT, V_LRU, V_LCP };
+enum vtype { V_NONE, V_FALSE, V_INT, V_FLOAT, V_FLOAT_TEXT, V_LRU, V_LCP, V_ID };
 
 #define MAX_VALUES 10 /* the fields after line and offset (CheckpointCreated has 10) */
 
-enum result { R_SLOW, R_EVENT, R_BENIGN };
+/* R_BENIGN: a line Python's tolerant path does not understand but knows harmless (ignored);
+ * R_KNOWN: one it understands as no event (a candidate, not ignored) */
+enum result { R_SLOW, R_EVENT, R_BENIGN, R_KNOWN };
 
 /* A record is small (a block holds ~50,000): each value is a type and 64 bits, the integer, the
  * double's bits, or for V_FLOAT_TEXT the text's position in the buffer << 8 | its length. */
@@ -623,6 +625,10 @@ static int ck_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
             push_int(r, n);
             return R_EVENT;
         }
+        if ((q = LIT(uint_(p, e, &n), e, " tokens since last checkpoint at ")) != NULL) {
+            q = LIT(uint_(q, e, &n), e, ", creating new checkpoint during processing at position ");
+            return end_(uint_(q, e, &n), e) ? R_KNOWN : R_SLOW;
+        }
         q = LIT(p, e, "erasing context checkpoint too close to an earlier one ");
         q = ck_positions(q, e, &pmin, &pmax, &n);
         num_t size, took;
@@ -632,6 +638,14 @@ static int ck_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
         *kind = K_TOO_CLOSE;
         push_checkpoint(c, r, pmin, pmax, n, &size, &took);
         return R_EVENT;
+    }
+    if ((p = LIT(srv_head(s, e), e, "load_model: ")) != NULL) { /* start-up lines: none holds a phrase */
+        int64_t n = 0;
+        if (end_(LIT(p, e, "speculative decoding will use checkpoints"), e))
+            return R_BENIGN;
+        p = LIT(p, e, "context checkpoints enabled, max = ");
+        p = LIT(uint_(p, e, &n), e, ", min spacing = ");
+        return end_(uint_(p, e, &n), e) ? R_BENIGN : R_SLOW;
     }
     /* srv + update: +- prompt 0x[0-9a-f]+: +\d+ tokens, checkpoints: +\d+, +\d+\.\d+ MiB */
     p = LIT(srv_head(s, e), e, "update:");
@@ -750,6 +764,8 @@ static int prompt_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
         r->n = 0; /* the regex's next alternatives */
     }
     if ((p = strict_head(s, e, &h)) != NULL) {
+        if (end_(LIT(p, e, "saving idle slot to prompt cache"), e))
+            return R_KNOWN; /* --cache-idle-slots; its prompt_save line follows */
         if ((q = LIT(p, e, "clearing prompt with ")) != NULL) {
             q = LIT(uint_(q, e, &n), e, " tokens");
             if (!end_(q, e))
@@ -768,6 +784,16 @@ static int prompt_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
     p = srv_head(s, e);
     if (p == NULL)
         return R_SLOW;
+    if ((q = LIT(p, e, "load_model: ")) != NULL) { /* start-up lines: none holds a phrase */
+        if (end_(LIT(q, e, "prompt cache is disabled - use `--cache-ram N` to enable it"), e) ||
+            end_(LIT(q, e, "use `--cache-ram 0` to disable the prompt cache"), e))
+            return R_BENIGN;
+        q = LIT(q, e, "prompt cache is enabled, size limit: ");
+        q = LIT(uint_(q, e, &n), e, " MiB");
+        return end_(q, e) ? R_BENIGN : R_SLOW;
+    }
+    if (end_(LIT(p, e, "init: idle slots will be saved to prompt cache and cleared upon starting a new task"), e))
+        return R_BENIGN;
     if ((q = LIT(p, e, "get_availabl: ")) != NULL) {
         if (end_(LIT(q, e, "updating prompt cache"), e))
             return R_BENIGN;
@@ -857,12 +883,14 @@ static int selected_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
         push_method(r, V_LCP);
         push_float(c, r, sim.s, sim.len);
         push_float(c, r, keep.s, keep.len);
-    } else {
-        q = sint_(LIT(p, e, "LRU, t_last = "), e, &t_last);
+    } else { /* LRU, or a request that named its slot (id_slot): no similarity, no f_keep */
+        int64_t id;
+        cp by_id = LIT(p, e, "id (");
+        q = by_id != NULL ? LIT(uint_(by_id, e, &id), e, ")") : sint_(LIT(p, e, "LRU, t_last = "), e, &t_last);
         if (!end_(q, e))
             return R_SLOW;
         common(r, h.slot, h.task < 0 ? NO_INT : h.task);
-        push_method(r, V_LRU);
+        push_method(r, by_id != NULL ? V_ID : V_LRU);
         push_none(r);
         push_none(r);
     }
@@ -870,7 +898,23 @@ static int selected_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
     return R_EVENT;
 }
 
-/* One candidate line into r: R_EVENT, R_BENIGN or R_SLOW. */
+/* b11434's start-up line `srv  llama_server: model loaded`: the tolerant path's headless rule
+ * (a level letter its head pattern takes, at most 160 characters before the phrase) */
+static int started_line(cp s, cp e, rec_t *r, int *kind)
+{
+    static const char phrase[] = "model loaded";
+    cp p = stamp(s, e);
+    if (p == NULL || strchr("IWEDNTZ", p[-2]) == NULL)
+        return R_SLOW;
+    p = LIT(LIT(spaces(LIT(p, e, "srv"), e), e, "llama_server: "), e, phrase);
+    if (!end_(p, e) || p - (sizeof phrase - 1) - s > 160)
+        return R_SLOW;
+    common(r, NO_INT, NO_INT);
+    *kind = K_STARTED;
+    return R_EVENT;
+}
+
+/* One candidate line into r: R_EVENT, R_BENIGN, R_KNOWN or R_SLOW. */
 static int read_line(const ctx_t *c, cp s, cp e, int word, rec_t *r)
 {
     int kind = -1, res;
@@ -880,6 +924,7 @@ static int read_line(const ctx_t *c, cp s, cp e, int word, rec_t *r)
     case W_PROMPT: res = prompt_line(c, s, e, r, &kind); break;
     case W_TRIM: res = trim_line(s, e, r, &kind); break;
     case W_SELECTED: res = selected_line(c, s, e, r, &kind); break;
+    case W_STARTED: res = started_line(s, e, r, &kind); break;
     default: res = R_SLOW;
     }
     r->kind = res == R_EVENT ? kind : -1;
@@ -922,9 +967,9 @@ static int find_batch(finder_t *f, const ctx_t *c, cp limit, cp readable, search
         f->counted = s;
         rec_t *r = &f->recs[f->n];
         int res = (e - s > MAX_LINE) ? R_SLOW : read_line(c, s, e, hit.word, r);
-        if (res == R_BENIGN) {
+        if (res == R_BENIGN || res == R_KNOWN) {
             f->candidates++;
-            f->ignored++;
+            f->ignored += res == R_BENIGN;
         } else {
             r->result = (int8_t)res;
             r->word = (int8_t)hit.word;
@@ -985,7 +1030,7 @@ static PyObject *make_float(int64_t bits)
 typedef struct {
     cp body;
     PyObject **classes;
-    PyObject *lru, *lcp;
+    PyObject *lru, *lcp, *id;
     cache_t ints, floats;
 } builder_t;
 
@@ -996,6 +1041,7 @@ static PyObject *value_object(builder_t *b, int type, int64_t v)
     case V_FALSE: return Py_NewRef(Py_False);
     case V_LRU: return Py_NewRef(b->lru);
     case V_LCP: return Py_NewRef(b->lcp);
+    case V_ID: return Py_NewRef(b->id);
     case V_INT: return cached(&b->ints, v, make_int);
     case V_FLOAT: return cached(&b->floats, v, make_float);
     case V_FLOAT_TEXT: { /* more digits than the fast path reads: CPython's own conversion */
@@ -1039,8 +1085,8 @@ static PyObject *record_object(builder_t *b, const rec_t *r, int64_t line, int64
 
 static int check_classes(PyObject *classes, PyObject *strings)
 {
-    if (PyTuple_GET_SIZE(classes) != N_KINDS || PyTuple_GET_SIZE(strings) != 2) {
-        PyErr_SetString(PyExc_ValueError, "15 event classes and (\"lru\", \"lcp\") expected");
+    if (PyTuple_GET_SIZE(classes) != N_KINDS || PyTuple_GET_SIZE(strings) != 3) {
+        PyErr_SetString(PyExc_ValueError, "15 event classes and (\"lru\", \"lcp\", \"id\") expected");
         return -1;
     }
     for (int i = 0; i < N_KINDS; i++) {
@@ -1122,6 +1168,7 @@ static PyObject *scan(PyObject *self, PyObject *args)
     b->classes = &PyTuple_GET_ITEM(classes, 0);
     b->lru = PyTuple_GET_ITEM(strings, 0);
     b->lcp = PyTuple_GET_ITEM(strings, 1);
+    b->id = PyTuple_GET_ITEM(strings, 2);
     Py_ssize_t counts[N_KINDS] = {0};
     int done;
     do {
@@ -1175,8 +1222,11 @@ done:
 #define FOLD_RING 4096      /* checkpoints alive in one slot; more: the Python replay */
 #define PENDING_CHECKS 4096 /* lifecycle._PENDING_CHECKS */
 #define CHECK_TABLE 16384   /* open addressing, > 2 * PENDING_CHECKS */
+#define TOUCHED 64
 #define MAX_NOTES 20        /* lifecycle.Ring's max_notes default and Replay.notes' cap */
 #define BASELINE_TOKENS 512 /* lifecycle.BASELINE_TOKENS */
+#define MAX_SAVED 4096      /* lifecycle.MAX_SAVED: prompt-cache entries one slot keeps */
+#define SAVED_CHECKPOINTS (1 << 20) /* checkpoints in all entries together; more: the Python replay */
 #define N_OUTCOMES 5        /* lifecycle.OUTCOMES: cold extended restored forced silent_reset */
 #define N_EVENT_COUNTS 9    /* logs.EVENT_COUNT_KINDS */
 enum outcome { O_COLD, O_EXTENDED, O_RESTORED, O_FORCED, O_SILENT };
@@ -1250,14 +1300,29 @@ typedef struct { /* lifecycle.Served while it is read */
     int erase_kind[4], n_erase_kinds; /* erase_counts' keys in first-seen order */
     int64_t erase_count[4];
     int erased_any;
+    int64_t cache_saved, cache_loaded;
     int64_t not_own, not_own_min; /* what it erased of checkpoints made before it */
-    cks_t alive_before;           /* kept only while its row may be shown */
+    cks_t alive_before;           /* kept only while its row may be shown, or with --trace */
+    int64_t piece_line;           /* its piece's start (for the trace's line within its piece) */
 } req_t;
+
+typedef struct { /* a prompt-cache entry saved from a slot: Ring.saved[key] */
+    int64_t key; /* the entry's n_tokens, NO_INT: None */
+    cks_t cks;
+} entry_t;
+
+typedef struct {
+    int kind; /* K_SAVED or K_LOADED */
+    int placed; /* applied to the slot a clear named (Replay._placed) */
+    int64_t n, line;
+} held_t;
 
 typedef struct {
     int64_t id, ring_seq, lcp_epoch, lcp, lcp_n, ebl_count, ebl_min, fig_order;
     int has_ring, has_ebl;
     cks_t alive;
+    entry_t *saved; /* oldest first */
+    Py_ssize_t n_saved, cap_saved;
     PyObject *notes; /* the ring's notes (a list), NULL: none yet */
     req_t req;
     fig_t fig;
@@ -1275,14 +1340,33 @@ typedef struct {
     int has_n_swa, has_first, has_clock, began; /* began: a start line or a request was seen */
     double first_time, clock_base, clock_last;
     check_t checks[CHECK_TABLE];
-    int checks_live, checks_used;
+    int checks_live, checks_used; /* used: entries not empty (live or removed) */
+    int touched[TOUCHED];         /* the first entries used, to clear them one by one */
     PyObject *notes, *rows, *times, *codes; /* lists and bytearrays */
     const char *fallback;
     struct note_s *block_notes; /* the side notes of the block being read, and the next to take */
     Py_ssize_t n_block_notes, next_note;
     unsigned char *last_head; /* the head of the last check note taken (logs._Stream.last_check) */
     size_t last_len;
+    held_t *held; /* Replay._held's prompt-cache lines (its slot selections change nothing) */
+    Py_ssize_t n_held, cap_held, last_save; /* last_save: Replay._last_save's index in held, -1: None */
+    int64_t saved_checkpoints; /* in every slot's entries */
+    int has_slot_filter, has_since, has_until; /* the filters (logs.Options) */
+    int64_t slot_filter, piece_line;           /* piece_line: the stream line its piece starts after */
+    double since, until;
+    PyObject *server_json; /* --trace: the server's name as JSON (bytes); NULL: no trace */
+    char *tr;              /* the trace lines not yet taken (fold_trace) */
+    size_t tr_n, tr_cap;
+    int64_t kinds[N_KINDS]; /* events read, per kind (logparse's ParseStats.kinds) */
 } fold_t;
+
+static slot_t *slot_find(fold_t *f, int64_t id)
+{
+    for (int i = 0; i < f->n_slots; i++)
+        if (f->slots[i].id == id)
+            return &f->slots[i];
+    return NULL;
+}
 
 static slot_t *slot_of(fold_t *f, int64_t id)
 {
@@ -1325,9 +1409,23 @@ static check_t *check_find(fold_t *f, int64_t slot, int64_t task, int insert)
     }
 }
 
+static void mark_used(fold_t *f, const check_t *c)
+{
+    if (f->checks_used < TOUCHED)
+        f->touched[f->checks_used] = (int)(c - f->checks);
+    f->checks_used++;
+}
+
 static void checks_clear(fold_t *f)
 {
-    memset(f->checks, 0, sizeof f->checks);
+    if (f->checks_used == 0)
+        return; /* every restart clears them: most find the table empty (a memset of it was the
+                   fold's largest cost on logs of short sessions) */
+    if (f->checks_used <= TOUCHED)
+        for (int i = 0; i < f->checks_used; i++)
+            f->checks[f->touched[i]].state = 0;
+    else
+        memset(f->checks, 0, sizeof f->checks);
     f->checks_live = f->checks_used = 0;
 }
 
@@ -1343,7 +1441,7 @@ static void checks_rehash(fold_t *f) /* drop the removed marks */
             check_t *c = check_find(f, old[i].slot, old[i].task, 1);
             *c = old[i];
             f->checks_live++;
-            f->checks_used++;
+            mark_used(f, c);
         }
     PyMem_Free(old);
 }
@@ -1359,7 +1457,7 @@ static void check_take(fold_t *f, int64_t slot, int64_t task, int64_t against)
     if (c->state == 1)
         return;
     if (c->state == 0)
-        f->checks_used++;
+        mark_used(f, c);
     *c = (check_t){slot, task, against, 1};
     f->checks_live++;
 }
@@ -1606,13 +1704,14 @@ typedef struct { /* one event of a line, its fields as scan() reads them */
     cp text, end; /* the line (for the clock) and the block's end */
 } ev_t;
 
-static int ring_note(fold_t *f, slot_t *s, const char *kind, int64_t line)
+/* Ring._note: `what` follows "line N: " */
+static int ring_note(fold_t *f, slot_t *s, const char *what, const char *kind, int64_t line)
 {
     if (s->notes == NULL && (s->notes = PyList_New(0)) == NULL)
         return -1;
     if (PyList_GET_SIZE(s->notes) >= MAX_NOTES)
         return 0;
-    PyObject *t = PyUnicode_FromFormat("line %lld: %s of a checkpoint never seen created", (long long)line, kind);
+    PyObject *t = PyUnicode_FromFormat(what, (long long)line, kind);
     int r = t == NULL ? -1 : PyList_Append(s->notes, t);
     Py_XDECREF(t);
     return r;
@@ -1699,17 +1798,129 @@ static int append_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt
                                          : Py_NewRef(Py_None);
     PyObject *source_obj = SOURCE_NAMES[source] ? PyUnicode_FromString(SOURCE_NAMES[source]) : Py_NewRef(Py_None);
     PyObject *row = Py_BuildValue(
-        "(NLLLLNNNNNsNNNNNOiiOOO)", opt_float(o->has_time, o->time), (long long)s->id, (long long)o->task,
+        "(NLLLLNNNNNsNNNNNOLLOOO)", opt_float(o->has_time, o->time), (long long)s->id, (long long)o->task,
         (long long)o->line, (long long)o->offset, opt_int(has_prompt, prompt), opt_int(source != S_NONE, shared),
         source_obj, opt_int(has_re, re_entry), opt_int(o->has_processed, o->processed), OUTCOME_NAMES[outcome],
         opt_float(o->has_processed, o->ms), ck_list(&o->alive_before), ck_list(&o->created), restored, erased,
-        o->forced ? Py_True : Py_False, 0, 0, placement ? Py_True : Py_False, retention ? Py_True : Py_False,
+        o->forced ? Py_True : Py_False, (long long)o->cache_saved, (long long)o->cache_loaded, placement ? Py_True : Py_False, retention ? Py_True : Py_False,
         baseline ? Py_True : Py_False);
     if (row == NULL)
         return -1;
     int r = PyList_Append(f->rows, row);
     Py_DECREF(row);
     return r;
+}
+
+/* logs._server_replay's filters: --slot, and --since / --until as durations since the first
+ * request (the fold's families print elapsed times only: a date is never applied here) */
+static int taken(const fold_t *f, const slot_t *s, const req_t *o)
+{
+    if (f->has_slot_filter && s->id != f->slot_filter)
+        return 0;
+    if (!o->has_time || !f->has_first)
+        return 1;
+    double value = o->time - f->first_time;
+    return !(f->has_since && value < f->since) && !(f->has_until && value > f->until);
+}
+
+/* ------------------------------------------------------------------ --trace: logs._row as json.dumps writes it */
+
+static int put(fold_t *f, const char *text, size_t n)
+{
+    if (f->tr_n + n > f->tr_cap) {
+        size_t cap = f->tr_cap ? f->tr_cap : 1 << 16;
+        while (cap < f->tr_n + n)
+            cap *= 2;
+        char *grown = PyMem_Realloc(f->tr, cap);
+        if (grown == NULL)
+            return -1;
+        f->tr = grown;
+        f->tr_cap = cap;
+    }
+    memcpy(f->tr + f->tr_n, text, n);
+    f->tr_n += n;
+    return 0;
+}
+
+#define PUT(f, lit) put((f), (lit), sizeof(lit) - 1)
+
+static int put_int(fold_t *f, int64_t v)
+{
+    char text[24];
+    int n = snprintf(text, sizeof text, "%lld", (long long)v);
+    return put(f, text, (size_t)n);
+}
+
+static int put_opt_int(fold_t *f, int has, int64_t v) { return has ? put_int(f, v) : PUT(f, "null"); }
+
+static int put_float(fold_t *f, int has, double v) /* float.__repr__, as json.dumps writes it */
+{
+    if (!has)
+        return PUT(f, "null");
+    char *text = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (text == NULL)
+        return -1;
+    int r = put(f, text, strlen(text));
+    PyMem_Free(text);
+    return r;
+}
+
+static int put_ck(fold_t *f, const ck_t *c)
+{
+    return PUT(f, "[") || put_int(f, c->pmin) || PUT(f, ",") || put_int(f, c->pmax) || PUT(f, ",") ||
+           put_int(f, c->n) || PUT(f, "]");
+}
+
+static int put_cks(fold_t *f, const cks_t *a)
+{
+    if (PUT(f, "["))
+        return -1;
+    for (Py_ssize_t i = 0; i < a->n; i++)
+        if ((i && PUT(f, ",")) || put_ck(f, &a->v[i]))
+            return -1;
+    return PUT(f, "]");
+}
+
+static int put_str(fold_t *f, const char *name) /* names of this file's own: ASCII, nothing to escape */
+{
+    return PUT(f, "\"") || put(f, name, strlen(name)) || PUT(f, "\"");
+}
+
+/* One trace line (docs/trace.md), the fields of logs._row in its order. -1: no memory. */
+static int trace_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt, int has_prompt, int64_t shared,
+                     int source, int64_t re_entry, int has_re, int outcome, int retention, int baseline,
+                     int placement)
+{
+    if (PUT(f, "{\"time\":") || put_float(f, o->has_time, o->time) || PUT(f, ",\"server\":") ||
+        put(f, PyBytes_AS_STRING(f->server_json), (size_t)PyBytes_GET_SIZE(f->server_json)) ||
+        PUT(f, ",\"slot\":") || put_int(f, s->id) || PUT(f, ",\"task\":") || put_int(f, o->task) ||
+        PUT(f, ",\"line\":") || put_int(f, o->line - o->piece_line) || PUT(f, ",\"prompt_tokens\":") ||
+        put_opt_int(f, has_prompt, prompt) || PUT(f, ",\"shared_prefix\":") ||
+        put_opt_int(f, source != S_NONE, shared) || PUT(f, ",\"shared_source\":") ||
+        (source != S_NONE ? put_str(f, SOURCE_NAMES[source]) : PUT(f, "null")) || PUT(f, ",\"reused\":") ||
+        put_opt_int(f, has_re, re_entry) || PUT(f, ",\"processed\":") ||
+        put_opt_int(f, o->has_processed, o->processed) || PUT(f, ",\"outcome\":") ||
+        put_str(f, OUTCOME_NAMES[outcome]) || PUT(f, ",\"prefill_ms\":") ||
+        put_float(f, o->has_processed, o->ms) || PUT(f, ",\"checkpoints\":{\"alive_before\":") ||
+        put_cks(f, &o->alive_before) || PUT(f, ",\"created\":") || put_cks(f, &o->created) ||
+        PUT(f, ",\"restored\":") || (o->has_restored ? put_ck(f, &o->restored) : PUT(f, "null")) ||
+        PUT(f, ",\"erased\":{"))
+        return -1;
+    for (int i = 0; i < o->n_erase_kinds; i++)
+        if ((i && PUT(f, ",")) || put_str(f, ERASE_NAMES[o->erase_kind[i]]) || PUT(f, ":") ||
+            put_int(f, o->erase_count[i]))
+            return -1;
+    if (PUT(f, "},\"forced\":") || (o->forced ? PUT(f, "true") : PUT(f, "false")) ||
+        PUT(f, ",\"cache_saved\":") || put_int(f, o->cache_saved) || PUT(f, ",\"cache_loaded\":") ||
+        put_int(f, o->cache_loaded) || PUT(f, "},\"failures\":["))
+        return -1;
+    int k = 0;
+    const char *names[3] = {"placement", "retention", "baseline_loss"};
+    int flags[3] = {placement, retention, baseline};
+    for (int i = 0; i < 3; i++)
+        if (flags[i] && ((k++ && PUT(f, ",")) || put_str(f, names[i])))
+            return -1;
+    return PUT(f, "]}\n");
 }
 
 /* lifecycle.Replay._close, then logs._server's take() without filters: Figures.add, the time
@@ -1736,7 +1947,7 @@ static int close_emit(fold_t *f, slot_t *s)
     }
     /* Replay._shared */
     int has_lcp = o->has_lcp;
-    if (has_lcp && ((has_prompt && o->lcp_n != prompt) || (has_re && o->lcp < re_entry)))
+    if (has_lcp && (o->cache_loaded || (has_prompt && o->lcp_n != prompt) || (has_re && o->lcp < re_entry)))
         has_lcp = 0;
     int64_t against = 0;
     int has_against = check_pop(f, s->id, o->task, &against);
@@ -1762,6 +1973,13 @@ static int close_emit(fold_t *f, slot_t *s)
     }
     int placement = outcome == O_FORCED && o->n_alive > 0;
     o->open = 0;
+    /* logs._server_replay's take(): the first time is the first request's, taken or not */
+    if (o->has_time && !f->has_first) {
+        f->first_time = o->time;
+        f->has_first = 1;
+    }
+    if (!taken(f, s, o))
+        return 0;
     /* Figures.add */
     fig_t *g = &s->fig;
     if (s->fig_order < 0)
@@ -1797,6 +2015,8 @@ static int close_emit(fold_t *f, slot_t *s)
     }
     if (o->forced)
         g->events[6]++;
+    g->events[7] += o->cache_saved;
+    g->events[8] += o->cache_loaded;
     if (has_prompt && (vec_push(&g->prompts, prompt) < 0 || !add_ok(f, &g->prompt_tokens, prompt)))
         return f->fallback ? 0 : (PyErr_NoMemory(), -1);
     int64_t reused = has_re ? re_entry : 0;
@@ -1824,10 +2044,6 @@ static int close_emit(fold_t *f, slot_t *s)
         if (!g->has_t || o->time > g->t1)
             g->t1 = o->time;
         g->has_t = 1;
-        if (!f->has_first) {
-            f->first_time = o->time;
-            f->has_first = 1;
-        }
         double rel = o->time - f->first_time;
         char code = (char)outcome;
         if (PyByteArray_Resize(f->times, PyByteArray_GET_SIZE(f->times) + (Py_ssize_t)sizeof rel) < 0 ||
@@ -1836,9 +2052,120 @@ static int close_emit(fold_t *f, slot_t *s)
         memcpy(PyByteArray_AS_STRING(f->times) + PyByteArray_GET_SIZE(f->times) - sizeof rel, &rel, sizeof rel);
         PyByteArray_AS_STRING(f->codes)[PyByteArray_GET_SIZE(f->codes) - 1] = code;
     }
-    if (f->emitted++ < f->rows_wanted)
-        return append_row(f, s, o, prompt, has_prompt, shared, source, re_entry, has_re, outcome, retention,
-                          baseline, placement) < 0 ? -1 : 0;
+    if (f->emitted++ < f->rows_wanted && append_row(f, s, o, prompt, has_prompt, shared, source, re_entry, has_re,
+                                                    outcome, retention, baseline, placement) < 0)
+        return -1;
+    if (f->server_json != NULL && trace_row(f, s, o, prompt, has_prompt, shared, source, re_entry, has_re, outcome,
+                                            retention, baseline, placement) < 0)
+        return PyErr_NoMemory(), -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the prompt cache (Ring's cache_saved / cache_loaded) */
+
+static void entry_drop(fold_t *f, slot_t *s, Py_ssize_t i)
+{
+    f->saved_checkpoints -= s->saved[i].cks.n;
+    PyMem_Free(s->saved[i].cks.v);
+    memmove(&s->saved[i], &s->saved[i + 1], (size_t)(s->n_saved - i - 1) * sizeof *s->saved);
+    s->n_saved--;
+}
+
+static void entries_clear(fold_t *f, slot_t *s)
+{
+    while (s->n_saved > 0)
+        entry_drop(f, s, s->n_saved - 1);
+}
+
+static Py_ssize_t entry_find(const slot_t *s, int64_t key)
+{
+    for (Py_ssize_t i = s->n_saved - 1; i >= 0; i--)
+        if (s->saved[i].key == key)
+            return i;
+    return -1;
+}
+
+/* Ring.apply(cache_saved): the entry of that length becomes a copy of the ring, the newest;
+ * past MAX_SAVED the oldest goes. -1: no memory or past SAVED_CHECKPOINTS (f->fallback). */
+static int ring_save(fold_t *f, slot_t *s, int64_t key)
+{
+    Py_ssize_t i = entry_find(s, key);
+    if (i >= 0)
+        entry_drop(f, s, i);
+    if (f->saved_checkpoints + s->alive.n > SAVED_CHECKPOINTS) {
+        f->fallback = "more saved checkpoints than the C replay holds";
+        return -1;
+    }
+    entry_t *v = room(s->saved, s->n_saved, &s->cap_saved, sizeof *v, 8);
+    ck_t *copy = PyMem_Malloc((size_t)(s->alive.n ? s->alive.n : 1) * sizeof *copy);
+    if (v == NULL || copy == NULL) {
+        if (v != NULL)
+            s->saved = v;
+        PyMem_Free(copy);
+        f->fallback = "no memory for a prompt-cache entry";
+        return -1;
+    }
+    s->saved = v;
+    memcpy(copy, s->alive.v, (size_t)s->alive.n * sizeof *copy);
+    s->saved[s->n_saved++] = (entry_t){key, {copy, s->alive.n, s->alive.n ? s->alive.n : 1}};
+    f->saved_checkpoints += s->alive.n;
+    if (s->n_saved > MAX_SAVED)
+        entry_drop(f, s, 0);
+    return 0;
+}
+
+/* Ring.apply(cache_loaded): the slot takes the entry's checkpoints instead of its own */
+static int ring_load(fold_t *f, slot_t *s, int64_t key, int64_t line)
+{
+    Py_ssize_t i = entry_find(s, key);
+    if (i < 0) {
+        s->alive.n = 0;
+        if (ring_note(f, s, "line %lld: prompt cache load of an entry saved before the log began", "", line) < 0) {
+            f->fallback = "no memory for a note";
+            return -1;
+        }
+        return 0;
+    }
+    PyMem_Free(s->alive.v);
+    s->alive = s->saved[i].cks;
+    f->saved_checkpoints -= s->alive.n;
+    memmove(&s->saved[i], &s->saved[i + 1], (size_t)(s->n_saved - i - 1) * sizeof *s->saved);
+    s->n_saved--;
+    return 0;
+}
+
+static int ring_cache(fold_t *f, slot_t *s, int kind, int64_t n, int64_t line)
+{
+    return kind == K_SAVED ? ring_save(f, s, n) : ring_load(f, s, n, line);
+}
+
+/* Replay._clear: an idle slot emptied by the server; the held save it names goes to its ring */
+static int slot_clear(fold_t *f, const ev_t *ev)
+{
+    Py_ssize_t save = f->last_save;
+    f->last_save = -1;
+    slot_t *s = slot_find(f, ev->slot);
+    int ring = s != NULL && s->has_ring;
+    if (save >= 0 && ev->n != NO_INT && ev->n != 0 && f->held[save].n == ev->n) { /* save_of_clear */
+        f->held[save].placed = 1; /* still counted by the next request, as every held save */
+        if (ring && ring_save(f, s, ev->n) < 0)
+            return -1;
+    }
+    if (ring)
+        s->alive.n = 0;
+    if (s != NULL)
+        s->lcp_epoch = -1; /* a `checking sim` line about the content just dropped */
+    return 0;
+}
+
+static int hold(fold_t *f, const ev_t *ev)
+{
+    held_t *v = room(f->held, f->n_held, &f->cap_held, sizeof *v, 16);
+    if (v == NULL)
+        return PyErr_NoMemory(), -1;
+    f->held = v;
+    f->last_save = ev->kind == K_SAVED ? f->n_held : -1;
+    f->held[f->n_held++] = (held_t){ev->kind, 0, ev->n, ev->line};
     return 0;
 }
 
@@ -1873,9 +2200,12 @@ static int restart(fold_t *f, const ev_t *ev, int why)
         slot_t *s = &f->slots[i];
         s->has_ring = 0;
         s->alive.n = 0;
+        entries_clear(f, s);
         Py_CLEAR(s->notes);
         s->has_ebl = 0;
     }
+    f->n_held = 0;
+    f->last_save = -1;
     f->epoch++; /* _lcp.clear() */
     checks_clear(f);
     f->has_n_swa = 0;
@@ -1909,8 +2239,21 @@ static int start(fold_t *f, slot_t *s, const ev_t *ev)
         s->has_ring = 1;
         s->ring_seq = f->ring_seq++;
         s->alive.n = 0;
+        entries_clear(f, s);
         Py_CLEAR(s->notes);
     }
+    o->cache_saved = o->cache_loaded = 0;
+    for (Py_ssize_t i = 0; i < f->n_held; i++) { /* prompt-cache swaps come before the restore decision */
+        const held_t *h = &f->held[i];
+        if (!h->placed && ring_cache(f, s, h->kind, h->n, h->line) < 0)
+            return f->fallback ? 0 : -1;
+        if (h->kind == K_SAVED)
+            o->cache_saved++;
+        else
+            o->cache_loaded++;
+    }
+    f->n_held = 0;
+    f->last_save = -1;
     o->open = 1;
     o->fresh = fresh;
     o->has_lcp = s->lcp_epoch == f->epoch;
@@ -1932,7 +2275,8 @@ static int start(fold_t *f, slot_t *s, const ev_t *ev)
     o->not_own_min = INT64_MAX;
     o->n_alive = s->alive.n;
     o->alive_before.n = 0;
-    if (f->emitted < f->rows_wanted) /* it may be one of the rows shown */
+    o->piece_line = f->piece_line;
+    if (f->emitted < f->rows_wanted || f->server_json != NULL) /* it may be one of the rows shown */
         for (int i = 0; i < s->alive.n; i++)
             if (cks_push(&o->alive_before, &s->alive.v[i]) < 0)
                 return PyErr_NoMemory(), -1;
@@ -1959,7 +2303,7 @@ static void erase(fold_t *f, slot_t *s, const ev_t *ev, int which)
         creator = a->v[found].creator;
         memmove(&a->v[found], &a->v[found + 1], (size_t)(a->n - found - 1) * sizeof *a->v);
         a->n--;
-    } else if (ring_note(f, s, ERASE_NAMES[which], ev->line) < 0) {
+    } else if (ring_note(f, s, "line %lld: %s of a checkpoint never seen created", ERASE_NAMES[which], ev->line) < 0) {
         f->fallback = "no memory for a note";
     }
     o->erased_any = 1;
@@ -1983,21 +2327,27 @@ static void erase(fold_t *f, slot_t *s, const ev_t *ev, int which)
 static int fold_event(fold_t *f, const ev_t *ev)
 {
     int kind = ev->kind;
-    if (kind == K_SAVED || kind == K_LOADED || kind == K_CLEARED) {
-        /* the slots' rings change outside any request: Replay's rules (lifecycle.py) */
-        f->fallback = "a prompt-cache save, load or slot clear";
-        return -1;
-    }
+    f->kinds[kind]++;
     if (kind == K_STARTED) /* a new process: the next line, whatever its task, starts anew */
         return restart(f, ev, f->began ? R_START : R_FIRST);
+    int held = kind == K_SELECTED || kind == K_SAVED || kind == K_LOADED || kind == K_CLEARED; /* HELD_KINDS */
     if (f->cur < 0 || ev->task != f->cur_task || ev->slot != f->slots[f->cur].id) {
-        if (ev->task == NO_INT || ev->task < 0)
-            return 0; /* no task of its own: held (a slot selection changes no ring) or dropped */
+        slot_t *open = NULL;
+        if (held && ev->task != NO_INT && ev->task >= 0) {
+            open = slot_find(f, ev->slot);
+            if (open != NULL && !open->req.open)
+                open = NULL;
+        }
+        if (ev->task == NO_INT || ev->task < 0 || (held && open == NULL)) {
+            if (kind == K_CLEARED)
+                return slot_clear(f, ev);
+            if (kind == K_SAVED || kind == K_LOADED)
+                return hold(f, ev);
+            return 0; /* a slot selection (held: it changes no ring), or no task of its own: dropped */
+        }
         slot_t *s = slot_of(f, ev->slot);
         if (s == NULL)
             return -1;
-        if (kind == K_SELECTED && !s->req.open)
-            return 0; /* held for the next request: it changes no ring */
         req_t *cur = s->req.open ? &s->req : NULL;
         if (cur == NULL || cur->task != ev->task) {
             if (ev->task < f->last_task && (cur == NULL || ev->task < cur->task)) {
@@ -2072,6 +2422,15 @@ static int fold_event(fold_t *f, const ev_t *ev)
     case K_FORCED:
         o->forced = 1;
         break;
+    case K_SAVED:
+    case K_LOADED:
+        if (ring_cache(f, s, kind, ev->n, ev->line) < 0)
+            return -1;
+        if (kind == K_SAVED)
+            o->cache_saved++;
+        else
+            o->cache_loaded++;
+        break;
     }
     return 0;
 }
@@ -2140,6 +2499,11 @@ static void event_of(const rec_t *r, cp body, cp end, int64_t line, int64_t offs
         rec_float(r, 2, body, &ev->ms);
         ev->n = r->v[3];
         break;
+    case K_SAVED:
+    case K_LOADED:
+    case K_CLEARED:
+        ev->n = rec_int(r, 2);
+        break;
     }
 }
 
@@ -2155,8 +2519,13 @@ static void fold_free(PyObject *capsule)
         PyMem_Free(s->req.alive_before.v);
         PyMem_Free(s->fig.shared.v);
         PyMem_Free(s->fig.prompts.v);
+        entries_clear(f, s);
+        PyMem_Free(s->saved);
         Py_XDECREF(s->notes);
     }
+    PyMem_Free(f->held);
+    PyMem_Free(f->tr);
+    Py_XDECREF(f->server_json);
     Py_XDECREF(f->notes);
     Py_XDECREF(f->rows);
     Py_XDECREF(f->times);
@@ -2166,17 +2535,47 @@ static void fold_free(PyObject *capsule)
     PyMem_Free(f);
 }
 
+/* an optional number argument: 1 and *v when given, 0 for None, -1 on an error */
+static int opt_arg(PyObject *o, double *v)
+{
+    if (o == Py_None)
+        return 0;
+    *v = PyFloat_AsDouble(o);
+    return (*v == -1.0 && PyErr_Occurred()) ? -1 : 1;
+}
+
 static PyObject *fold_new(PyObject *self, PyObject *args)
 {
     Py_ssize_t rows;
+    PyObject *server_json = Py_None, *slot = Py_None, *since = Py_None, *until = Py_None;
     (void)self;
-    if (!PyArg_ParseTuple(args, "n", &rows))
+    if (!PyArg_ParseTuple(args, "n|OOOO", &rows, &server_json, &slot, &since, &until))
+        return NULL;
+    if (server_json != Py_None && !PyBytes_Check(server_json)) {
+        PyErr_SetString(PyExc_TypeError, "fold_new: the server's JSON name must be bytes or None");
+        return NULL;
+    }
+    long long slot_filter = 0;
+    if (slot != Py_None && ((slot_filter = PyLong_AsLongLong(slot)) == -1 && PyErr_Occurred()))
+        return NULL;
+    double since_s = 0, until_s = 0;
+    int has_since = opt_arg(since, &since_s), has_until = opt_arg(until, &until_s);
+    if (has_since < 0 || has_until < 0)
         return NULL;
     fold_t *f = PyMem_Calloc(1, sizeof *f);
     if (f == NULL)
         return PyErr_NoMemory();
+    f->has_slot_filter = slot != Py_None;
+    f->slot_filter = slot_filter;
+    f->has_since = has_since;
+    f->since = since_s;
+    f->has_until = has_until;
+    f->until = until_s;
+    if (server_json != Py_None)
+        f->server_json = Py_NewRef(server_json);
     f->cur = -1;
     f->last_task = -1;
+    f->last_save = -1;
     f->rows_wanted = rows;
     f->notes = PyList_New(0);
     f->rows = PyList_New(0);
@@ -2216,9 +2615,9 @@ static PyObject *fold_block(PyObject *self, PyObject *args)
     PyObject *capsule;
     Py_buffer buf;
     Py_ssize_t lo, n;
-    long long base_line, base_offset;
+    long long base_line, base_offset, piece_line = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "Oy*nnLL", &capsule, &buf, &lo, &n, &base_line, &base_offset))
+    if (!PyArg_ParseTuple(args, "Oy*nnLL|L", &capsule, &buf, &lo, &n, &base_line, &base_offset, &piece_line))
         return NULL;
     PyObject *result = NULL;
     finder_t *fi = NULL;
@@ -2231,6 +2630,7 @@ static PyObject *fold_block(PyObject *self, PyObject *args)
     }
     if (f->fallback)
         goto fallback;
+    f->piece_line = piece_line;
     cp body = buf.buf;
     if (lo == 0) {
         int big = 0;
@@ -2341,6 +2741,11 @@ static int event_of_tuple(int kind, PyObject *t, ev_t *ev)
         field_float(t, 4, &ev->ms);
         ok = ok && field_int(t, 5, &ev->n);
         break;
+    case K_SAVED:
+    case K_LOADED:
+    case K_CLEARED:
+        ok = ok && field_int(t, 4, &ev->n);
+        break;
     }
     return ok && !PyErr_Occurred();
 }
@@ -2395,6 +2800,27 @@ static PyObject *fold_events(PyObject *self, PyObject *args)
 done:
     PyBuffer_Release(&buf);
     return result;
+}
+
+/* the state of fold_trace(state) / fold_finish(state); NULL: an error set */
+static fold_t *state_arg(PyObject *args)
+{
+    PyObject *capsule;
+    if (!PyArg_ParseTuple(args, "O", &capsule))
+        return NULL;
+    return PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
+}
+
+/* fold_trace(state) -> bytes: the trace lines written since the last call (and forgotten here) */
+static PyObject *fold_trace(PyObject *self, PyObject *args)
+{
+    (void)self;
+    fold_t *f = state_arg(args);
+    if (f == NULL)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(f->tr, (Py_ssize_t)f->tr_n);
+    f->tr_n = 0;
+    return out;
 }
 
 static int int64_order(const void *a, const void *b)
@@ -2480,11 +2906,8 @@ static PyObject *fig_dict(slot_t *s)
 
 static PyObject *fold_finish(PyObject *self, PyObject *args)
 {
-    PyObject *capsule;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O", &capsule))
-        return NULL;
-    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
+    fold_t *f = state_arg(args);
     if (f == NULL)
         return NULL;
     if (!f->fallback && finish_open(f) < 0 && !f->fallback)
@@ -2521,19 +2944,35 @@ static PyObject *fold_finish(PyObject *self, PyObject *args)
         Py_XDECREF(ring_notes);
         return NULL;
     }
-    return Py_BuildValue("{sNsOsLsNsOsOsO}", "slots", slots, "notes", f->notes, "restarts", (long long)f->restarts,
-                         "ring_notes", ring_notes, "rows", f->rows, "times", f->times, "codes", f->codes);
+    PyObject *kinds = PyTuple_New(N_KINDS);
+    for (int i = 0; kinds != NULL && i < N_KINDS; i++) {
+        PyObject *v = PyLong_FromLongLong(f->kinds[i]);
+        if (v == NULL)
+            Py_CLEAR(kinds);
+        else
+            PyTuple_SET_ITEM(kinds, i, v);
+    }
+    if (kinds == NULL) {
+        Py_DECREF(slots);
+        Py_DECREF(ring_notes);
+        return NULL;
+    }
+    return Py_BuildValue("{sNsOsLsNsOsOsOsN}", "slots", slots, "notes", f->notes, "restarts", (long long)f->restarts,
+                         "ring_notes", ring_notes, "rows", f->rows, "times", f->times, "codes", f->codes, "kinds",
+                         kinds);
 }
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "scan(body, lo, hi, base_line, base_offset, classes, strings, search=0) -> "
                                  "(events, slow, newlines, candidates, ignored, counts)"},
-    {"fold_new", fold_new, METH_VARARGS, "fold_new(rows) -> the state of one server's fold"},
-    {"fold_block", fold_block, METH_VARARGS, "fold_block(state, body, lo, n, base_line, base_offset) -> newlines | "
-                                             "(start, stop, line_no, word) | str"},
+    {"fold_new", fold_new, METH_VARARGS, "fold_new(rows, server_json=None, slot=None, since=None, until=None) -> "
+                                         "the state of one server's fold"},
+    {"fold_block", fold_block, METH_VARARGS, "fold_block(state, body, lo, n, base_line, base_offset, piece_line=0) -> "
+                                             "newlines | (start, stop, line_no, word) | str"},
     {"fold_events", fold_events, METH_VARARGS, "fold_events(state, body, n, base_offset, [(kind, event), ...]) -> "
                                                "None | str"},
     {"fold_finish", fold_finish, METH_VARARGS, "fold_finish(state) -> dict | str"},
+    {"fold_trace", fold_trace, METH_VARARGS, "fold_trace(state) -> bytes: the trace lines since the last call"},
     {NULL, NULL, 0, NULL},
 };
 

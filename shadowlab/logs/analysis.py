@@ -141,9 +141,11 @@ class _Stream(io.RawIOBase):
     reads a request's time there, and the side notes the parser does not make events of (b11434's
     ``checking sim`` and ``checking checkpoint ... against N`` lines) are taken from it."""
 
-    def __init__(self, pieces: Sequence[str], server: str, side: deque, reports: list[FileReport]):
+    def __init__(self, pieces: Sequence[str], server: str, side: deque, reports: list[FileReport],
+                 stdin: Stdin | None = None):
         super().__init__()
         self.pieces, self.server, self.side, self.reports = list(pieces), server, side, reports
+        self.stdin = stdin  # the piece named "-"
         self.stats: logparse.ParseStats | None = None  # set before reading: per-piece counts
         self.src: Any = None
         self.raw: Any = None
@@ -194,8 +196,8 @@ class _Stream(io.RawIOBase):
         st = self.stats
         self._base = (st.lines, st.unknown_count, len(st.unknown_samples), st.overlong_lines) if st else (0, 0, 0, 0)
         self.starts.append((self.pos, self._base[0], path))
-        try:
-            self.raw = logparse.open_log(path)  # refuses a FIFO, a device, a directory
+        try:  # open_log refuses a FIFO, a device, a directory
+            self.raw = self.stdin.open() if path == STDIN and self.stdin is not None else logparse.open_log(path)
         except LogSourceError as exc:
             rep.error = exc.message
             return True  # src stays None: the next piece
@@ -305,10 +307,49 @@ class _Stream(io.RawIOBase):
         return (self.buf, i) if 0 <= i < self.size else None
 
 
-def sniff_family(path: str) -> str:
+STDIN = "-"  # the file name that means standard input
+
+
+class Stdin:
+    """``-``: standard input (a pipe: read once). Its first SNIFF bytes are read ahead and kept,
+    for the family's sniff, then handed on first when the piece is read."""
+
+    def __init__(self, fh: Any):
+        self.fh = fh
+        self.head = fh.read(SNIFF) or b""
+
+    def open(self) -> Any:
+        return _Prefixed(self.head, self.fh)
+
+
+class _Prefixed(io.RawIOBase):
+    """``head`` then the rest of ``fh`` (not closed with it: standard input is not ours)."""
+
+    def __init__(self, head: bytes, fh: Any):
+        super().__init__()
+        self.head, self.fh = memoryview(head), fh
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self.head:
+            n = min(len(b), len(self.head))
+            b[:n] = self.head[:n]
+            self.head = self.head[n:]
+            return n
+        data = self.fh.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def sniff_family(path: str, stdin: Stdin | None = None) -> str:
     try:
-        with logparse.open_log(path) as fh:
-            head = logparse.LogText(fh).read(SNIFF)
+        if path == STDIN and stdin is not None:
+            head = logparse.LogText(io.BytesIO(stdin.head)).read(SNIFF)
+        else:
+            with logparse.open_log(path) as fh:
+                head = logparse.LogText(fh).read(SNIFF)
     except LogSourceError:  # the piece's reader says why
         return "llama.cpp"
     if _B11434_HEAD.search(head):
@@ -579,6 +620,7 @@ class Options:
     until: TimeBound | None = None
     slot: int | None = None
     trace: TextIO | None = None
+    stdin: Any = None  # the binary stream a file named "-" reads (standard input)
 
     def check(self) -> None:
         """Filters that can select nothing are usage errors, not an empty answer."""
@@ -598,15 +640,20 @@ def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
     times = array("d")
     codes = array("b")
     notes: list[str] = []
+    readers: list[dict[str, Any]] = []
     if options.trace is not None:
         options.trace.write(json.dumps({"format": "shadowlab-trace", "version": TRACE_VERSION,
                                         "time_unit": "s", "source": "shadowlab logs"}) + "\n")
+    stdin = Stdin(options.stdin) if STDIN in paths and options.stdin is not None else None
     for server, pieces in group_servers(paths):
-        family = options.family or sniff_family(pieces[0])
+        family = options.family or sniff_family(pieces[0], stdin)
         first = len(files_out)
-        doc, fig = _server(server, pieces, family, options, files_out, rows, times, codes)
+        reading: dict[str, Any] = {"server": server, "reader": "c_fold", "why": None, "lines_handed_back": 0,
+                                   "kinds": {}}
+        doc, fig = _server(server, pieces, family, options, files_out, rows, times, codes, reading, stdin)
         if all(f.error is not None for f in files_out[first:]):
             continue  # nothing of it was read: its files are listed unreadable, with no figures
+        readers.append(reading)
         servers_out.append(doc)
         overall.merge(fig)
     readable = [f for f in files_out if f.error is None]
@@ -631,6 +678,8 @@ def analyse(paths: Sequence[str], options: Options) -> dict[str, Any]:
         "requests_shown": len(rows),
         "over_time": _over_time(times, codes),
         "notes": notes,
+        "warnings": [{"server": r["server"], "why": NOT_VERBOSE} for r in readers if _not_verbose(r["kinds"])],
+        "reader": _reader_doc(readers),
         "_hist": log_bins(overall.shared),  # for the HTML picture only; not in the JSON
     }
 
@@ -645,23 +694,58 @@ _FOLD_KIND = {kind: i for i, kind in enumerate(logparse.ACCEL_KINDS)}  # the C c
 
 
 class _Unfoldable(Exception):
-    """The C fold met what only the Python replay reads exactly (the reason is the message)."""
+    """The C fold met what only the Python replay reads exactly (the reason is the message);
+    ``written``: the trace lines it had written."""
+
+    def __init__(self, why: str, written: int = 0):
+        super().__init__(why)
+        self.written = written
 
 
 def _server(server: str, pieces: list[str], family: str, options: Options, files_out: list[FileReport],
-            rows: list[dict[str, Any]], times: array, codes: array) -> tuple[dict[str, Any], Figures]:
+            rows: list[dict[str, Any]], times: array, codes: array,
+            reading: dict[str, Any], stdin: Stdin | None = None) -> tuple[dict[str, Any], Figures]:
     """One server's pieces as one stream: its JSON part and its figures. The C fold reads it
     when it can (the same figures, ~8x less CPU); whatever it cannot read exactly, it says, and
-    the Python replay reads the whole server again."""
+    the Python replay reads the whole server again. ``reading`` says which read it and why."""
     fold = logparse.folder()
-    if (FOLD and fold is not None and family in _FOLD_FAMILIES and options.trace is None and options.slot is None
-            and options.since is None and options.until is None):
-        kept = len(files_out), len(rows)
+    if FOLD and fold is not None and family in _FOLD_FAMILIES:
+        kept = len(files_out), len(rows), len(times)
         try:
-            return _server_fold(fold, server, pieces, family, files_out, rows, times, codes)
-        except (_Unfoldable, MemoryError):  # the replay reports running out of memory where it does
-            del files_out[kept[0]:], rows[kept[1]:]
-    return _server_replay(server, pieces, family, options, files_out, rows, times, codes)
+            return _server_fold(fold, server, pieces, family, options, files_out, rows, times, codes, reading, stdin)
+        except (_Unfoldable, MemoryError) as exc:  # the replay reports running out of memory where it does
+            del files_out[kept[0]:], rows[kept[1]:], times[kept[2]:], codes[kept[2]:]
+            skip = exc.written if isinstance(exc, _Unfoldable) else 0
+            reading.update(reader="python_replay", why=str(exc) if isinstance(exc, _Unfoldable) else "out of memory")
+            return _server_replay(server, pieces, family, options, files_out, rows, times, codes, skip, stdin,
+                                  reading)
+    reading.update(reader="python_replay", why="the C accelerator is not built" if fold is None else
+                   "the C fold is switched off" if not FOLD else f"family {family}: the C fold reads elapsed times only")
+    return _server_replay(server, pieces, family, options, files_out, rows, times, codes, 0, stdin, reading)
+
+
+NOT_VERBOSE = ("requests, but no checkpoint lifecycle lines (new prompt, cached n_tokens, created / restored / "
+               "erased checkpoint, forcing): llama-server b9838 and later print them at TRACE level only; start "
+               "it with -lv 4 (--verbosity 4). Every figure of this server that needs them reads 0")
+# What b11434 prints at TRACE level only (SLT_TRC / SRV_TRC in server-context.cpp): a log holding
+# none of them (but other events: timing lines, slot selections) was written without -lv 4.
+LIFECYCLE_KINDS = ("new_prompt", "cache_trim", "created", "restored", "erased_invalidated", "erased_too_close",
+                   "erased_superseded", "forced", "cache_saved", "cache_loaded", "prompt_cleared")
+
+
+def _not_verbose(kinds: dict[str, int]) -> bool:
+    """A server whose lines hold events, none of them lifecycle lines (logparse's kind counts)."""
+    return any(n for k, n in kinds.items() if k != "server_start") and not any(kinds.get(k) for k in LIFECYCLE_KINDS)
+
+
+def _reader_doc(readers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which reader read each server (the C fold, or the Python replay and why): the same
+    figures either way, only the cost differs."""
+    return {
+        "c_fold": sum(r["reader"] == "c_fold" for r in readers),
+        "python_replay": [{"server": r["server"], "why": r["why"]} for r in readers if r["reader"] != "c_fold"],
+        "lines_handed_back": sum(r["lines_handed_back"] for r in readers),
+    }
 
 
 # logs._row's fields of a request, in the order fold_finish gives its rows
@@ -697,42 +781,58 @@ def _fold_figures(d: dict[str, Any]) -> Figures:
     return fig
 
 
-def _server_fold(fold: Any, server: str, pieces: list[str], family: str, files_out: list[FileReport],
-                 rows: list[dict[str, Any]], times: array, codes: array) -> tuple[dict[str, Any], Figures]:
-    """_server_replay without filters or --trace, by the C fold: blocks of whole lines go to
-    fold_block; a block that is not one (an overlong line) or a reason from it: _Unfoldable."""
-    stream = _Stream(pieces, server, deque(), files_out)
+def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options: Options,
+                 files_out: list[FileReport], rows: list[dict[str, Any]], times: array,
+                 codes: array, reading: dict[str, Any], stdin: Stdin | None = None) -> tuple[dict[str, Any], Figures]:
+    """_server_replay by the C fold, filters and --trace included: blocks of whole lines go to
+    fold_block; a block that is not one (an overlong line) or a reason from it: _Unfoldable,
+    which says how many trace lines were written (the Python replay writes the same ones first:
+    it skips them)."""
+    stream = _Stream(pieces, server, deque(), files_out, stdin)
     stream.for_replay = False
     stats = logparse.ParseStats(family=family)
     stream.stats = stats
     reader = logparse.line_reader(stats)
-    state = fold.fold_new(MAX_ROWS - len(rows))
+    server_notes = []
+    if any(b is not None and b.absolute for b in (options.since, options.until)):  # elapsed times only
+        server_notes.append("--since/--until dates not applied: this log has elapsed times only (no wall clock)")
+    since, until = (None if b is None or b.absolute else b.seconds for b in (options.since, options.until))
+    trace = options.trace
+    state = fold.fold_new(MAX_ROWS - len(rows), None if trace is None else json.dumps(server).encode(),
+                          options.slot, since, until)
+    written = 0  # trace lines
     buf = bytearray(_FOLD_BLOCK)
     while True:
         n = stream.readinto(buf)
         if not n:
             break
         if buf[n - 1] != 10:
-            raise _Unfoldable("a line longer than a block")
-        lo, line = 0, stats.lines
+            raise _Unfoldable("a line longer than a block", written)
+        lo, line, piece_line = 0, stats.lines, stream.starts[-1][1]
         while True:  # the lines the C reader hands back are read here, in their place
-            got = fold.fold_block(state, buf, lo, n, line, stream.start)
+            got = fold.fold_block(state, buf, lo, n, line, stream.start, piece_line)
             if isinstance(got, int):
                 line += got
                 break
             if isinstance(got, str):
-                raise _Unfoldable(got)
+                raise _Unfoldable(got, written)
             start, stop, line_no, word = got
+            reading["lines_handed_back"] += 1
             events = reader.handed_back(buf, start, stop, line_no, word, stream.start + start)
             why = fold.fold_events(state, buf, n, stream.start, [(_FOLD_KIND[e.kind], e) for e in events])
             if why is not None:
-                raise _Unfoldable(why)
+                raise _Unfoldable(why, written)
             lo, line = stop + 1, line_no
         reader.block_read(buf, 0, n, line - stats.lines)
+        if trace is not None:
+            written += _write_trace(trace, fold.fold_trace(state))
     stream.settle()
     done = fold.fold_finish(state)
     if isinstance(done, str):
-        raise _Unfoldable(done)
+        raise _Unfoldable(done, written)
+    if trace is not None:
+        _write_trace(trace, fold.fold_trace(state))
+    reading["kinds"] = dict(zip(logparse.ACCEL_KINDS, done["kinds"]))
     rows += [_row(server, _fold_row(t), stream) for t in done["rows"]]
     times.frombytes(bytes(done["times"]))
     codes.frombytes(bytes(done["codes"]))
@@ -741,7 +841,15 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, files_o
     for f in slots.values():
         fig.merge(f)
     return _server_doc(server, pieces, family, False, done["restarts"], fig, slots,
-                       done["notes"][:5] + done["ring_notes"][:5]), fig
+                       server_notes + done["notes"][:5] + done["ring_notes"][:5]), fig
+
+
+def _write_trace(trace: TextIO, text: bytes) -> int:
+    """The fold's trace lines (ASCII JSON): the number of lines written."""
+    if not text:
+        return 0
+    trace.write(text.decode("ascii"))
+    return text.count(b"\n")
 
 
 def _server_doc(server: str, pieces: list[str], family: str, unix: bool, restarts: int, fig: Figures,
@@ -756,11 +864,14 @@ def _server_doc(server: str, pieces: list[str], family: str, unix: bool, restart
 
 
 def _server_replay(server: str, pieces: list[str], family: str, options: Options, files_out: list[FileReport],
-                   rows: list[dict[str, Any]], times: array, codes: array) -> tuple[dict[str, Any], Figures]:
+                   rows: list[dict[str, Any]], times: array, codes: array,
+                   skip_trace: int = 0, stdin: Stdin | None = None,
+                   reading: dict[str, Any] | None = None) -> tuple[dict[str, Any], Figures]:
     """One server's pieces as one stream through lifecycle.Replay: its JSON part and its figures
-    (folded from its slots' at the end: each request is added once, to its slot)."""
+    (folded from its slots' at the end: each request is added once, to its slot). The first
+    ``skip_trace`` trace lines are not written (the C fold wrote them before it handed over)."""
     side: deque = deque()
-    stream = _Stream(pieces, server, side, files_out)
+    stream = _Stream(pieces, server, side, files_out, stdin)
     clock = _Clock(family)
     clock.reader = stream
     replay = lifecycle.Replay(clock)
@@ -773,6 +884,7 @@ def _server_replay(server: str, pieces: list[str], family: str, options: Options
         server_notes.append("--since/--until dates not applied: this log has elapsed times only (no wall clock)")
     filtered = options.slot is not None or options.since is not None or options.until is not None
     trace = options.trace
+    skip = [skip_trace]
     outcome_code = {o: i for i, o in enumerate(lifecycle.OUTCOMES)}
 
     def take(r: lifecycle.Served) -> None:
@@ -794,7 +906,10 @@ def _server_replay(server: str, pieces: list[str], family: str, options: Options
             if len(rows) < MAX_ROWS:
                 rows.append(row)
             if trace is not None:
-                trace.write(json.dumps(row, separators=(",", ":")) + "\n")
+                if skip[0]:
+                    skip[0] -= 1
+                else:
+                    trace.write(json.dumps(row, separators=(",", ":")) + "\n")
 
     stats = logparse.ParseStats(family=family)
     stream.stats = stats
@@ -804,6 +919,8 @@ def _server_replay(server: str, pieces: list[str], family: str, options: Options
         if stream.rep is not None:
             stream.rep.damage = "out of memory while reading"
     stream.settle()
+    if reading is not None:
+        reading["kinds"] = dict(stats.kinds)
     for path in stream.pieces:  # not reached (out of memory): said, not silently dropped
         files_out.append(FileReport(path=path, server=server, error="not read: reading stopped before it"))
     for r in replay.finish(side):

@@ -99,6 +99,10 @@ STARTED = "server_start"  # the server's start-up line (`model loaded`): a new p
 # its own slot: Replay applies it at once instead of holding it).
 HELD_KINDS = frozenset(CACHE_KINDS + ("slot_selected", CLEARED))
 _HELD = HELD_KINDS
+# Prompt-cache entries one slot's ring keeps (the oldest saved goes first): llama-server's RAM
+# cache holds far fewer (its -cram MiB and token limits), and a log that saves without ever
+# loading must not grow the replay without bound.
+MAX_SAVED = 4096
 _PENDING_CHECKS = 4096  # `checking checkpoint` notes of tasks not closed yet (a hostile log: dropped)
 _NONE: Any = object()  # "no request being read"
 
@@ -213,7 +217,11 @@ class Ring:
             self._note(f"line {ev.line}: {kind} of a checkpoint never seen created")
             return ev
         if kind == "cache_saved":  # a copy: the slot keeps its checkpoints until the cascade
-            self.saved[ev.n_tokens] = dict(alive)
+            saved = self.saved
+            saved.pop(ev.n_tokens, None)  # saved again: now the newest
+            saved[ev.n_tokens] = dict(alive)
+            if len(saved) > MAX_SAVED:
+                del saved[next(iter(saved))]
         elif kind == "cache_loaded":  # the slot takes the entry's checkpoints instead of its own
             if ev.n_tokens in self.saved:
                 self.alive = self.saved.pop(ev.n_tokens)

@@ -85,7 +85,7 @@ try:  # the optional C accelerator of the fast path (setup.py builds it when a c
     from shadowlab.logs import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 7  # shadowlab/logs/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
+_ACCEL_ABI = 8  # shadowlab/logs/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
 
 
 def _usable(module: Any) -> Any:
@@ -401,7 +401,7 @@ _ACCEL_CLASSES = (
     PromptCacheSaved, PromptCacheLoaded, PromptCleared, ServerStart,
 )
 _ACCEL_KINDS = ACCEL_KINDS = tuple(cls.kind for cls in _ACCEL_CLASSES)  # public: logs' fold numbers them
-_ACCEL_METHODS = ("lru", "lcp")
+_ACCEL_METHODS = ("lru", "lcp", "id")
 
 
 def folder() -> Any:

@@ -42,17 +42,23 @@ B9093 = sorted((LOGS / "llama.cpp-b9093").glob("*.log"))
 REFERENCE = sorted((LOGS / "reference").glob("*.log"))
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+# `shadowlab logs` with the C fold switched off: the Python replay reads every server
+_REPLAY_ONLY = ("import sys; from shadowlab.logs import analysis; analysis.FOLD = False; "
+                "from shadowlab.cli import main; sys.exit(main(['logs', *sys.argv[1:]]))")
+
+
+def cli(*args: str, timeout: float = 60, fold: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "engine")]))
+    command = ["-m", "shadowlab", "logs"] if fold else ["-c", _REPLAY_ONLY]
     try:
-        return subprocess.run([sys.executable, "-m", "shadowlab", "logs", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True,
                               timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail(f"`shadowlab logs {' '.join(args)}` did not end within {timeout} s (it hangs)")
 
 
-def doc_of(*args: str) -> dict:
-    p = cli(*args, "--json")
+def doc_of(*args: str, fold: bool = True) -> dict:
+    p = cli(*args, "--json", fold=fold)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     return json.loads(p.stdout)
 
@@ -70,11 +76,10 @@ def test_a_fifo_a_device_or_a_directory_is_refused_up_front(tmp_path):
         with pytest.raises(LogSourceError, match="not a regular file"):
             logparse.parse(path)
     good = str(LOGS / "llama-server" / "cram0-A-C-B-C.log")
-    doc = doc_of(good, str(fifo), "/dev/zero")  # what can be read is read; the rest is named
-    assert doc["readable_files"] == 1 and doc["overall"]["requests"] == 4
-    assert {u["path"]: "not a regular file" in u["why"] for u in doc["unreadable_files"]} == {
-        str(fifo): True, "/dev/zero": True}
-    assert "FIFO" in json.dumps(doc["unreadable_files"]) and "device" in json.dumps(doc["unreadable_files"])
+    p = cli(good, str(fifo), "/dev/zero", "--json")  # each named, and no summary of the rest
+    assert p.returncode == 2 and p.stdout == "", p.stdout
+    assert f"cannot read {fifo}: not a regular file (a FIFO)" in p.stderr, p.stderr
+    assert "cannot read /dev/zero: not a regular file (a character device)" in p.stderr, p.stderr
 
 
 # ---------------------------------------------------------------------------------------- 7
@@ -123,15 +128,15 @@ def test_a_truncated_or_corrupt_gz_keeps_every_whole_line_before_the_damage(tmp_
         assert n > 150, name
         plain = tmp_path / f"{name}.plain.log"
         plain.write_bytes(kept)
-        args = () if fold else ("--slot", "0")  # --slot: the Python replay reads the server
-        doc, want = doc_of(str(damaged), *args), doc_of(str(plain), *args)
+        doc, want = doc_of(str(damaged), fold=fold), doc_of(str(plain), fold=fold)
+        assert doc["reader"]["c_fold"] == (1 if fold else 0), doc["reader"]
         assert doc["lines_read"] == n == want["lines_read"], name
         assert _figures(doc) == _figures(want), name
         (why,) = [d["why"] for d in doc["damaged_files"]]
         assert "gzip" in why and f"{n:,} whole lines" in why, why
         if name == "corrupt-late":  # zlib sees it only at the member's checksum: said so
             assert zcat == before and "damaged somewhere" in why, why
-        text_out = cli(str(damaged), *args).stdout
+        text_out = cli(str(damaged), fold=fold).stdout
         assert f"damaged: {damaged}: " in text_out and f"{n:,} whole lines" in text_out, text_out
         parsed = logparse.parse(damaged)  # the library reads the same lines
         assert parsed.events == logparse.parse(plain).events and parsed.lines == n + (len(before) > len(kept)), name
@@ -266,7 +271,8 @@ def test_impossible_filters_are_usage_errors():
         p = cli(log, *args)
         assert p.returncode == 2 and why in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert p.stdout == ""
-    assert cli(log, "--since", "5", "--until", "5").returncode == 0  # an empty window is a question
+    empty = cli(log, "--since", "5", "--until", "5")  # an empty window is a question
+    assert empty.returncode == 0 and "warning" not in empty.stderr, empty.stderr
 
 
 def test_a_missing_file_prints_its_error_and_no_summary(tmp_path):
@@ -275,7 +281,5 @@ def test_a_missing_file_prints_its_error_and_no_summary(tmp_path):
     assert p.returncode == 2 and "cannot open" in p.stderr and missing in p.stderr, p.stderr
     assert "requests 0" not in p.stderr + p.stdout and "server " not in p.stderr + p.stdout
     good = str(LOGS / "llama-server" / "cram0-A-C-B-C.log")
-    p = cli(good, missing)
-    assert p.returncode == 0 and f"server {missing}" not in p.stdout and "unreadable: " + missing in p.stdout
-    doc = doc_of(good, missing)
-    assert [s["server"] for s in doc["servers"]] == [good] and doc["unreadable_files"][0]["path"] == missing
+    p = cli(good, missing)  # with a file that can be read: still an error, and no summary of the rest
+    assert p.returncode == 2 and p.stdout == "" and f"cannot read {missing}: cannot open" in p.stderr, p.stderr

@@ -98,17 +98,18 @@ def test_survives_hostile_input(tmp_path):
     good = gzip.compress((FIX / "llama.cpp-b11434" / "A-C.cram0.log").read_bytes() * 50)
     broken = tmp_path / "broken.log.gz"
     broken.write_bytes(good[: len(good) // 2] + b"\x00" * 64 + good[len(good) // 2 + 64:])
-    p = cli(*map(str, (cut, garbage, long, empty, unreadable, broken, tmp_path / "missing.log")), "--json")
+    p = cli(*map(str, (cut, garbage, long, empty, broken)), "--json")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     doc = json.loads(p.stdout)
     files = {Path(f["path"]).name: f for f in doc["files"]}
     assert files["cut.log"]["cut_last_line"] and files["cut.log"]["not_understood"] >= 1
     assert all(r["reused"] != 40 for r in doc["requests"])  # the cut number never becomes a value
-    assert files["broken.log.gz"]["damage"] and files["missing.log"]["error"]
-    if os.geteuid() != 0:
-        assert files["secret.log"]["error"]
-    only_bad = cli(str(tmp_path / "missing.log"))
-    assert only_bad.returncode == 2 and "Traceback" not in only_bad.stderr
+    assert files["broken.log.gz"]["damage"]
+    # a file that cannot be opened (missing, no permission) is an error: named, no summary
+    for bad in [tmp_path / "missing.log"] + ([unreadable] if os.geteuid() != 0 else []):
+        only_bad = cli(str(cut), str(bad))
+        assert only_bad.returncode == 2 and f"cannot read {bad}" in only_bad.stderr, only_bad.stderr
+        assert only_bad.stdout == "" and "Traceback" not in only_bad.stderr
     assert cli("--since", "yesterday-ish", str(cut)).returncode == 2
 
 
@@ -143,3 +144,60 @@ def test_dense_generated_logs_match_the_truth_too(tmp_path):
     assert doc["lines_not_understood"] == 0
     assert doc["overall"]["outcomes"] == truth["figures"]["outcomes"]
     assert doc["overall"]["failures"] == truth["figures"]["failures"]
+
+
+# ------------------------------------------------------------------ standard streams, missing files, verbosity
+
+A_B_A = FIX / "llama-server" / "cram8192-A-B-A.log"
+# what b11434 prints at TRACE level only (SLT_TRC / SRV_TRC in server-context.cpp): gone without -lv 4
+TRACE_ONLY = (b"new prompt, ", b"cached n_tokens", b"created context checkpoint", b"restored context checkpoint",
+              b"erased invalidated", b"forcing full prompt", b"checking sim", b"checking checkpoint",
+              b"saving prompt with", b"found better prompt", b"prompt with length", b"clearing prompt",
+              b"superseding context checkpoint", b"too close to an earlier one")
+
+
+def test_dash_reads_standard_input_plain_or_gzip_as_the_file_reads():
+    want = doc_of(str(A_B_A))
+    for data in (A_B_A.read_bytes(), gzip.compress(A_B_A.read_bytes())):
+        p = subprocess.run([sys.executable, "-m", "shadowlab", "logs", "--json", "-"], input=data,
+                           capture_output=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        got = json.loads(p.stdout)
+        assert got["overall"] == want["overall"] and got["servers"][0]["server"] == "-"
+        assert got["files"][0]["gzip"] == (data[:2] == b"\x1f\x8b")
+
+
+def test_trace_dash_writes_the_trace_to_standard_output_and_the_summary_to_standard_error(tmp_path):
+    p = cli(str(A_B_A), "--trace", "-")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert json.loads(lines[0])["format"] == "shadowlab-trace" and len(lines) == 1 + 3
+    assert all(json.loads(x)["server"] == str(A_B_A) for x in lines[1:])
+    assert "requests 3" in p.stderr
+    cli(str(A_B_A), "--trace", str(tmp_path / "t.jsonl"))
+    assert (tmp_path / "t.jsonl").read_text().splitlines() == lines  # the same lines as a file gets
+    both = cli(str(A_B_A), "--json", "--trace", "-")
+    assert both.returncode == 2 and "standard output" in both.stderr and not both.stdout
+
+
+def test_a_missing_file_is_an_error_without_a_summary(tmp_path):
+    for args in ([str(tmp_path / "gone.log")], [str(tmp_path / "gone.log"), str(A_B_A)], [str(tmp_path)]):
+        p = cli(*args)
+        assert p.returncode == 2, args
+        assert p.stdout == "" and f"cannot read {args[0]}" in p.stderr, p.stderr
+        assert "requests" not in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_log_without_lifecycle_lines_warns_with_the_verbosity_it_needs_and_exits_4(tmp_path):
+    quiet = tmp_path / "default-verbosity.log"  # the same server, as its default log level prints it
+    quiet.write_bytes(b"".join(line for line in A_B_A.read_bytes().splitlines(keepends=True)
+                               if not any(w in line for w in TRACE_ONLY)))
+    p = cli(str(quiet))
+    assert p.returncode == 4, p.stderr
+    assert "requests 3" in p.stdout  # the summary is written: its timing lines were read
+    assert "warning" in p.stderr and "-lv 4" in p.stderr and str(quiet) in p.stderr
+    doc = json.loads(cli(str(quiet), "--json").stdout)
+    assert [w["server"] for w in doc["warnings"]] == [str(quiet)]
+    both = cli(str(quiet), str(A_B_A), "--json")  # one server of two without them: said of that one
+    assert both.returncode == 4 and [w["server"] for w in json.loads(both.stdout)["warnings"]] == [str(quiet)]
+    assert cli(str(A_B_A)).returncode == 0 and "warning" not in cli(str(A_B_A)).stderr

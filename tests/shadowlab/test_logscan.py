@@ -9,6 +9,7 @@ digits too long for int64, NUL, CR, foreign bytes, other level letters and spaci
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import random
 from pathlib import Path
@@ -317,7 +318,9 @@ def test_garbage_with_trigger_words_parses_the_same_with_and_without_c(monkeypat
 # Python replay would compare Python with itself).
 
 
-def _three_ways(paths, monkeypatch):
+def _three_ways(paths, monkeypatch, options_of=None):
+    """The whole JSON document and the --trace text, three ways; `options_of()`: the filters
+    (logs.Options fields), made afresh for each way."""
     from shadowlab.logs import analysis as logs
 
     folded: list[str] = []
@@ -328,9 +331,17 @@ def _three_ways(paths, monkeypatch):
         folded.append(args[1])
         return out
 
-    def analyse():
-        return logs.analyse([str(p) for p in paths], logs.Options())
+    traces = []
 
+    def analyse():
+        options = logs.Options(**(options_of() if options_of else {}))
+        options.trace = io.StringIO()
+        doc = logs.analyse([str(p) for p in paths], options)
+        traces.append(options.trace.getvalue())
+        readers.append(doc.pop("reader"))  # which reader read it: the one thing that differs
+        return doc
+
+    readers: list[dict] = []
     monkeypatch.setattr(logs, "_server_fold", spy)
     docs = [analyse()]
     monkeypatch.setattr(logs, "_FOLD_BLOCK", 1 << 20)
@@ -339,6 +350,8 @@ def _three_ways(paths, monkeypatch):
     monkeypatch.setattr(lp, "_logscan", None)
     docs.append(analyse())
     monkeypatch.undo()
+    assert traces[0] == traces[1] == traces[2]  # --trace: the same lines, byte for byte
+    assert readers[0]["c_fold"] == len(folded) and readers[1]["c_fold"] == readers[2]["c_fold"] == 0
     return docs, folded
 
 
@@ -379,15 +392,19 @@ def test_fold_reads_generated_logs_as_the_python_replay_does(tmp_path, monkeypat
 
 @needs_c
 def test_fold_reads_the_real_captures_as_the_python_replay_does(monkeypatch):
-    """Every capture of a family the fold reads, one server each; those with prompt-cache lines
-    (which it leaves to Python) fall back and must still agree."""
-    paths = [p for p in ALL_LOGS if _family(p) != "ik_llama.cpp"]
+    """Every capture of a family the fold reads, one server each, and all of them as one log
+    (a restart between each): the fold reads every one itself, those with prompt-cache saves,
+    loads (`-cram 8192`) and idle-slot clears (`--cache-idle-slots`) too."""
+    paths = _fold_logs()
+    cache_lines = 0
     for path in paths:
         (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+        assert folded == [str(path)], path
         assert fold == replay == pure, path
-    (_, _, _), folded = _three_ways(paths, monkeypatch)
-    assert len(folded) >= 10, folded
-    assert not any("A-B-A" in f for f in folded)  # its `found better prompt` line: the Python replay
+        events = fold["overall"]["events"]
+        cache_lines += events["cache_saved"] + events["cache_loaded"]
+    assert cache_lines >= 20  # the prompt cache's lines were there, and read
+    assert any("np4-pinned" in str(p) for p in paths) and any("A-B-A" in str(p) for p in paths)
 
 
 def _shuffled(lines: list[bytes], rng: random.Random) -> list[bytes]:
@@ -434,8 +451,8 @@ def test_fold_reads_a_log_that_lost_repeated_and_reordered_lines_as_python_does(
 @needs_c
 def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to_python(tmp_path, monkeypatch):
     """A line the C reader hands back is read by logparse's Python readers and folded in its
-    place; a number past int64, a prompt-cache line or a slot clear makes the Python replay read
-    the server."""
+    place; a number past int64 makes the Python replay read the server. Prompt-cache lines and
+    slot clears are the fold's own, wherever they stand (here: between a request's lines)."""
     _make_prodlogs().generate(tmp_path, "b11434", seed=5, requests=60, slots=2, pieces=1, days=1)
     lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
     created = [k for k, line in enumerate(lines) if b"created context checkpoint" in line]
@@ -449,10 +466,9 @@ def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to
         "int past int64": (edited(created[3:4], b"n_tokens = ", b"n_tokens = " + b"9" * 20), False),
         "sim past int64": (edited(sims[2:3], b"id  ", b"id  " + b"3" * 20), False),
         "prompt cache": (edited(created[4:5], b"", b"0.00.000.000 I srv   prompt_save:  - saving prompt with length 9, "
-                                                     b"total state size = 1.000 MiB\n"), False),
-        # read by the C scan, but an idle slot emptied between tasks is Replay's rule
+                                                     b"total state size = 1.000 MiB\n"), True),
         "slot clear": (edited(created[4:5], b"", b"0.00.000.000 I slot prompt_clear: id  0 | task -1 | "
-                                                   b"clearing prompt with 9 tokens\n"), False),
+                                                   b"clearing prompt with 9 tokens\n"), True),
     }
     for name, (text, foldable) in cases.items():
         path = tmp_path / f"{name.replace(' ', '-')}.log"
@@ -554,3 +570,127 @@ def test_fold_reads_restarts_from_start_lines_as_the_python_replay_does(tmp_path
         assert fold == replay == pure, paths
         assert fold["servers"][0]["restarts"] == restarts, paths
         assert any("the server started again" in n for n in fold["servers"][0]["notes"])
+
+
+# ------------------------------------------------------------------ the prompt cache, filters, --trace
+
+CRAM_CAPTURES = [LOGS / "llama-server" / "cram8192-A-B-A.log", LOGS / "llama.cpp-b11434" / "A-B-A.cram8192.log",
+                 LOGS / "llama.cpp-b11434" / "A-B-C.cram8192.log",
+                 LOGS / "llama.cpp-b11434" / "msgs-A-B-C.cram8192_step256.log",
+                 LOGS / "llama.cpp-b11434-idle-slots" / "np4-pinned-cram8192.head422.log",
+                 LOGS / "reference" / "cram8192-A-B-A.log"]
+FILTERS = {  # name: logs.Options fields (durations: the fold's families have elapsed times)
+    "slot 0": lambda: {"slot": 0}, "slot 2": lambda: {"slot": 2},
+    "since": lambda: {"since": _logs().parse_time("2")}, "until": lambda: {"until": _logs().parse_time("3")},
+    "window": lambda: {"since": _logs().parse_time("1"), "until": _logs().parse_time("8")},
+    "date": lambda: {"since": _logs().parse_time("2026-01-01T00:00")},  # not applied: said in the notes
+}
+
+
+def _logs():
+    from shadowlab.logs import analysis
+
+    return analysis
+
+
+def _fold_logs() -> list[Path]:
+    """Every capture of a family the fold reads (as `shadowlab logs` recognises it)."""
+    logs = _logs()
+    return [p for p in ALL_LOGS if logs.sniff_family(str(p)) in logs._FOLD_FAMILIES]
+
+
+@needs_c
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_fold_reads_filters_and_trace_as_the_python_replay_does(monkeypatch, name):
+    """--slot, --since/--until and --trace go through the fold too: every capture it reads, one
+    server each, and the real captures concatenated into one log (a restart between each)."""
+    paths = _fold_logs()
+    for path in paths:
+        (fold, replay, pure), folded = _three_ways([path], monkeypatch, FILTERS[name])
+        assert folded == [str(path)] and fold == replay == pure, (name, path)
+    (fold, replay, pure), folded = _three_ways(paths, monkeypatch, FILTERS[name])
+    assert fold == replay == pure and len(folded) == len(paths)
+    if name == "date":
+        assert all("dates not applied" in s["notes"][0] for s in fold["servers"])
+    elif name != "slot 2":
+        assert 0 < fold["overall"]["requests"] < _three_ways(paths, monkeypatch)[0][0]["overall"]["requests"]
+
+
+@needs_c
+def test_fold_reads_prompt_cache_lines_in_any_order_as_the_python_replay_does(tmp_path, monkeypatch):
+    """The real `-cram 8192` captures (prompt-cache saves, `found better prompt` loads, idle-slot
+    saves and clears of four slots) with lines lost, repeated, reordered and moved to other
+    slots or tasks: every save, load and clear lands where Replay puts it (a held save a clear
+    names, a load of an entry another slot saved, an entry saved before the log began)."""
+    lines = b"".join(p.read_bytes() for p in CRAM_CAPTURES).splitlines(keepends=True)
+    rng = random.Random(20261202)
+    notes = []
+    for round_ in range(10):
+        path = tmp_path / f"cram{round_}.log"
+        path.write_bytes(b"".join(_shuffled(lines, rng)))
+        (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+        assert folded == [str(path)] and fold == replay == pure, round_
+        notes += fold["servers"][0]["notes"]
+        assert fold["overall"]["events"]["cache_loaded"] > 0, round_
+    assert any("saved before the log began" in n for n in notes), notes
+
+
+@needs_c
+def test_fold_keeps_at_most_max_saved_prompt_cache_entries_per_slot_as_replay_does(tmp_path, monkeypatch):
+    """A slot saved more entries than lifecycle.MAX_SAVED without loading them: the oldest went,
+    on both paths (a load of it then finds nothing and is noted)."""
+    from shadowlab.logs import lifecycle
+
+    head = "0.00.000.000 I "
+
+    def request(task: int, n: int) -> str:
+        slot = f"slot update_slots: id  0 | task {task} | "
+        return (f"{head}srv   prompt_save:  - saving prompt with length {n}, total state size = 1.000 MiB\n"
+                f"{head}{slot}new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = {n + 1}\n"
+                f"{head}{slot}created context checkpoint 1 of 64 (pos_min = 4, pos_max = 4, n_tokens = 5, "
+                f"size = 0.111 MiB)\n")  # one length: the ring holds one checkpoint (replaced)
+
+    n = lifecycle.MAX_SAVED + 3  # the C code's MAX_SAVED is generated from lifecycle's
+    load = (f"{head}srv          load:    - prompt with length {{n}}, lcp = 1, f_keep = 0.500, f_sim = 0.500\n"
+            f"{head}srv          load:  - found better prompt with f_keep = 0.500, f_sim = 0.500\n")
+    text = "".join(request(t, 10 + t) for t in range(n))
+    text += load.format(n=10) + request(n, 5) + load.format(n=20) + request(n + 1, 6)
+    path = tmp_path / "many-entries.log"
+    path.write_text(text)
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded and fold == replay == pure
+    notes = fold["servers"][0]["notes"]
+    assert sum("saved before the log began" in x for x in notes) == 1, notes  # entry 10 went; 20 was kept
+
+
+@needs_c
+def test_a_line_the_fold_cannot_hold_late_in_a_log_hands_over_without_writing_a_trace_line_twice(
+        tmp_path, monkeypatch):
+    """A number past int64 near the end: the Python replay reads the server (said in --json's
+    `reader`), and the trace lines the fold had written are not written again."""
+    text = b"".join(p.read_bytes() for p in CRAM_CAPTURES) * 30
+    line = text.rindex(b"created context checkpoint", 0, len(text) - 2000)
+    at = text.index(b"n_tokens = ", line) + len(b"n_tokens = ")
+    path = tmp_path / "late.log"
+    path.write_bytes(text[:at] + b"9" * 25 + text[at:])
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded == [] and fold == replay == pure
+    logs = _logs()
+    options = logs.Options()
+    options.trace = io.StringIO()
+    doc = logs.analyse([str(path)], options)
+    assert doc["reader"]["c_fold"] == 0 and "int64" in doc["reader"]["python_replay"][0]["why"], doc["reader"]
+    assert options.trace.getvalue().count("\n") == 1 + doc["overall"]["requests"]
+
+
+@needs_c
+def test_the_fold_reads_the_b11434_start_up_and_idle_slot_lines_itself(monkeypatch):
+    """Every line of the real b11434 captures the fold reads is read in C: none is handed back
+    to Python (a restart, an idle slot's save, a slot chosen by id cost no Python call)."""
+    logs = _logs()
+    paths = [p for p in ALL_LOGS if "b11434" in p.parent.name or p.parent.name == "llama-server"]
+    assert len(paths) >= 20
+    doc = logs.analyse([str(p) for p in paths], logs.Options())
+    # but one kind of line: the argument parser's warning about a repeated flag
+    warnings = sum(p.read_bytes().count(b"W DEPRECATED: argument '--ctx-checkpoints'") for p in paths)
+    assert doc["reader"] == {"c_fold": len(paths), "python_replay": [], "lines_handed_back": warnings}, doc["reader"]
