@@ -1304,10 +1304,12 @@ typedef struct { /* lifecycle.Served while it is read */
     int64_t not_own, not_own_min; /* what it erased of checkpoints made before it */
     cks_t alive_before;           /* kept only while its row may be shown, or with --trace */
     int64_t piece_line;           /* its piece's start (for the trace's line within its piece) */
+    int64_t shared_with;          /* the task whose prompt the slot held, NO_INT: None */
 } req_t;
 
 typedef struct { /* a prompt-cache entry saved from a slot: Ring.saved[key] */
     int64_t key; /* the entry's n_tokens, NO_INT: None */
+    int64_t owner; /* Ring.owners: the task whose prompt it holds, NO_INT: None */
     cks_t cks;
 } entry_t;
 
@@ -1319,6 +1321,7 @@ typedef struct {
 
 typedef struct {
     int64_t id, ring_seq, lcp_epoch, lcp, lcp_n, ebl_count, ebl_min, fig_order;
+    int64_t content; /* Ring.content: the task whose prompt the slot holds, NO_INT: None */
     int has_ring, has_ebl;
     cks_t alive;
     entry_t *saved; /* oldest first */
@@ -1380,6 +1383,7 @@ static slot_t *slot_of(fold_t *f, int64_t id)
     slot_t *s = &f->slots[f->n_slots++];
     memset(s, 0, sizeof *s);
     s->id = id;
+    s->content = NO_INT;
     s->lcp_epoch = -1;
     s->fig_order = -1;
     return s;
@@ -1798,12 +1802,12 @@ static int append_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt
                                          : Py_NewRef(Py_None);
     PyObject *source_obj = SOURCE_NAMES[source] ? PyUnicode_FromString(SOURCE_NAMES[source]) : Py_NewRef(Py_None);
     PyObject *row = Py_BuildValue(
-        "(NLLLLNNNNNsNNNNNOLLOOO)", opt_float(o->has_time, o->time), (long long)s->id, (long long)o->task,
+        "(NLLLLNNNNNsNNNNNOLLOOON)", opt_float(o->has_time, o->time), (long long)s->id, (long long)o->task,
         (long long)o->line, (long long)o->offset, opt_int(has_prompt, prompt), opt_int(source != S_NONE, shared),
         source_obj, opt_int(has_re, re_entry), opt_int(o->has_processed, o->processed), OUTCOME_NAMES[outcome],
         opt_float(o->has_processed, o->ms), ck_list(&o->alive_before), ck_list(&o->created), restored, erased,
         o->forced ? Py_True : Py_False, (long long)o->cache_saved, (long long)o->cache_loaded, placement ? Py_True : Py_False, retention ? Py_True : Py_False,
-        baseline ? Py_True : Py_False);
+        baseline ? Py_True : Py_False, opt_int(source != S_NONE && o->shared_with != NO_INT, o->shared_with));
     if (row == NULL)
         return -1;
     int r = PyList_Append(f->rows, row);
@@ -1897,7 +1901,11 @@ static int trace_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt,
         PUT(f, ",\"line\":") || put_int(f, o->line - o->piece_line) || PUT(f, ",\"prompt_tokens\":") ||
         put_opt_int(f, has_prompt, prompt) || PUT(f, ",\"shared_prefix\":") ||
         put_opt_int(f, source != S_NONE, shared) || PUT(f, ",\"shared_source\":") ||
-        (source != S_NONE ? put_str(f, SOURCE_NAMES[source]) : PUT(f, "null")) || PUT(f, ",\"reused\":") ||
+        (source != S_NONE ? put_str(f, SOURCE_NAMES[source]) : PUT(f, "null")) || PUT(f, ",\"shared_with\":") ||
+        put_opt_int(f, source != S_NONE && o->shared_with != NO_INT, o->shared_with) ||
+        PUT(f, ",\"shared_exact\":") ||
+        (source == S_NONE ? PUT(f, "null") : source != S_REENTRY ? PUT(f, "true") : PUT(f, "false")) ||
+        PUT(f, ",\"reused\":") ||
         put_opt_int(f, has_re, re_entry) || PUT(f, ",\"processed\":") ||
         put_opt_int(f, o->has_processed, o->processed) || PUT(f, ",\"outcome\":") ||
         put_str(f, OUTCOME_NAMES[outcome]) || PUT(f, ",\"prefill_ms\":") ||
@@ -2107,7 +2115,7 @@ static int ring_save(fold_t *f, slot_t *s, int64_t key)
     }
     s->saved = v;
     memcpy(copy, s->alive.v, (size_t)s->alive.n * sizeof *copy);
-    s->saved[s->n_saved++] = (entry_t){key, {copy, s->alive.n, s->alive.n ? s->alive.n : 1}};
+    s->saved[s->n_saved++] = (entry_t){key, s->content, {copy, s->alive.n, s->alive.n ? s->alive.n : 1}};
     f->saved_checkpoints += s->alive.n;
     if (s->n_saved > MAX_SAVED)
         entry_drop(f, s, 0);
@@ -2120,6 +2128,7 @@ static int ring_load(fold_t *f, slot_t *s, int64_t key, int64_t line)
     Py_ssize_t i = entry_find(s, key);
     if (i < 0) {
         s->alive.n = 0;
+        s->content = NO_INT;
         if (ring_note(f, s, "line %lld: prompt cache load of an entry saved before the log began", "", line) < 0) {
             f->fallback = "no memory for a note";
             return -1;
@@ -2128,6 +2137,7 @@ static int ring_load(fold_t *f, slot_t *s, int64_t key, int64_t line)
     }
     PyMem_Free(s->alive.v);
     s->alive = s->saved[i].cks;
+    s->content = s->saved[i].owner;
     f->saved_checkpoints -= s->alive.n;
     memmove(&s->saved[i], &s->saved[i + 1], (size_t)(s->n_saved - i - 1) * sizeof *s->saved);
     s->n_saved--;
@@ -2151,8 +2161,10 @@ static int slot_clear(fold_t *f, const ev_t *ev)
         if (ring && ring_save(f, s, ev->n) < 0)
             return -1;
     }
-    if (ring)
+    if (ring) {
         s->alive.n = 0;
+        s->content = NO_INT;
+    }
     if (s != NULL)
         s->lcp_epoch = -1; /* a `checking sim` line about the content just dropped */
     return 0;
@@ -2239,6 +2251,7 @@ static int start(fold_t *f, slot_t *s, const ev_t *ev)
         s->has_ring = 1;
         s->ring_seq = f->ring_seq++;
         s->alive.n = 0;
+        s->content = NO_INT;
         entries_clear(f, s);
         Py_CLEAR(s->notes);
     }
@@ -2254,6 +2267,8 @@ static int start(fold_t *f, slot_t *s, const ev_t *ev)
     }
     f->n_held = 0;
     f->last_save = -1;
+    o->shared_with = s->content; /* what it found; then the slot holds its own prompt */
+    s->content = ev->task;
     o->open = 1;
     o->fresh = fresh;
     o->has_lcp = s->lcp_epoch == f->epoch;
@@ -2426,10 +2441,13 @@ static int fold_event(fold_t *f, const ev_t *ev)
     case K_LOADED:
         if (ring_cache(f, s, kind, ev->n, ev->line) < 0)
             return -1;
-        if (kind == K_SAVED)
+        if (kind == K_SAVED) {
             o->cache_saved++;
-        else
+        } else { /* the slot's content is now the entry's: what this request shares with */
+            o->shared_with = s->content;
+            s->content = o->task;
             o->cache_loaded++;
+        }
         break;
     }
     return 0;

@@ -67,7 +67,7 @@ from shadowlab.errors import LogSourceError
 from shadowlab.results.records import terminal_safe
 
 VERSION = 1
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: shared_with, shared_exact (docs/trace.md)
 CHUNK = logparse.BLOCK_SIZE
 SNIFF = 1 << 16
 EVENT_COUNT_KINDS = (
@@ -751,7 +751,7 @@ def _reader_doc(readers: list[dict[str, Any]]) -> dict[str, Any]:
 # logs._row's fields of a request, in the order fold_finish gives its rows
 _FOLD_ROW = ("time", "slot", "task", "line", "offset", "prompt_tokens", "shared_prefix", "shared_source", "reused",
              "processed", "outcome", "prefill_ms", "alive_before", "created", "restored", "erase_counts", "forced",
-             "cache_saved", "cache_loaded", "placement", "retention", "baseline_loss")
+             "cache_saved", "cache_loaded", "placement", "retention", "baseline_loss", "shared_with")
 
 
 @dataclass(frozen=True)
@@ -969,6 +969,8 @@ def _row(server: str, r: Any, stream: _Stream | None = None) -> dict[str, Any]:
     return {
         "time": r.time, "server": server, "slot": r.slot, "task": r.task, "line": line,
         "prompt_tokens": r.prompt_tokens, "shared_prefix": r.shared_prefix, "shared_source": r.shared_source,
+        "shared_with": r.shared_with if r.shared_prefix is not None else None,
+        "shared_exact": None if r.shared_prefix is None else r.shared_source != "re_entry",
         "reused": r.reused, "processed": r.processed, "outcome": r.outcome, "prefill_ms": r.prefill_ms,
         "checkpoints": {
             "alive_before": [_ck(c) for c in r.alive_before],

@@ -165,6 +165,7 @@ class Request:
     retention: bool
     baseline_loss: bool
     notes: tuple[str, ...] = ()
+    shared_with: int | None = None  # the task whose prompt the slot held when shared_prefix was measured
 
     @property
     def erased(self) -> tuple[Any, ...]:
@@ -181,6 +182,7 @@ class Request:
             erased_cascade=tuple(r.erased_cascade), erased_other=tuple(r.erased_other),
             erase_counts=dict(r.erase_counts), cache_saved=r.cache_saved, cache_loaded=r.cache_loaded,
             placement=r.placement, retention=r.retention, baseline_loss=r.baseline_loss, notes=r.notes,
+            shared_with=r.shared_with,
         )
 
 
@@ -189,11 +191,15 @@ class Ring:
     maps n_tokens to the ``created`` event, oldest first: a slot holds one checkpoint per length
     (a new one at the same n_tokens replaces it), so every erase finds its checkpoint by key."""
 
-    __slots__ = ("alive", "saved", "notes", "max_notes")
+    __slots__ = ("alive", "saved", "owners", "content", "notes", "max_notes")
 
     def __init__(self, max_notes: int | None = 20) -> None:
         self.alive: dict[int, Any] = {}
         self.saved: dict[int | None, dict[int, Any]] = {}
+        # Whose prompt the slot holds (a task id; None: nothing, or unknown), and each saved
+        # entry's: a prompt-cache load brings that task's prompt back (the trace's shared_with).
+        self.content: int | None = None
+        self.owners: dict[int | None, int | None] = {}
         self.notes: list[str] = []
         # A production log that starts mid-stream repeats its notes for every slot: capped.
         # verdicts (a run's own log, read whole) keeps every one: None.
@@ -217,19 +223,24 @@ class Ring:
             self._note(f"line {ev.line}: {kind} of a checkpoint never seen created")
             return ev
         if kind == "cache_saved":  # a copy: the slot keeps its checkpoints until the cascade
-            saved = self.saved
+            saved, owners = self.saved, self.owners
             saved.pop(ev.n_tokens, None)  # saved again: now the newest
             saved[ev.n_tokens] = dict(alive)
+            owners[ev.n_tokens] = self.content
             if len(saved) > MAX_SAVED:
-                del saved[next(iter(saved))]
+                oldest = next(iter(saved))
+                del saved[oldest], owners[oldest]
         elif kind == "cache_loaded":  # the slot takes the entry's checkpoints instead of its own
             if ev.n_tokens in self.saved:
                 self.alive = self.saved.pop(ev.n_tokens)
+                self.content = self.owners.pop(ev.n_tokens)
             else:
                 self.alive = {}
+                self.content = None
                 self._note(f"line {ev.line}: prompt cache load of an entry saved before the log began")
         elif kind == CLEARED:  # emptied by the server: its checkpoints left with the save, or nowhere
             self.alive = {}
+            self.content = None
         return None
 
     def _note(self, text: str) -> None:
@@ -246,7 +257,7 @@ class Served:
         "slot", "task", "line", "offset", "time", "prompt_tokens", "prompt_derived", "shared_prefix",
         "shared_source", "re_entry", "reused", "processed", "prefill_ms", "outcome", "forced", "alive_before",
         "created", "restored", "erased_cascade", "erased_other", "erase_counts", "cache_saved", "cache_loaded",
-        "placement", "retention", "baseline_loss", "notes",
+        "placement", "retention", "baseline_loss", "notes", "shared_with",
         "n_prompt", "lcp", "trim", "fresh", "ring_notes",
     )
 
@@ -267,6 +278,7 @@ class Served:
         self.alive_before = alive
         self.fresh = fresh
         self.ring_notes = notes
+        self.shared_with: int | None = None
 
 
 class Replay:
@@ -371,10 +383,14 @@ class Replay:
             elif kind == "forced":
                 cur.forced = True
             elif kind in CACHE_KINDS:
-                self.rings[slot].apply(ev)
+                ring = self.rings[slot]
                 if kind == "cache_saved":
+                    ring.apply(ev)
                     cur.cache_saved += 1
-                else:
+                else:  # the slot's content is now the entry's: what this request shares with
+                    ring.apply(ev)
+                    cur.shared_with = ring.content
+                    ring.content = cur.task
                     cur.cache_loaded += 1
             elif kind == "shared_prefix" or kind == "checkpoint_check":
                 self._take_note(ev)
@@ -452,6 +468,7 @@ class Replay:
         o = Served(ev, self.clock(ev.offset) if self.clock else None, lcp, tuple(ring.alive.values()), fresh,
                    notes_before)
         o.cache_saved, o.cache_loaded = saved, loaded
+        o.shared_with, ring.content = ring.content, ev.task  # what it found; then its own prompt
         self._open[slot] = o
         self._last_task = max(self._last_task, ev.task)
         self._began = True

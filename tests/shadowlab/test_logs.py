@@ -47,7 +47,7 @@ def test_every_figure_matches_the_truth_across_rotated_gz_pieces_servers_and_slo
     assert f["shared_prefix"]["share_4096_or_more"] == t["share_4096_or_more"]
     assert f["avoidable_prefill_s"] == pytest.approx(t["avoidable_prefill_s"], abs=0.002)
     lines = (tmp_path / "t.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["version"] == 1 and len(lines) == 1 + t["requests"]
+    assert json.loads(lines[0])["version"] == 2 and len(lines) == 1 + t["requests"]
     for s, ts in zip(doc["servers"], truth["servers"]):  # per server, in time order across pieces
         assert s["figures"]["outcomes"] == ts["figures"]["outcomes"]
 
@@ -201,3 +201,44 @@ def test_a_log_without_lifecycle_lines_warns_with_the_verbosity_it_needs_and_exi
     both = cli(str(quiet), str(A_B_A), "--json")  # one server of two without them: said of that one
     assert both.returncode == 4 and [w["server"] for w in json.loads(both.stdout)["warnings"]] == [str(quiet)]
     assert cli(str(A_B_A)).returncode == 0 and "warning" not in cli(str(A_B_A)).stderr
+
+
+def _trace(tmp_path: Path, log: Path) -> list[dict]:
+    out = tmp_path / f"{log.stem}.jsonl"
+    assert cli(str(log), "--trace", str(out)).returncode == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0] == {"format": "shadowlab-trace", "version": 2, "time_unit": "s", "source": "shadowlab logs"}
+    return lines[1:]
+
+
+def test_a_prompt_cache_load_enters_the_trace_as_a_prefix_shared_with_the_request_it_saved(tmp_path):
+    """The real `-cram 8192` A→B→A capture: B evicted A into the RAM cache, the last A loaded it
+    back and reused 4,556 tokens. The trace says what the last A shared and with whom: 4,559
+    tokens (the engine's n_past) with task 0, the first A, not with B (99 tokens, nothing
+    shared): an ideal read from it is never below what the engine reused."""
+    for log in (A_B_A, FIX / "llama.cpp-b11434" / "A-B-A.cram8192.log"):
+        a, b, last = _trace(tmp_path, log)
+        assert (a["shared_with"], b["shared_with"], last["shared_with"]) == (None, a["task"], a["task"]), log
+        assert last["reused"] == 4556 and last["shared_prefix"] >= last["reused"] and last["shared_exact"], last
+        assert b["shared_prefix"] == 0 and b["shared_exact"]  # `checking sim = 0.000 (0/99)`: stated
+        assert a["shared_exact"] is False  # a first request: its 0 is no statement (a lower bound)
+    # the same server without its prompt-cache lines (a log that cannot say what was loaded):
+    # the last A is then read as following B, as the log reads, and the load is not invented
+    blind = tmp_path / "no-cache-lines.log"
+    blind.write_bytes(b"".join(line for line in A_B_A.read_bytes().splitlines(keepends=True)
+                               if b"prompt_save" not in line and b"srv          load:" not in line))
+    a, b, last = _trace(tmp_path, blind)
+    assert last["shared_with"] == b["task"] and last["checkpoints"]["cache_loaded"] == 0
+
+
+def test_idle_slot_saves_and_loads_across_four_slots_name_the_request_they_came_from(tmp_path):
+    """`--cache-idle-slots` with four pinned slots (real capture): each idle slot is saved and
+    cleared when a task starts; a request whose slot was cleared finds nothing (shared_with
+    null) unless a prompt-cache entry was loaded into it, which names the saved request."""
+    rows = _trace(tmp_path, FIX / "llama.cpp-b11434-idle-slots" / "np4-pinned-cram8192.head422.log")
+    tasks = {r["task"] for r in rows}
+    assert rows and all(r["shared_with"] is None or r["shared_with"] in tasks for r in rows)
+    loaded = [r for r in rows if r["checkpoints"]["cache_loaded"]]
+    assert all(r["shared_with"] is not None for r in loaded if r["shared_exact"]), loaded
+    for r in rows:  # never a shared prefix below what the engine reused
+        assert r["shared_prefix"] is None or r["reused"] is None or r["shared_prefix"] >= r["reused"], r
