@@ -10,9 +10,11 @@ setup(
     ext_modules=[
         Extension(
             "shadowlab.logs._logscan",
-            ["shadowlab/logs/_logscan.c"],
+            # the module, its line scanner and `shadowlab logs`' fold (shadowlab/logs/_logscan.h)
+            ["shadowlab/logs/_logscan.c", "shadowlab/logs/_logscan_scan.c", "shadowlab/logs/_logscan_fold.c"],
+            depends=["shadowlab/logs/_logscan.h", "shadowlab/logs/_logscan_constants.h"],
             optional=True,
-            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
         )
     ]
 )

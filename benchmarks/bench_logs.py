@@ -1,25 +1,29 @@
-"""shadowlab logs: lines/s on a large production-shaped log, side by side with grep / zcat | grep.
+"""shadowlab logs, the command, side by side with `grep -c` on real captures and a generated log.
 
-    python benchmarks/bench_logs.py [--gb 1.0] [--dense] [--repeat 3] [--dir /tmp/bench_logs]
+    python benchmarks/bench_logs.py [--real-gb 0.5] [--gb 1.0] [--repeat 3] [--dir /tmp/bench_logs]
+                                    [--only real|generated] [--dense] [--no-gz]
 
-Writes a b11434 log of the given size (scripts/make_prodlogs.py traffic, repeated; each copy
-starts again at task 0 and time 0, which the replay reads as a restart), its .gz, reads both once
-so that every command below reads from the page cache (said in the output), then times in the
-same run: `grep -c "context checkpoint"`, `shadowlab logs --json` (parse + replay + aggregation),
-`zcat | grep -c`, `shadowlab logs` on the .gz; and the peak RSS of `shadowlab logs` on the first
-0.1 GB and on the whole file (flat: within 50 MiB). Every output goes to a file: GNU grep
-given /dev/null as its output stops at the first match and times nothing.
+Two logs, each with a 0.1 GB head of its own (the peak RSS at 0.1 GB against the whole):
 
-Times are wall clock and CPU (user + sys) of each command: on a shared machine the wall clock
-mostly measures the other load, so the ratios are given for both. The plain-file pair (grep,
-then shadowlab) runs --repeat times, interleaved; the figures are the medians, every run listed. --dense: a log of the
-lifecycle lines only (0.72 events per line; a real server at -lv 4 prints about 0.4), the
-reader's worst case.
+- real: the project's real b11434 captures (tests/fixtures/logs/llama-server, llama.cpp-b11434*,
+  llama-server's defaults among them: `-cram 8192`, idle-slot saves and clears), one after
+  another and over again to --real-gb: a server restart (its own start-up lines) between each;
+- generated: scripts/make_prodlogs.py traffic repeated to --gb (each copy starts again at task
+  0 and time 0: a restart); --dense: its lifecycle lines only, the reader's worst case.
 
-shadowlab's modules are byte-compiled before the timing, as `pip install` does: where
-PYTHONDONTWRITEBYTECODE is set (this project's machines), every start would otherwise compile
-~20 modules from source (~0.3 s). The start-up alone (`shadowlab logs --help`: the interpreter
-and the CLI's imports) is timed too, since on 1 GB it is a fifth of the command.
+Each file is read once just before (every command reads from the page cache, said in the
+output). Then, interleaved --repeat times: `grep -c "context checkpoint"` writing to a pipe
+(GNU grep given /dev/null as its output stops at the first match and times nothing), and the
+command three ways: `shadowlab logs --json`, `shadowlab logs --trace FILE` (the summary and the
+trace written), `shadowlab logs --slot 0 --json` (a filter). The figures are the median of each
+(wall clock and CPU, user + sys: on a shared machine the wall clock mostly measures the other
+load, so the ratios are given for both; every run is listed), and the peak RSS of each mode on
+the 0.1 GB head and on the whole file (flat: within 50 MiB). The .gz of the generated log is
+read against `zcat | grep -c` once.
+
+shadowlab's modules are byte-compiled first, as `pip install` does (where PYTHONDONTWRITEBYTECODE
+is set, every start would otherwise compile them from source), and the start-up alone
+(`shadowlab logs --help`) is timed too. The load average before and after is printed.
 """
 
 from __future__ import annotations
@@ -36,8 +40,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_prodlogs  # noqa: E402
 
+CAPTURES = ROOT / "tests" / "fixtures" / "logs"
+MODES = (("--json", ("--json",)), ("--trace", ("--trace", "{trace}")), ("--slot 0", ("--slot", "0", "--json")))
 
-def build(path: Path, size: int, dense: bool) -> None:
+
+def real_captures() -> list[Path]:
+    """The real b11434 captures, in a fixed order."""
+    return sorted(CAPTURES.glob("llama-server/*.log")) + sorted(CAPTURES.glob("llama.cpp-b11434*/*.log"))
+
+
+def build_real(path: Path, size: int) -> int:
+    block = b"".join(p.read_bytes() for p in real_captures())
+    with open(path, "wb") as out:
+        while out.tell() < size:
+            out.write(block)
+    return len(real_captures())
+
+
+def build_generated(path: Path, size: int, dense: bool) -> None:
     seed_dir = path.parent / ("seed-dense" if dense else "seed")
     make_prodlogs.generate(seed_dir, "b11434", seed=0, requests=2000, slots=2, pieces=1, days=1, chatter=not dense)
     block = (seed_dir / "server0.log").read_bytes()
@@ -46,19 +66,27 @@ def build(path: Path, size: int, dense: bool) -> None:
             out.write(block)
 
 
+def head_of(big: Path, small: Path, size: int) -> None:
+    with open(big, "rb") as src, open(small, "wb") as dst:
+        dst.write(src.read(size).rsplit(b"\n", 1)[0] + b"\n")
+
+
 def timed(cmd: str, out: Path) -> tuple[float, float, int]:
     """(wall s, CPU s, peak RSS KiB) of a shell command whose stdout goes to `out`."""
     with open(out, "wb") as fh:
         p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", "sh", "-c", cmd], stdout=fh, stderr=subprocess.PIPE,
-                           text=True, check=True)
+                           text=True, check=False)
     wall, user, system, rss = p.stderr.strip().splitlines()[-1].split()
     return float(wall), float(user) + float(system), int(rss)
 
 
-def warm(path: Path) -> None:
+def warm(path: Path) -> int:
+    """Read it once (into the page cache); its line count."""
+    lines = 0
     with open(path, "rb") as fh:
-        while fh.read(8 << 20):
-            pass
+        while chunk := fh.read(8 << 20):
+            lines += chunk.count(b"\n")
+    return lines
 
 
 def median_run(runs: list[tuple[float, float, int]]) -> tuple[float, float, int]:
@@ -66,46 +94,72 @@ def median_run(runs: list[tuple[float, float, int]]) -> tuple[float, float, int]
     return sorted(runs, key=lambda r: r[1])[len(runs) // 2]
 
 
+def command(log: Path, args: tuple[str, ...], trace: Path) -> str:
+    return " ".join([sys.executable, "-m", "shadowlab", "logs", *(a.format(trace=trace) for a in args), str(log)])
+
+
+def bench(name: str, big: Path, small: Path, repeat: int, work: Path) -> None:
+    lines = warm(big)
+    warm(small)
+    out, trace = work / "out.txt", work / "trace.jsonl"
+    grep = f'grep -c "context checkpoint" {big} | cat'
+    runs: dict[str, list[tuple[float, float, int]]] = {"grep": [], **{m: [] for m, _ in MODES}}
+    for _ in range(repeat):  # interleaved: the load changes under all of them alike
+        runs["grep"].append(timed(grep, out))
+        for mode, args in MODES:
+            runs[mode].append(timed(command(big, args, trace), out))
+    heads = {mode: timed(command(small, args, trace), out) for mode, args in MODES}
+    g = median_run(runs["grep"])
+    print(f"\n{name}: {big.stat().st_size / 1e9:.2f} GB, {lines:,} lines; grep -c to a pipe: "
+          f"{g[0]:.2f} s wall, {g[1]:.2f} s CPU (runs: {', '.join(f'{r[1]:.2f}' for r in runs['grep'])})")
+    for mode, _ in MODES:
+        s = median_run(runs[mode])
+        print(f"  shadowlab logs {mode}: {s[0]:.2f} s wall, {s[1]:.2f} s CPU = {lines / s[1] / 1e6:.2f}M lines/s CPU; "
+              f"ratio {g[0] / s[0]:.2f}x wall, {g[1] / s[1]:.2f}x CPU (runs: "
+              f"{', '.join(f'{r[1]:.2f}' for r in runs[mode])}); peak RSS 0.1 GB {heads[mode][2] / 1024:.0f} MiB, "
+              f"whole {s[2] / 1024:.0f} MiB (+{(s[2] - heads[mode][2]) / 1024:.0f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--real-gb", type=float, default=0.5)
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--dense", action="store_true")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/bench_logs"))
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", choices=("real", "generated"), default=None)
+    ap.add_argument("--no-gz", action="store_true", help="skip the .gz of the generated log")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
-    big, small, res = a.dir / "big.log", a.dir / "small.log", a.dir / "out.txt"
-    build(big, int(a.gb * 1e9), a.dense)
-    with open(big, "rb") as src, open(small, "wb") as dst:
-        dst.write(src.read(int(0.1e9)).rsplit(b"\n", 1)[0] + b"\n")
-    with open(big, "rb") as src, gzip.open(str(big) + ".gz", "wb", compresslevel=1) as dst:
-        shutil.copyfileobj(src, dst, 8 << 20)
-    for p in (big, Path(str(big) + ".gz"), small):
-        warm(p)
     for package in (ROOT / "shadowlab", ROOT / "engine"):
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True, stdout=subprocess.DEVNULL)
-    with open(big, "rb") as fh:
-        lines = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(8 << 20), b""))
     load0 = os.getloadavg()
-    sl = f"{sys.executable} -m shadowlab logs --json"
-    pairs = [(timed(f'grep -c "context checkpoint" {big}', res), timed(f"{sl} {big}", res)) for _ in range(a.repeat)]
-    g, s = median_run([p[0] for p in pairs]), median_run([p[1] for p in pairs])
-    zg = timed(f'zcat {big}.gz | grep -c "context checkpoint"', res)
-    zs = timed(f"{sl} {big}.gz", res)
-    sm = timed(f"{sl} {small}", res)
-    start = timed(f"{sys.executable} -m shadowlab logs --help", res)
-    load1 = os.getloadavg()
-    print(f"log {big.stat().st_size / 1e9:.2f} GB ({'dense' if a.dense else 'realistic'}), {lines:,} lines, "
-          f"read from the page cache (each file read once just before); nproc {os.cpu_count()}; "
-          f"load average before {load0[0]:.2f}, after {load1[0]:.2f}")
-    for name, (gw, gc), (sw, sc) in (("grep -c", g[:2], s[:2]), ("zcat | grep -c", zg[:2], zs[:2])):
-        print(f"{name}: {gw:.2f} s wall, {gc:.2f} s CPU; shadowlab logs: {sw:.2f} s wall, {sc:.2f} s CPU = "
-              f"{lines / sw / 1e6:.2f}M lines/s wall, {lines / sc / 1e6:.2f}M lines/s CPU; "
-              f"ratio {gw / sw:.2f}x wall, {gc / sc:.2f}x CPU")
-    print("runs (CPU s, grep / shadowlab): " + ", ".join(f"{x[1]:.2f} / {y[1]:.2f}" for x, y in pairs))
+    print(f"nproc {os.cpu_count()}; load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
+          "every file read from the page cache (each read once just before)")
+    start = timed(f"{sys.executable} -m shadowlab logs --help", a.dir / "out.txt")
     print(f"start-up (shadowlab logs --help): {start[0]:.2f} s wall, {start[1]:.2f} s CPU")
-    print(f"peak RSS: 0.1 GB {sm[2] / 1024:.0f} MiB, {a.gb} GB {s[2] / 1024:.0f} MiB (.gz {zs[2] / 1024:.0f} MiB), "
-          f"difference {(s[2] - sm[2]) / 1024:.0f} MiB")
+    if a.only in (None, "real"):
+        real, real_head = a.dir / "real.log", a.dir / "real-0.1.log"
+        n = build_real(real, int(a.real_gb * 1e9))
+        head_of(real, real_head, int(0.1e9))
+        bench(f"real captures ({n} b11434 captures over and over, a restart between each)", real, real_head,
+              a.repeat, a.dir)
+    if a.only in (None, "generated"):
+        big, small = a.dir / "generated.log", a.dir / "generated-0.1.log"
+        build_generated(big, int(a.gb * 1e9), a.dense)
+        head_of(big, small, int(0.1e9))
+        bench(f"generated ({'dense' if a.dense else 'realistic'}, make_prodlogs.py)", big, small, a.repeat, a.dir)
+        if not a.no_gz:
+            gz = Path(str(big) + ".gz")
+            with open(big, "rb") as src, gzip.open(gz, "wb", compresslevel=1) as dst:
+                shutil.copyfileobj(src, dst, 8 << 20)
+            warm(gz)
+            zg = timed(f'zcat {gz} | grep -c "context checkpoint"', a.dir / "out.txt")
+            zs = timed(command(gz, ("--json",), a.dir / "trace.jsonl"), a.dir / "out.txt")
+            print(f"  .gz: zcat | grep -c {zg[0]:.2f} s wall, {zg[1]:.2f} s CPU; shadowlab logs --json {zs[0]:.2f} s "
+                  f"wall, {zs[1]:.2f} s CPU; ratio {zg[0] / zs[0]:.2f}x wall; peak RSS {zs[2] / 1024:.0f} MiB")
+    load1 = os.getloadavg()
+    print(f"\nload average after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     return 0
 
 

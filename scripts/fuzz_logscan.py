@@ -2,7 +2,7 @@
 
     python scripts/fuzz_logscan.py [--rounds 300] [--seed 1]
 
-Engine logs are untrusted text, and shadowlab/logs/_logscan.c reads them with pointers. This script
+Engine logs are untrusted text, and shadowlab/logs/_logscan*.c read them with pointers. This script
 compiles the C file with -fsanitize=address,undefined into a temporary directory, re-runs itself
 under the sanitizer runtime (LD_PRELOAD), and feeds the sanitized build random logs: real
 fixture lines, the same lines with random bytes spliced in, and random bytes around trigger
@@ -26,13 +26,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "logs"
+SOURCES = [ROOT / "shadowlab" / "logs" / name for name in ("_logscan.c", "_logscan_scan.c", "_logscan_fold.c")]
 
 
 def build(into: Path) -> Path:
     target = into / "_logscan_sanitized.so"
     subprocess.run(
         ["gcc", "-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-std=c11", "-shared",
-         "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(ROOT / "shadowlab" / "_logscan.c"), "-o", str(target)],
+         "-fPIC", f"-I{sysconfig.get_paths()['include']}", *map(str, SOURCES), "-o", str(target)],
         check=True,
     )
     return target

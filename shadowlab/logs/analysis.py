@@ -62,7 +62,7 @@ from operator import add, attrgetter, lshift, sub, truediv
 from types import SimpleNamespace
 from typing import Any, TextIO
 
-from shadowlab.logs import lifecycle, parse as logparse
+from shadowlab.logs import accel, lifecycle, parse as logparse
 from shadowlab.errors import LogSourceError
 from shadowlab.results.records import terminal_safe
 
@@ -70,10 +70,7 @@ VERSION = 1
 TRACE_VERSION = 2  # 2: shared_with, shared_exact (docs/trace.md)
 CHUNK = logparse.BLOCK_SIZE
 SNIFF = 1 << 16
-EVENT_COUNT_KINDS = (
-    "created", "restored", "erased_invalidated", "erased_old", "erased_too_close", "erased_superseded",
-    "forced", "cache_saved", "cache_loaded",
-)
+EVENT_COUNT_KINDS = accel.EVENT_COUNT_KINDS
 PERCENTILES = (("min", 0), ("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90), ("max", 100))
 LARGE_SHARED = 4096
 TIME_BINS = 48
@@ -749,9 +746,7 @@ def _reader_doc(readers: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # logs._row's fields of a request, in the order fold_finish gives its rows
-_FOLD_ROW = ("time", "slot", "task", "line", "offset", "prompt_tokens", "shared_prefix", "shared_source", "reused",
-             "processed", "outcome", "prefill_ms", "alive_before", "created", "restored", "erase_counts", "forced",
-             "cache_saved", "cache_loaded", "placement", "retention", "baseline_loss", "shared_with")
+_FOLD_ROW = accel.FOLD_ROW
 
 
 @dataclass(frozen=True)
@@ -763,6 +758,8 @@ class _Ck:
 
 def _fold_row(values: tuple) -> Any:
     """A row of fold_finish as the request _row reads (attributes, checkpoints with positions)."""
+    if len(values) != len(_FOLD_ROW):  # accel.FOLD_ROW and the C code's row disagree: a stale build
+        raise RuntimeError(f"the C fold's rows have {len(values)} fields, accel.FOLD_ROW {len(_FOLD_ROW)}")
     r = dict(zip(_FOLD_ROW, values))
     r["alive_before"] = [_Ck(*c) for c in r["alive_before"]]
     r["created"] = [_Ck(*c) for c in r["created"]]
@@ -845,10 +842,16 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
 
 
 def _write_trace(trace: TextIO, text: bytes) -> int:
-    """The fold's trace lines (ASCII JSON): the number of lines written."""
+    """The fold's trace lines (ASCII JSON): the number of lines written. To a file's binary layer
+    when it has one (no decoding and encoding again), after what its text layer holds."""
     if not text:
         return 0
-    trace.write(text.decode("ascii"))
+    raw = getattr(trace, "buffer", None)
+    if raw is not None:
+        trace.flush()
+        raw.write(text)
+    else:
+        trace.write(text.decode("ascii"))
     return text.count(b"\n")
 
 

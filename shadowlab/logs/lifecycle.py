@@ -89,9 +89,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-BASELINE_TOKENS = 512
-OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
-ERASE_KINDS = ("erased_invalidated", "erased_old", "erased_too_close", "erased_superseded")
+from shadowlab.logs import accel
+
+BASELINE_TOKENS = accel.BASELINE_TOKENS
+OUTCOMES = accel.OUTCOMES
+ERASE_KINDS = accel.ERASE_KINDS
 CACHE_KINDS = ("cache_saved", "cache_loaded")
 CLEARED = "prompt_cleared"  # b11434's `clearing prompt with N tokens`: the slot's ring empties
 STARTED = "server_start"  # the server's start-up line (`model loaded`): a new process
@@ -102,8 +104,8 @@ _HELD = HELD_KINDS
 # Prompt-cache entries one slot's ring keeps (the oldest saved goes first): llama-server's RAM
 # cache holds far fewer (its -cram MiB and token limits), and a log that saves without ever
 # loading must not grow the replay without bound.
-MAX_SAVED = 4096
-_PENDING_CHECKS = 4096  # `checking checkpoint` notes of tasks not closed yet (a hostile log: dropped)
+MAX_SAVED = accel.MAX_SAVED
+_PENDING_CHECKS = accel.PENDING_CHECKS  # `checking checkpoint` notes of tasks not closed yet
 _NONE: Any = object()  # "no request being read"
 
 
@@ -193,7 +195,7 @@ class Ring:
 
     __slots__ = ("alive", "saved", "owners", "content", "notes", "max_notes")
 
-    def __init__(self, max_notes: int | None = 20) -> None:
+    def __init__(self, max_notes: int | None = accel.MAX_NOTES) -> None:
         self.alive: dict[int, Any] = {}
         self.saved: dict[int | None, dict[int, Any]] = {}
         # Whose prompt the slot holds (a task id; None: nothing, or unknown), and each saved
@@ -445,7 +447,7 @@ class Replay:
         self._began = True
         if note is not None:
             self.restarts += 1
-            if len(self.notes) < 20:
+            if len(self.notes) < accel.MAX_NOTES:
                 self.notes.append(note)
         self._last_task = -1
 

@@ -80,12 +80,13 @@ from operator import lshift as _shift, or_ as _or
 from typing import Any, BinaryIO, ClassVar, Union
 
 from shadowlab.errors import LogSourceError
+from shadowlab.logs import accel
 
 try:  # the optional C accelerator of the fast path (setup.py builds it when a compiler exists)
     from shadowlab.logs import _logscan
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
     _logscan = None
-_ACCEL_ABI = 8  # shadowlab/logs/_logscan.c LOGSCAN_ABI: the scan() (and fold_*) this file expects
+_ACCEL_ABI = accel.ABI  # the C code's LOGSCAN_ABI (generated from accel.py): the scan() and fold_* expected
 
 
 def _usable(module: Any) -> Any:
@@ -105,8 +106,8 @@ BLOCK_SIZE = 8 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_STEP = 1 << 16  # compressed bytes read at a time (a corrupt stream is salvaged up to the error)
 GZIP_OUT = 1 << 20  # text decompressed ahead at most: a gzip bomb costs time, not memory
-MAX_LINE = 1 << 20
-LOOK_BACK = 1 << 16  # how far `found better prompt` looks back for its prompt-cache candidate
+MAX_LINE = accel.MAX_LINE
+LOOK_BACK = accel.LOOK_BACK  # how far `found better prompt` looks back for its prompt-cache candidate
 MAX_SAMPLES = 5
 # What a matrix `log_patterns` regex sees of a line: its backtracking is its author's, so a
 # hostile line can cost it at most this much text, not MAX_LINE (real lines are < 600 chars).
@@ -401,7 +402,8 @@ _ACCEL_CLASSES = (
     PromptCacheSaved, PromptCacheLoaded, PromptCleared, ServerStart,
 )
 _ACCEL_KINDS = ACCEL_KINDS = tuple(cls.kind for cls in _ACCEL_CLASSES)  # public: logs' fold numbers them
-_ACCEL_METHODS = ("lru", "lcp", "id")
+_ACCEL_METHODS = accel.METHODS
+assert _ACCEL_KINDS == accel.KIND_NAMES  # the C code's `enum kind` is generated from accel.KINDS
 
 
 def folder() -> Any:
@@ -1465,7 +1467,7 @@ def _fast(pattern: bytes) -> Any:
 
 
 # Per scan word: (regex with the strict branches, regex without them); None: none.
-_SCAN_WORDS = (b"checkpoint", b"prompt", b"memory_seq_rm", b"kv cache rm", b"selected slot by", b"model loaded")
+_SCAN_WORDS = tuple(word for word, _ in accel.SCAN_WORDS)  # the C code's `enum word`
 _W_CK, _W_PROMPT, _W_TRIM, _W_KV, _W_SELECTED, _W_STARTED = range(6)
 _FAST_BY_WORD = (
     (_fast(_CK_ANY + _CK_STRICT), _fast(_CK_ANY)),

@@ -1,0 +1,123 @@
+/* The parts of shadowlab.logs._logscan shared by its three files (the accelerator of the log
+ * parser; shadowlab/logs/parse.py, lifecycle.py and analysis.py are its specification):
+ *
+ *   _logscan.c        the module: its functions and its ABI number
+ *   _logscan_scan.c   scan(): the line scanner (trigger search, line shapes, event records)
+ *   _logscan_fold.c   fold_*(): `shadowlab logs`' replay of a b11434 log over the scanner
+ *
+ * Their shared constants (event kinds, scan words, ABI, limits, field positions) are in
+ * _logscan_constants.h, generated from shadowlab/logs/accel.py by
+ * scripts/gen_logscan_constants.py. Functions shared between the files are hidden from other
+ * shared objects (-fvisibility=hidden in setup.py): only PyInit__logscan is exported. */
+#ifndef SHADOWLAB_LOGSCAN_H
+#define SHADOWLAB_LOGSCAN_H
+
+#define _GNU_SOURCE /* memrchr */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "_logscan_constants.h" /* kinds, words, ABI, limits, field positions: from accel.py */
+
+#define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
+#define MAX_FLOAT 40       /* characters of a decimal number read here */
+#define NO_INT INT64_MIN   /* an optional integer group that did not match */
+#define NEED_PY (INT64_MIN + 1) /* only Python can tell: the line goes back to it */
+
+typedef const unsigned char *cp;
+
+static inline cp lit(cp p, cp e, const char *s, size_t n)
+{
+    if (p == NULL || (size_t)(e - p) < n || memcmp(p, s, n) != 0)
+        return NULL;
+    return p + n;
+}
+#define LIT(p, e, s) lit((p), (e), (s), sizeof(s) - 1)
+
+static inline int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+/* one or more spaces */
+static inline cp spaces(cp p, cp e)
+{
+    if (p == NULL || p >= e || *p != ' ')
+        return NULL;
+    while (p < e && *p == ' ')
+        p++;
+    return p;
+}
+
+typedef struct {
+    cp at; /* where the trigger starts, NULL: none */
+    int word;
+} hit_t;
+
+/* The first trigger in [p, e) of the region [s, e); the loads may read up to `readable`. */
+typedef hit_t (*search_fn)(cp s, cp e, cp p, cp readable);
+
+#if defined(__GNUC__) && defined(__x86_64__)
+/* SSE2 is part of x86-64; AVX2 is compiled separately and picked at run time. Elsewhere the
+ * scalar search runs (same results, slower). */
+#define VECTOR_SEARCH 1
+#include <immintrin.h>
+typedef unsigned char v16 __attribute__((vector_size(16)));
+typedef unsigned char v32 __attribute__((vector_size(32)));
+#define MASK16(hit) ((uint32_t)_mm_movemask_epi8((__m128i)(hit)))
+#define MASK32(hit) ((uint32_t)_mm256_movemask_epi8((__m256i)(hit)))
+#endif
+
+/* ------------------------------------------------------------------ records
+ * The search and the line parsers run without the GIL (find()): a line's fields become typed
+ * values in a record, and build() turns records into Python objects later. */
+
+enum vtype { V_NONE, V_FALSE, V_INT, V_FLOAT, V_FLOAT_TEXT, V_LRU, V_LCP, V_ID };
+
+#define MAX_VALUES 10 /* the fields after line and offset (CheckpointCreated has 10) */
+
+/* R_BENIGN: a line Python's tolerant path does not understand but knows harmless (ignored);
+ * R_KNOWN: one it understands as no event (a candidate, not ignored) */
+enum result { R_SLOW, R_EVENT, R_BENIGN, R_KNOWN };
+
+/* A record is small (a block holds ~50,000): each value is a type and 64 bits, the integer, the
+ * double's bits, or for V_FLOAT_TEXT the text's position in the buffer << 8 | its length. */
+typedef struct {
+    int64_t line;                 /* newlines before the line in its region */
+    int64_t start, stop;          /* the line in the buffer */
+    int8_t result, kind, word, n; /* result: R_SLOW or R_EVENT */
+    uint8_t type[MAX_VALUES];
+    int64_t v[MAX_VALUES];
+} rec_t;
+
+typedef struct {
+    cp body; /* the buffer: float texts point into it */
+    cp from; /* the region's start: `found better prompt` looks back to it, Python further */
+} ctx_t;
+
+#define BATCH 2048 /* records read before their objects are built: they stay in the CPU's cache */
+
+typedef struct {
+    rec_t recs[BATCH]; /* the event and slow lines of this batch, in order */
+    Py_ssize_t n;
+    cp p;        /* where the search goes on */
+    cp counted;  /* the newlines before it are in `newlines` */
+    int64_t newlines;
+    Py_ssize_t candidates, ignored; /* benign lines counted here; events by the builder */
+    Py_ssize_t max;                 /* records per batch: BATCH, or fewer for the fold */
+} finder_t;
+
+/* ------------------------------------------------------------------ shared between the files */
+
+/* _logscan_scan.c */
+search_fn pick_search(int search);
+cp line_start(cp low, cp at);
+cp rfind(cp low, cp end, const char *needle, size_t n);
+int find_batch(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search);
+PyObject *scan(PyObject *self, PyObject *args);
+/* _logscan_fold.c */
+PyObject *fold_new(PyObject *self, PyObject *args);
+PyObject *fold_block(PyObject *self, PyObject *args);
+PyObject *fold_events(PyObject *self, PyObject *args);
+PyObject *fold_finish(PyObject *self, PyObject *args);
+PyObject *fold_trace(PyObject *self, PyObject *args);
+
+#endif
