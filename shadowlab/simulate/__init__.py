@@ -238,12 +238,7 @@ def summary(doc: dict[str, Any]) -> str:
     for p in doc["policies"]:
         cls = p["by_turn_class"]
         lines.append(f"    {p['policy']}: " + "; ".join(_class_cell(cls[c]) for c in TURN_CLASSES if cls[c]["turns"]))
-    for p in doc["policies"]:
-        refused = p.get("refused") or {}
-        if refused.get("requests"):
-            lines.append(f"  {p['policy']}: {refused['requests']:,} request(s) refused, {refused['prompt_tokens']:,} "
-                         f"prompt tokens: a prompt of n_ctx = {refused['n_ctx']:,} tokens or more is answered with "
-                         "HTTP 400 exceed_context_size_error, nothing computed (set n_ctx to the server's -c)")
+    lines += _refused_lines(doc["policies"])
     for p in doc["policies"]:
         late = p["timing_dependent_turns"]
         if late:
@@ -259,6 +254,21 @@ def summary(doc: dict[str, Any]) -> str:
     lines += [f"  note: {n}" for n in doc["notes"]]
     lines += [f"  skipped: {s}" for s in doc["skipped"][:20]]
     return "\n".join(lines) + "\n"
+
+
+def _refused_lines(policies: Sequence[dict[str, Any]]) -> list[str]:
+    """Prompts a policy's context cannot hold: one line per distinct figure, naming its policies."""
+    groups: dict[tuple[int, int, int], list[str]] = {}
+    for p in policies:
+        r = p.get("refused") or {}
+        if r.get("requests"):
+            groups.setdefault((r["requests"], r["prompt_tokens"], r["n_ctx"]), []).append(p["policy"])
+    out = []
+    for (n, tokens, n_ctx), names in groups.items():
+        who = "every policy" if len(names) == len(policies) > 1 else ", ".join(names)
+        out.append(f"  refused ({who}): {n:,} request(s), {tokens:,} prompt tokens, {n_ctx:,} tokens or more "
+                   "(n_ctx): the engine answers HTTP 400 exceed_context_size_error and computes nothing")
+    return out
 
 
 def _bound_words(doc: dict[str, Any]) -> str:

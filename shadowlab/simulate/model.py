@@ -3,10 +3,12 @@
 A token-level model over segments (shadowlab/traffic/__init__.py; no token list is built) of the cache
 mechanics of the two engines shadowlab replays on, rule for rule (docs/DESIGN.md §10):
 
-- the reference engine (engine/shadowlab_engine/checkpoints.py is the source of truth; its
-  placement function `plan_checkpoints` and restore rule `newest_within` are imported, not
-  copied): slot selection by LCP similarity / LRU, `-cram` save and load, the affinity and
-  retention fixes, restore, cascade (`pos_max >= re-entry`), ring eviction;
+- the reference engine (engine/shadowlab_engine/checkpoints.py is the source of truth; the
+  rules both share, checkpoint placement `plan_checkpoints` and the prompt-cache entry choice
+  `choose_entry`, live in the neutral package `shadowlab_cache` that both import, so nothing is
+  copied and the harness never imports the engine): slot selection by LCP similarity / LRU,
+  `-cram` save and load, the affinity and retention fixes, restore (newest checkpoint with
+  n_tokens <= n_past), cascade (`pos_max >= re-entry`), ring eviction;
 - llama.cpp b11434's llama-server (tools/server/server-context.cpp, server-task.cpp): the
   prompt batch loop that places checkpoints at batch starts (L-4-n_ubatch, L-4, user-message
   starts, `--checkpoint-min-step`), the restore search, the cascade (`pos_max > pos_next`),
@@ -29,7 +31,7 @@ from typing import Any
 from shadowlab import traffic
 from shadowlab.errors import TrafficError
 from shadowlab.traffic import Request, Segment, common_prefix, truncate
-from shadowlab_engine.checkpoints import CacheConfig, choose_entry, plan_checkpoints
+from shadowlab_cache import CacheConfig, choose_entry, plan_checkpoints
 
 # "refused": the prompt does not fit the policy's context (n_ctx); nothing was computed for it.
 OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset", "refused")

@@ -227,4 +227,19 @@ def test_prompts_beyond_the_context_are_refused_and_counted(capsys, tmp_path):
     path = tmp_path / "m.jsonl"
     traffic.write_mooncake(requests, path)
     assert run_cli(str(path), "--policy", "llama-1slot:n_ctx=4096") == 0
-    assert "1 request(s) refused, 5,000 prompt tokens" in capsys.readouterr().out
+    assert "refused (llama-1slot:n_ctx=4096): 1 request(s), 5,000 prompt tokens" in capsys.readouterr().out
+
+
+def test_the_harness_does_not_import_the_engine_under_test():
+    """The simulator and the split controls take the cache rules from the neutral shadowlab_cache,
+    which the reference engine imports too (issue 22 step 4)."""
+    code = ("import shadowlab_cache, shadowlab_engine.checkpoints as c; "
+            "assert c.plan_checkpoints is shadowlab_cache.plan_checkpoints; "
+            "assert c.choose_entry is shadowlab_cache.choose_entry and c.CacheConfig is shadowlab_cache.CacheConfig")
+    first = subprocess.run([sys.executable, "-c", "import sys, shadowlab.simulate, shadowlab.judge.splits; "
+                            "print(sorted(m for m in sys.modules if m.startswith('shadowlab_engine')))"],
+                           capture_output=True, text=True, cwd=REPO)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "[]"
+    both = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert both.returncode == 0, both.stderr
