@@ -195,8 +195,8 @@ def _notes(fmt: str, cell: RunCell | None = None) -> list[str]:
                          "MiB per token")
     if fmt == "trace":
         notes.append("a logs trace states only the prefix each request shared with its slot's previous "
-                     "request (or with the prompt-cache entry it loaded): the ideal is that one, and no "
-                     "request names a conversation (affinity treats every request as an interloper)")
+                     "request (or with the prompt-cache entry it loaded): the ideal is that one, a lower bound, "
+                     "and the trace names no conversation (they are inferred from those prefixes)")
     return notes
 
 
