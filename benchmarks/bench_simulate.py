@@ -50,10 +50,11 @@ def shape_file(scale: int, folder: Path) -> Path:
     return path
 
 
-def run(args: list[str]) -> dict[str, Any]:
+def run(args: list[str], tree: Path = REPO) -> dict[str, Any]:
     """Wall seconds, CPU seconds (user + system, its worker processes included) and peak RSS (MiB,
-    the largest of it and its workers) of one `shadowlab simulate`, and what it printed."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "engine"),
+    the largest of it and its workers) of one `shadowlab simulate` of `tree`'s code, and what it
+    printed."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "engine"),
                                                        os.environ.get("PYTHONPATH", "")]))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
@@ -79,6 +80,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="3,29,286", help="case-study scales (x3,500 requests)")
     ap.add_argument("--sweep-scale", type=int, default=29)
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--before", type=Path, default=None, metavar="TREE",
+                    help="also run each size with TREE's code (an older checkout), side by side")
     args = ap.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"python {platform.python_version()}; {load()}")
@@ -94,6 +97,11 @@ def main() -> None:
             print(f"x{scale:>3}: {n:>9,} requests  wall {r['wall_s']:7.1f} s  CPU {cpu:7.1f} s  "
                   f"{n / cpu:8,.0f} requests/s CPU  {n / r['wall_s']:8,.0f} requests/s wall  "
                   f"peak RSS {r['maxrss_mib']:6.0f} MiB   ({load()})", flush=True)
+            if args.before is not None:
+                b = run([str(shape_file(scale, folder)), "--policy", "baseline"], args.before)
+                print(f"      before ({args.before}): CPU {b['cpu_s']:7.1f} s, peak RSS {b['maxrss_mib']:6.0f} MiB; "
+                      f"now / before: CPU x{cpu / b['cpu_s']:.2f}, RSS x{r['maxrss_mib'] / b['maxrss_mib']:.2f}",
+                      flush=True)
         for (s0, n0, _, c0, _), (s1, n1, _, c1, _) in zip(rows, rows[1:]):
             print(f"x{s0} -> x{s1}: requests x{n1 / n0:.1f}, CPU x{c1 / c0:.1f} (linear: the same ratio)")
         if args.skip_sweep:

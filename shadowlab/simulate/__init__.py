@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import sys
 from collections.abc import Iterable, Sequence
@@ -27,6 +26,7 @@ from shadowlab.errors import ShadowlabError, TrafficError
 from shadowlab.simulate.model import (MIB, OUTCOMES, PRESETS, TURN_CLASSES, Policy, Turn, _params, parse_policy,
                                       simulate, turn_class)
 from shadowlab.simulate import sweep
+from shadowlab.simulate.sources import open_source
 from shadowlab.simulate.tally import PolicyTally, ShapeRun, one_pass, policy_doc, versus
 
 __all__ = ["JSON_VERSION", "MIB", "OUTCOMES", "PRESETS", "TURN_CLASSES", "Policy", "RunCell", "Turn", "main",
@@ -428,29 +428,6 @@ def sweep_summary(doc: dict[str, Any]) -> str:
                  f"against {first}; knee: {sw['knee_rule']})")
     lines += [f"  note: {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
-
-
-def open_source(path: Path | str) -> tuple[traffic.Loaded | traffic.Stream, Any]:
-    """A traffic source as a stream, and the conversation inference when it needed one. A traffic
-    that names no conversation (a public hash-id trace, a logs trace) gets inferred ones
-    (shadowlab/traffic/infer.py): the by-turn-class figures and the affinity key then use them,
-    and every output says "inferred". The inference needs the whole traffic, so such a traffic
-    is held in memory; one that names a conversation streams from its first such request on."""
-    from shadowlab.traffic import infer as traffic_infer
-
-    stream = traffic.stream(path)
-    rest = iter(stream.requests)
-    head = []
-    for r in rest:
-        head.append(r)
-        if r.conversation is not None:
-            stream.requests = itertools.chain(head, rest)
-            return stream, None
-    stream.requests = iter(head)
-    loaded = stream.loaded()
-    if not traffic_infer.needs_inference(loaded):
-        return loaded, None
-    return traffic_infer.apply(loaded, traffic_infer.Rule(block=loaded.block_size))
 
 
 def main(argv: Iterable[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from typing import Any
 
 from shadowlab.errors import TrafficError
 from shadowlab.simulate.model import _FIELDS, parse_policy
+from shadowlab.simulate.sources import open_source
 from shadowlab.simulate.tally import PolicyTally, ShapeRun, one_pass
 
 # Short names for the keys a sweep is usually about (llama-server's flags); a Policy field name
@@ -96,8 +97,6 @@ def simulate_points(source: str, policy_texts: Sequence[str], prefill_tps: float
     """One task: the traffic at `source` (a path or `shape:NAME`) read again here, its shape when
     asked, and each policy's partial figures. Top-level, so a process pool and a Dask worker can
     import it."""
-    from shadowlab.simulate import open_source  # the package imports this module
-
     stream, inference = open_source(source)
     tallies = [PolicyTally(parse_policy(t), prefill_tps, per_turn=False) for t in policy_texts]
     shape = ShapeRun(per_turn=False) if with_shape else None
