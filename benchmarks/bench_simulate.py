@@ -58,8 +58,9 @@ def run(args: list[str], tree: Path = REPO) -> dict[str, Any]:
                                                        os.environ.get("PYTHONPATH", "")]))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
+        # cwd = the tree: `python -m` puts the working directory first on sys.path
         proc = subprocess.Popen([sys.executable, "-m", "shadowlab", "simulate", *args], stdout=out, stderr=err,
-                                env=env)
+                                env=env, cwd=tree)
         _, status, ru = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -80,6 +81,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="3,29,286", help="case-study scales (x3,500 requests)")
     ap.add_argument("--sweep-scale", type=int, default=29)
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--mooncake", default="", metavar="N,...",
+                    help="also Mooncake-shaped traces of N requests with session ids "
+                         "(scripts/make_mooncake_conversations.py --truth), one policy")
     ap.add_argument("--before", type=Path, default=None, metavar="TREE",
                     help="also run each size with TREE's code (an older checkout), side by side")
     args = ap.parse_args()
@@ -102,6 +106,16 @@ def main() -> None:
                 print(f"      before ({args.before}): CPU {b['cpu_s']:7.1f} s, peak RSS {b['maxrss_mib']:6.0f} MiB; "
                       f"now / before: CPU x{cpu / b['cpu_s']:.2f}, RSS x{r['maxrss_mib'] / b['maxrss_mib']:.2f}",
                       flush=True)
+        for n in (int(x) for x in args.mooncake.split(",") if x):
+            trace = folder / f"mooncake-{n}.jsonl"
+            subprocess.run([sys.executable, str(REPO / "scripts" / "make_mooncake_conversations.py"), "--requests",
+                            str(n), "--out", str(folder / "blind.jsonl"), "--truth", str(trace)], check=True,
+                           capture_output=True)
+            for tree in (REPO, *(() if args.before is None else (args.before,))):
+                r = run([str(trace), "--policy", "baseline"], tree)
+                print(f"mooncake {n:>9,} requests ({'now' if tree == REPO else tree}): wall {r['wall_s']:7.1f} s  "
+                      f"CPU {r['cpu_s']:7.1f} s  {n / r['cpu_s']:8,.0f} requests/s CPU  peak RSS "
+                      f"{r['maxrss_mib']:6.0f} MiB   ({load()})", flush=True)
         for (s0, n0, _, c0, _), (s1, n1, _, c1, _) in zip(rows, rows[1:]):
             print(f"x{s0} -> x{s1}: requests x{n1 / n0:.1f}, CPU x{c1 / c0:.1f} (linear: the same ratio)")
         if args.skip_sweep:

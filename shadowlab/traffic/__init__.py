@@ -1026,7 +1026,7 @@ def _mooncake_requests(path: Path, meta: Stream) -> Iterator[Request]:
     fresh = _Blocks(first=-(1 << 62))  # never equal to a hash id of the file
     block: int | None = None
     extensions = _Extensions()
-    count = 0
+    count, captured = 0, False
     for line, doc in _json_lines(path, skipped):
         unknown = set(doc) - MOONCAKE_KEYS - CAPTURE_KEYS
         if unknown:
@@ -1059,8 +1059,11 @@ def _mooncake_requests(path: Path, meta: Stream) -> Iterator[Request]:
         kind = "mooncake" if starts is None else "chat"
         reported = _int(doc, "reported_reuse", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
         limit = _int(doc, "max_output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
+        # Only a capture's lines can be extended (`extends` is its field, as `block_size` on every line
+        # is): a plain Mooncake file keeps no prompt for it.
+        captured = captured or not CAPTURE_KEYS.isdisjoint(doc)
         extensions.add(count, Request(t, session, segments, n_out or 1, starts or (), kind, reported),
-                       doc["hash_ids"], n, limit if n_out is None else -1)
+                       doc["hash_ids"] if captured else [], n, limit if n_out is None else -1)
         count += 1
         last_time = t
         yield from extensions.ready()
