@@ -2,7 +2,7 @@
 for checking conversation inference where the real file cannot be downloaded. It is not that
 file: only its published shape is imitated.
 
-    python scripts/make_mooncake_conversations.py --out trace.jsonl [--truth truth.jsonl] [--seed 0]
+    python scripts/make_mooncake_conversations.py --out trace.jsonl [--truth truth.jsonl] [--seed 0] [--requests N]
 
 The shape: 12,031 requests, ~145M prompt tokens (mean ~12k), Mooncake JSON lines (`timestamp`
 ms, `input_length`, `output_length`, `hash_ids` of 512-token blocks, no `session_id`). Requests
@@ -102,8 +102,10 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--truth", type=Path, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--requests", type=int, default=12_031,
+                   help="how many lines (default: the public trace's 12,031; benchmarks/bench_simulate.py asks for 1M)")
     args = p.parse_args()
-    lines = generate(args.seed)
+    lines = generate(args.seed, args.requests)
     with open(args.out, "w", encoding="utf-8") as fh:
         for line in lines:
             fh.write(json.dumps({k: v for k, v in line.items() if k != "session_id"}) + "\n")

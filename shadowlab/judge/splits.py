@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from shadowlab_engine.checkpoints import batch_ends
+from shadowlab_cache import batch_ends
 
 from shadowlab.logs.parse import Event
 

@@ -1,17 +1,9 @@
 """`shadowlab simulate`: what each cache policy would reuse on a traffic, without an engine.
 
-A token-level model over segments (shadowlab/traffic/__init__.py; no token list is built) of the cache
-mechanics of the two engines shadowlab replays on, rule for rule (docs/DESIGN.md §10):
-
-- the reference engine (engine/shadowlab_engine/checkpoints.py is the source of truth; its
-  placement function `plan_checkpoints` and restore rule `newest_within` are imported, not
-  copied): slot selection by LCP similarity / LRU, `-cram` save and load, the affinity and
-  retention fixes, restore, cascade (`pos_max >= re-entry`), ring eviction;
-- llama.cpp b11434's llama-server (tools/server/server-context.cpp, server-task.cpp): the
-  prompt batch loop that places checkpoints at batch starts (L-4-n_ubatch, L-4, user-message
-  starts, `--checkpoint-min-step`), the restore search, the cascade (`pos_max > pos_next`),
-  the ring's too-close and oldest eviction, the RAM prompt cache (`-cram`: alloc/load/update
-  and its token limit), `--cache-idle-slots`, LRU with ties to the last slot.
+The cache model of each engine is `model.py` (docs/DESIGN.md §10); `tally.py` streams a traffic
+through it once, every policy at a time; `sweep.py` runs a grid of policies on local cores or a
+cluster. This module reads the sources (files, named shapes, run cells), and writes the table,
+simulate.json and simulate.html.
 
 Requests are served one after another (each finishes before the next starts). Where a real
 engine's behaviour depends on timing — a request that arrives while another is still running on
@@ -23,597 +15,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shadowlab import traffic
 from shadowlab.errors import ShadowlabError, TrafficError
-from shadowlab.traffic import Request, Segment, common_prefix, truncate
-from shadowlab_engine.checkpoints import CacheConfig, choose_entry, plan_checkpoints
+from shadowlab.simulate.model import (MIB, OUTCOMES, PRESETS, TURN_CLASSES, Policy, Turn, _params, parse_policy,
+                                      simulate, turn_class)
+from shadowlab.simulate import sweep
+from shadowlab.simulate.sources import open_source
+from shadowlab.simulate.tally import PolicyTally, ShapeRun, one_pass, policy_doc, versus
+
+__all__ = ["JSON_VERSION", "MIB", "OUTCOMES", "PRESETS", "TURN_CLASSES", "Policy", "RunCell", "Turn", "main",
+           "parse_policy", "run_policies", "simulate", "summary", "turn_class", "versus"]
 
 JSON_VERSION = 1
-OUTCOMES = ("cold", "extended", "restored", "forced", "silent_reset")
-MIB = 1024 * 1024
-
-
-def _bounded(default: Any, low: float, high: float) -> Any:
-    """A policy parameter and the closed range [low, high] it must lie in (finite). The bounds
-    are what any engine could be configured with or measured at: beyond them a figure is a typo
-    or a hostile input, never a policy (a negative cost, 10^8 slots)."""
-    return field(default=default, metadata={"bounds": (low, high)})
-
-
-TOKENS = float(traffic.MAX_PROMPT_TOKENS)  # no context holds more
-TIB_MIB = float(1 << 20)  # a TiB, in MiB: beyond any host's RAM or any checkpoint
-HOUR_MS = 3_600_000.0  # an hour, in ms: beyond any checkpoint's creation or restore
-
-
-@dataclass(frozen=True)
-class Policy:
-    """One engine configuration to simulate. Flags keep llama-server's names; the cost side
-    (per-checkpoint MiB and ms, state sizes) defaults to the case study's 35B measurements.
-    Every number is bounded where it is declared (`_bounded`); a Policy outside them is refused."""
-
-    name: str
-    engine: str = "reference"  # "reference" | "llama.cpp"
-    slots: int = _bounded(1, 1, 256)  # -np
-    n_batch: int = _bounded(2048, 1, TOKENS)  # -b
-    n_ubatch: int = _bounded(512, 1, TOKENS)  # -ub
-    ctx_checkpoints: int = _bounded(64, 0, 4096)  # --ctx-checkpoints
-    checkpoint_min_step: int = _bounded(8192, 0, TOKENS)  # --checkpoint-min-step
-    prompt_policy: int = _bounded(1, 0, 1)  # PXA_CKPT_PROMPT_POLICY (reference engine)
-    prompt_end: int = _bounded(0, 0, 1)  # PXA_CKPT_PROMPT_END (reference engine)
-    cache_ram_mib: float = _bounded(0, -1, TIB_MIB)  # -cram (0 off; llama.cpp: -1 no limit)
-    similarity: float = _bounded(0.1, 0, 1)  # --slot-prompt-similarity
-    cache_idle_slots: bool = True  # llama.cpp --cache-idle-slots (with -cram and a unified KV)
-    affinity: bool = False  # SHADOWLAB_SLOT_AFFINITY (reference engine)
-    retain_mib: float = _bounded(0, 0, TIB_MIB)  # SHADOWLAB_CKPT_RETAIN_MIB (reference engine)
-    chat: bool = False  # requests carry user-message starts (chat / message_delimiters); a captured
-    # chat request (kind "chat") was sent as one, so its starts count whatever this says
-    n_ctx: int = _bounded(8192, 1, TOKENS)  # llama.cpp's prompt-cache token limit starts at n_ctx
-    # cost model (case study, 35B): per checkpoint and per token of attention KV
-    checkpoint_mib: float = _bounded(62.9, 0, TIB_MIB)
-    create_ms: float = _bounded(63.0, 0, HOUR_MS)
-    restore_ms: float = _bounded(24.5, 0, HOUR_MS)  # 12-37 ms measured: the middle
-    kv_mib_per_token: float = _bounded(0.02, 0, 1024)  # assumption (not measured): ~20 KiB/token
-    state_mib: float = _bounded(62.9, 0, TIB_MIB)  # a slot's recurrent state in a -cram entry
-
-    ENGINES = ("reference", "llama.cpp")
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if "bounds" in f.metadata:
-                _check_bound(self.name, f.name, getattr(self, f.name), *f.metadata["bounds"])
-
-
-def _check_bound(policy: str, key: str, value: Any, low: float, high: float) -> None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or not low <= value <= high:  # NaN fails every test
-        lo, hi = _shown_bound(low), _shown_bound(high)
-        raise TrafficError(f"policy {policy!r}: {key} = {value!r} is outside its bounds [{lo}, {hi}]",
-                           hint=f"give {key} a value from {lo} to {hi}")
-
-
-def _shown_bound(x: float) -> str:
-    return f"{x:,.0f}" if float(x).is_integer() else f"{x:g}"
-
-
-PRODUCTION = dict(ctx_checkpoints=64, cache_ram_mib=0, slots=1)  # the case study's flags
-PRESETS: dict[str, dict[str, Any]] = {
-    "baseline": dict(PRODUCTION),
-    "policy0": dict(PRODUCTION, prompt_policy=0),
-    "prompt-end": dict(PRODUCTION, prompt_end=1),
-    "cram": dict(PRODUCTION, cache_ram_mib=8192),
-    "slots4": dict(PRODUCTION, slots=4),
-    "affinity": dict(PRODUCTION, slots=4, affinity=True),
-    "affinity+policy0": dict(PRODUCTION, slots=4, affinity=True, prompt_policy=0),
-    "retention": dict(PRODUCTION, retain_mib=8192),
-    "retention+policy0": dict(PRODUCTION, retain_mib=8192, prompt_policy=0),
-    "llama-1slot": dict(PRODUCTION, engine="llama.cpp"),
-    "llama-cram": dict(PRODUCTION, engine="llama.cpp", cache_ram_mib=8192),
-    "llama-slots4": dict(PRODUCTION, engine="llama.cpp", slots=4),
-    "llama-defaults": dict(engine="llama.cpp", slots=4, ctx_checkpoints=32, cache_ram_mib=8192),
-}
-_FIELDS = {f.name: f for f in dataclasses.fields(Policy)}
-
-
-def parse_policy(text: str) -> Policy:
-    """`NAME` (a preset) or `NAME:key=value,key=value` (a preset with parameters changed)."""
-    name = text.partition(":")[0]
-    if name not in PRESETS:
-        raise TrafficError(f"unknown policy {name!r}", hint="presets: " + ", ".join(PRESETS))
-    kw: dict[str, Any] = dict(PRESETS[name])
-    for key, value in _params(text):
-        kw[key] = _value(key, value, text)
-    policy = Policy(name=text, **kw)
-    _check_policy(policy)
-    return policy
-
-
-def _params(text: str) -> list[tuple[str, str]]:
-    """The `key=value` items after a policy's `NAME:`, keys with `-` read as `_`."""
-    out = []
-    for item in filter(None, text.partition(":")[2].split(",")):
-        key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not eq or key not in _FIELDS or key == "name":
-            raise TrafficError(f"policy {text!r}: {item!r} is not key=value with a known key",
-                               hint="keys: " + ", ".join(k for k in _FIELDS if k != "name"))
-        out.append((key, value.strip()))
-    return out
-
-
-def _value(key: str, value: str, text: str) -> Any:
-    kind = {"int": int, "float": float, "bool": bool, "str": str}[str(_FIELDS[key].type)]
-    try:
-        if kind is bool:
-            if value.lower() not in ("0", "1", "true", "false"):
-                raise ValueError
-            return value.lower() in ("1", "true")
-        return kind(value)  # bounds (finite, in range) are checked by Policy itself
-    except ValueError:
-        raise TrafficError(f"policy {text!r}: {key}={value!r} is not a {kind.__name__}") from None
-
-
-def _check_policy(p: Policy) -> None:
-    if p.engine not in Policy.ENGINES:
-        raise TrafficError(f"policy {p.name!r}: engine must be one of {Policy.ENGINES}")
-    if p.engine == "llama.cpp" and (p.affinity or p.retain_mib or p.prompt_policy != 1 or p.prompt_end):
-        raise TrafficError(f"policy {p.name!r}: affinity, retention and the fork's POLICY/PROMPT_END knobs "
-                           "exist only in the reference engine")
-
-
-# --------------------------------------------------------------------------- state
-
-
-@dataclass
-class _Slot:
-    id: int
-    tokens: tuple[Segment, ...] = ()
-    n: int = 0  # tokens the slot's state has processed (prompt + evaluated output)
-    ckpts: list[tuple[int, int]] = field(default_factory=list)  # (n_tokens, task), oldest first
-    t_last: int = -1  # llama.cpp: -1 never used; the reference engine uses 0
-    store: list[tuple[tuple[Segment, ...], int, tuple[tuple[int, int], ...]]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Turn:
-    """What one request did under one policy."""
-
-    index: int
-    slot: int
-    outcome: str
-    prompt_tokens: int
-    reused: int
-    processed: int
-    created: int
-    restored: bool
-    erased: int
-    loaded: str = ""  # "cram" | "retention" when a saved entry was loaded
-
-
-class _Sim:
-    """One policy over one traffic, request by request."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.p = policy
-        self.llama = policy.engine == "llama.cpp"
-        first_t = -1 if self.llama else 0
-        self.slots = [_Slot(i, t_last=first_t) for i in range(policy.slots)]
-        self.clock = 0
-        self.busy: set[int] = set()  # slots serving a request (a schedule's starts without their ends)
-        self.scheduled = False  # t_last then moves at each request's end, as the engines release
-        self.owner: dict[str, int] = {}
-        self.cram: list[tuple[tuple[Segment, ...], int, tuple[tuple[int, int], ...]]] = []
-        self.cfg = CacheConfig(n_batch=policy.n_batch, n_ubatch=policy.n_ubatch,
-                               ctx_checkpoints=policy.ctx_checkpoints,
-                               checkpoint_min_step=policy.checkpoint_min_step,
-                               prompt_policy=policy.prompt_policy, prompt_end=policy.prompt_end)
-
-    # -- one request ---------------------------------------------------------------------
-
-    def serve(self, index: int, r: Request) -> Turn:
-        prompt, L = r.segments, r.prompt_tokens
-        slot, update = self._select(prompt, L, r.conversation)
-        loaded = ""
-        if update and self.p.cache_ram_mib and (slot.n or self.llama):
-            self._cram_save(slot)
-            loaded = "cram" if self._cram_load(slot, prompt, L) else ""
-        if self.llama and self.p.cache_ram_mib and self.p.cache_idle_slots:
-            for other in self.slots:
-                if other is not slot and other.id not in self.busy:
-                    if other.n:
-                        self._cram_save(other)
-                    other.tokens, other.n, other.ckpts = (), 0, []
-        if self.llama:
-            outcome, re_entry, restored, erased = self._begin_llama(slot, prompt, L)
-            created = self._place_llama(slot, index, r, re_entry)
-        else:
-            outcome, re_entry, restored, erased, from_store = self._begin_reference(slot, prompt, L)
-            loaded = "retention" if from_store else loaded
-            created = self._place_reference(slot, index, r, re_entry)
-        out = max(0, r.output_length - 1)  # the last sampled token is never evaluated
-        slot.tokens = prompt + ((Segment(traffic.output_block(index), 0, out),) if out else ())
-        slot.n = L + out
-        if not self.scheduled:
-            self.end(slot)
-        return Turn(index, slot.id, outcome, L, re_entry, L - re_entry, created, restored, erased, loaded)
-
-    def end(self, slot: _Slot) -> None:
-        """A request on `slot` ended: the slot is free and the most recently used."""
-        self.busy.discard(slot.id)
-        self.clock += 1
-        slot.t_last = self.clock
-
-    # -- slot selection ------------------------------------------------------------------
-
-    def _select(self, prompt: tuple[Segment, ...], L: int, key: str | None) -> tuple[_Slot, bool]:
-        if self.p.affinity and key in self.owner:
-            slot = self.slots[self.owner[key]]
-            f_keep = common_prefix(slot.tokens, prompt) / slot.n if slot.n else 0.0
-            return slot, f_keep < 0.5
-        idle = [s for s in self.slots if s.id not in self.busy] or self.slots
-        candidates = idle
-        if self.p.affinity:
-            owned = set(self.owner.values())
-            candidates = [s for s in idle if s.id not in owned] or idle
-        slot, update = self._by_similarity_or_lru(candidates, prompt, L)
-        if self.p.affinity:
-            for k in [k for k, s in self.owner.items() if s == slot.id]:
-                del self.owner[k]
-            if key is not None:
-                self.owner[key] = slot.id
-        return slot, update
-
-    def _by_similarity_or_lru(self, slots: list[_Slot], prompt: tuple[Segment, ...], L: int) -> tuple[_Slot, bool]:
-        best, sim_best = None, 0.0
-        if self.p.similarity:
-            for s in slots:
-                if not s.n:
-                    continue
-                sim = _f32(common_prefix(s.tokens, prompt) / L) if self.llama else common_prefix(s.tokens, prompt) / L
-                if sim > sim_best and sim > self.p.similarity:
-                    best, sim_best = s, sim
-        if best is not None:
-            return best, sim_best * L / best.n < 0.5
-        if self.llama:  # `t_last_used <= t_last`: ties go to the last slot
-            lru = slots[0]
-            for s in slots[1:]:
-                if s.t_last <= lru.t_last:
-                    lru = s
-            return lru, True
-        return min(slots, key=lambda s: s.t_last), True
-
-    # -- RAM prompt cache ------------------------------------------------------------------
-
-    def _entry_mib(self, n: int, ckpts: Sequence[Any]) -> float:
-        kv = self.p.kv_mib_per_token * n if self.llama else 0.0  # the reference saves a fixed-size state
-        return self.p.state_mib + kv + len(ckpts) * self.p.checkpoint_mib
-
-    def _cram_save(self, slot: _Slot) -> None:
-        if not slot.n or any(common_prefix(e[0], slot.tokens) == slot.n for e in self.cram):
-            return
-        size, limit = self._entry_mib(slot.n, slot.ckpts), self.p.cache_ram_mib
-        if self.llama:
-            if limit > 0 and size > limit:
-                return
-            self.cram = [e for e in self.cram if common_prefix(e[0], slot.tokens) < e[1]]
-            while limit > 0 and self.cram and self._cram_mib() + size > limit:
-                self.cram.pop(0)
-            self.cram.append((slot.tokens, slot.n, tuple(slot.ckpts)))
-            self._cram_update()
-            return
-        self.cram = [e for e in self.cram if common_prefix(e[0], slot.tokens) < e[1]]
-        if size > limit:
-            return
-        self.cram.append((slot.tokens, slot.n, tuple(slot.ckpts)))
-        while self._cram_mib() > limit:
-            self.cram.pop(0)
-
-    def _cram_mib(self) -> float:
-        return sum(self._entry_mib(e[1], e[2]) for e in self.cram)
-
-    def _cram_update(self) -> None:
-        """llama.cpp's server_prompt_cache::update: the size limit, then the token limit
-        (n_ctx, raised to what the size limit holds at the cache's bytes per token)."""
-        limit = self.p.cache_ram_mib
-        while limit > 0 and self.cram and self._cram_mib() > limit:
-            self.cram.pop(0)
-        n_tokens = sum(e[1] for e in self.cram)
-        per_token = max(1.0, self._cram_mib() * MIB / max(1, n_tokens))
-        limit_tokens = max(self.p.n_ctx, int(limit * MIB / per_token)) if limit > 0 else self.p.n_ctx
-        while self.cram and sum(e[1] for e in self.cram) > limit_tokens:
-            self.cram.pop(0)
-
-    def _cram_load(self, slot: _Slot, prompt: tuple[Segment, ...], L: int) -> bool:
-        best, _, _ = choose_entry(common_prefix(slot.tokens, prompt), slot.n, L,
-                                  ((common_prefix(e[0], prompt), e[1], e) for e in self.cram),
-                                  empty_keep=-1.0 if self.llama else 0.0, rounding=_f32 if self.llama else float)
-        if best is None:
-            return False
-        self.cram.remove(best)
-        slot.tokens, slot.n, slot.ckpts = best[0], best[1], list(best[2])
-        return True
-
-    # -- reference engine: restore decision, retention, cascade, placement ---------------
-
-    def _begin_reference(self, slot: _Slot, prompt: tuple[Segment, ...], L: int):
-        lcp = common_prefix(slot.tokens, prompt)
-        n_past = min(lcp, L - 1)
-        outcome, re_entry, ckpt = self._decide_reference(slot, n_past)
-        if self.p.retain_mib > 0:
-            better = self._take_better(slot, prompt, L, re_entry)
-            self._retain(slot, re_entry, better)
-            if better is not None:
-                tokens, _, ring, c = better
-                slot.tokens, slot.ckpts = tokens, list(ring)
-                erased = self._cascade(slot, c)
-                return "restored", c, True, erased, True
-        erased = self._cascade(slot, re_entry)
-        return outcome, re_entry, ckpt is not None, erased, False
-
-    def _decide_reference(self, slot: _Slot, n_past: int) -> tuple[str, int, int | None]:
-        if not slot.n:
-            return "cold", 0, None
-        if n_past == slot.n:
-            return "extended", n_past, None
-        if n_past == 0:
-            return "silent_reset", 0, None
-        for n, _ in reversed(slot.ckpts):
-            if n <= n_past:
-                return "restored", n, n
-        return "forced", 0, None
-
-    def _cascade(self, slot: _Slot, re_entry: int) -> int:
-        """Erase the checkpoints above the re-entry point: the reference engine erases
-        pos_max >= re-entry, llama.cpp pos_max > pos_next (pos_max = n_tokens - 1)."""
-        keep = [c for c in slot.ckpts if (c[0] - 1 <= re_entry if self.llama else c[0] - 1 < re_entry)]
-        erased = len(slot.ckpts) - len(keep)
-        slot.ckpts = keep
-        return erased
-
-    def _take_better(self, slot: _Slot, prompt: tuple[Segment, ...], L: int, re_entry: int):
-        best = None
-        for e in slot.store:  # oldest first: `>=` keeps the newest of equals
-            lcp = common_prefix(e[0], prompt)
-            n_past = min(lcp, L - 1)
-            c = next((n for n, _ in reversed(e[2]) if n <= n_past), None)
-            if c is not None and (best is None or c >= best[3]):
-                best = (*e, c)
-        if best is None or best[3] <= re_entry:
-            return None
-        slot.store.remove(best[:3])
-        return best
-
-    def _retain(self, slot: _Slot, re_entry: int, better: Any) -> None:
-        """docs/DESIGN.md §1 retention 3: save the ring when it is about to be lost."""
-        if better is None and all(n - 1 < re_entry for n, _ in slot.ckpts):
-            return
-        n = min(max((c[0] for c in slot.ckpts), default=0), slot.n)
-        ring = tuple(c for c in slot.ckpts if c[0] <= n)
-        if not ring or (better is not None and better[1] == n):
-            return
-        slot.store = [e for e in slot.store if e[1] != n]
-        slot.store.append((truncate(slot.tokens, n), n, ring))
-        size = lambda e: len(e[2]) * self.p.checkpoint_mib + e[1] * self.p.kv_mib_per_token  # noqa: E731
-        while slot.store and (sum(len(e[2]) for e in slot.store) > self.p.ctx_checkpoints
-                              or sum(size(e) for e in slot.store) > self.p.retain_mib):
-            slot.store.pop(0)
-
-    def _place_reference(self, slot: _Slot, task: int, r: Request, re_entry: int) -> int:
-        last = slot.ckpts[-1][0] if slot.ckpts else 0
-        starts = r.user_starts if self.p.chat or r.kind == "chat" else ()
-        planned = plan_checkpoints(self.cfg, r.prompt_tokens, re_entry, starts, last)
-        for n in planned:
-            while len(slot.ckpts) >= self.p.ctx_checkpoints:
-                slot.ckpts.pop(0)
-            slot.ckpts.append((n, task))
-        return len(planned)
-
-    # -- llama.cpp b11434 ------------------------------------------------------------------
-
-    def _begin_llama(self, slot: _Slot, prompt: tuple[Segment, ...], L: int):
-        n_past = common_prefix(slot.tokens, prompt)
-        thold = max(0, n_past - (0 if n_past < L else 1))
-        outcome, restored = ("cold" if not slot.n else "silent_reset"), False
-        if 0 < n_past <= slot.n:
-            outcome = "extended"
-            if slot.n - 1 >= thold:  # the recurrent state sits past the shared prefix
-                found = next((n for n, _ in reversed(slot.ckpts)
-                              if n - 1 <= n_past and (n - 1 < thold or n - 1 == 0)), None)
-                if found is None:
-                    outcome, n_past = "forced", 0
-                else:
-                    outcome, n_past, restored = "restored", min(n_past, found), True
-        erased = self._cascade(slot, n_past)
-        if n_past == L and n_past > 0:
-            n_past -= 1  # [TAG_PROMPT_LOGITS]: at least one token is evaluated
-        return outcome, n_past, restored, erased
-
-    def _place_llama(self, slot: _Slot, task: int, r: Request, p0: int) -> int:
-        """The prompt batch loop of update_slots: a checkpoint is taken at a batch's start
-        (before it is decoded) when the batch ends the prompt, starts near its end (within
-        n_ubatch), or starts a user message; batches break at L-4-n_ubatch, L-4 and at user
-        starts."""
-        if self.p.ctx_checkpoints <= 0:
-            return 0
-        p, L = self.p, r.prompt_tokens
-        starts = sorted(s for s in r.user_starts if s > 0) if p.chat or r.kind == "chat" else []
-        user = set(starts)
-        last_user = starts[-1] if starts else -1
-        tails = sorted({L - min(p.n_batch, 4 + p.n_ubatch), L - min(p.n_batch, 4)})
-        created, n = 0, p0
-        while n < L:
-            start = n
-            end = min(L, start + p.n_batch)
-            end = min([end, *(t for t in tails if t > start)])
-            for u in starts:
-                if start < u < end and (u == last_user or not slot.ckpts or u > slot.ckpts[-1][0] + p.checkpoint_min_step):
-                    end = u
-                    break
-            near_end = L < end + p.n_ubatch
-            do = end == L or start in user or near_end
-            do = do and start > 0  # an empty memory has nothing to checkpoint (pos_min < 0)
-            do = do and (not slot.ckpts or start == last_user or near_end
-                         or start > slot.ckpts[-1][0] + p.checkpoint_min_step)
-            if do:
-                self._create_llama(slot, task, start)
-                created += 1
-            n = end
-        return created
-
-    def _create_llama(self, slot: _Slot, task: int, n_tokens: int) -> None:
-        """create_checkpoint: when the ring is (nearly) full, first drop other tasks'
-        checkpoints too close to the one before them, then the oldest; a checkpoint at the same
-        n_tokens is superseded."""
-        p, ring = self.p, list(slot.ckpts)
-        i, last = 0, -1
-        while len(ring) + 1 >= p.ctx_checkpoints and i < len(ring):
-            n, owner = ring[i]
-            if owner != task and last >= 0 and n <= last + p.checkpoint_min_step:
-                del ring[i]
-                continue
-            last, i = n, i + 1
-        while len(ring) >= p.ctx_checkpoints:
-            ring.pop(0)
-        ring = [c for c in ring if c[0] != n_tokens]
-        ring.append((n_tokens, task))
-        slot.ckpts = ring
-
-
-def _f32(x: float) -> float:
-    """llama.cpp computes similarities in float: round like it does."""
-    import struct
-
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-# --------------------------------------------------------------------------- a whole run
-
-
-def simulate(requests: Sequence[Request], policy: Policy,
-             schedule: Sequence[tuple[str, int]] | None = None) -> list[Turn]:
-    """Each request's turn under the policy, by request index. Without a schedule the requests
-    run one after another in their order. A ``schedule`` (`schedule_of` a run's log) gives
-    requests that overlapped: ``("start", i)`` and ``("end", i)`` in the order the engine
-    started and released them; a request starts on a slot no unfinished request holds."""
-    sim = _Sim(policy)
-    if schedule is None:
-        return [sim.serve(i, r) for i, r in enumerate(requests)]
-    sim.scheduled = True
-    turns: dict[int, Turn] = {}
-    for step, i in schedule:
-        if step == "start":
-            turns[i] = sim.serve(i, requests[i])
-            sim.busy.add(turns[i].slot)
-        elif step == "end" and i in turns:
-            sim.end(sim.slots[turns[i].slot])
-        else:
-            raise ValueError(f"schedule step {(step, i)!r}: not a start, or the end of a request not started")
-    missing = sorted(set(range(len(requests))) - set(turns))
-    if missing:
-        raise ValueError(f"the schedule starts no request {missing[0]} ({len(missing)} requests missing)")
-    return [turns[i] for i in range(len(requests))]
-
-
-def timing_dependent(requests: Sequence[Request], turns: Sequence[Turn], policy: Policy,
-                     prefill_tps: float) -> list[int]:
-    """Requests that would arrive while an earlier one is still prefilling (estimated at
-    `prefill_tps`) on a server with several slots: which slot is free, and how llama.cpp splits
-    its shared batch, then depends on timing, which a sequential model does not know."""
-    if policy.slots < 2:
-        return []  # one slot: requests queue in arrival order, as modelled
-    out, busy_until = [], -math.inf
-    for r, t in zip(requests, turns):
-        if r.time < busy_until:
-            out.append(t.index)
-        busy_until = max(busy_until, r.time) + t.processed / prefill_tps
-    return out
-
-
-TURN_CLASSES = ("after_own_turn", "after_other_request", "interloper")
-
-
-def turn_class(requests: Sequence[Request], i: int) -> str:
-    """Where a request stands in the lane: a conversation turn right after its own conversation's
-    previous request (the A→C pair), a conversation turn after some other request (A→B→C: the
-    erase cascade's victim), or an interloper."""
-    r = requests[i]
-    if r.conversation is None:
-        return "interloper"
-    if i > 0 and requests[i - 1].conversation == r.conversation:
-        return "after_own_turn"
-    return "after_other_request"
-
-
-def by_turn_class(requests: Sequence[Request], turns: Sequence[Turn],
-                  ideal: Sequence[tuple[int, int]]) -> dict[str, dict[str, Any]]:
-    """Reuse and the consecutive-turn ideal per `turn_class`: which turns a policy's reuse came
-    from (POLICY=0 on one slot can only reach the first class; affinity and retention the second)."""
-    out = {c: {"turns": 0, "reused_tokens": 0, "consecutive_ideal_tokens": 0} for c in TURN_CLASSES}
-    for i, (t, (_, consecutive)) in enumerate(zip(turns, ideal)):
-        row = out[turn_class(requests, i)]
-        row["turns"] += 1
-        row["reused_tokens"] += t.reused
-        row["consecutive_ideal_tokens"] += consecutive
-    for row in out.values():
-        c = row["consecutive_ideal_tokens"]
-        row["share_of_consecutive_ideal"] = row["reused_tokens"] / c if c else None
-    return out
-
-
-def versus(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """The case study's weighing of `other` against `first` (the first policy listed): prefill
-    saved per turn against checkpoint time spent per turn, both at the policy's stated costs."""
-    n = other["requests"]
-    saved = (first["prefill_s"] - other["prefill_s"]) * 1000.0 / n if n else 0.0
-    spent = (other["checkpoint_ms_per_turn"] or 0.0) - (first["checkpoint_ms_per_turn"] or 0.0)
-    return {"policy": first["policy"], "prefill_ms_saved_per_turn": saved,
-            "checkpoint_ms_more_per_turn": spent, "net_ms_per_turn": saved - spent,
-            "creations_more_per_turn": (other["creations_per_turn"] or 0.0) - (first["creations_per_turn"] or 0.0)}
-
-
-def summarise(requests: Sequence[Request], turns: Sequence[Turn], ideal: Sequence[tuple[int, int]],
-              policy: Policy, prefill_tps: float) -> dict[str, Any]:
-    n = len(turns)
-    prompt = sum(t.prompt_tokens for t in turns)
-    reused = sum(t.reused for t in turns)
-    ideal_sum = sum(i for i, _ in ideal)
-    consecutive = sum(c for _, c in ideal)
-    created = sum(t.created for t in turns)
-    restores = sum(t.restored for t in turns)
-    outcomes = {o: sum(t.outcome == o for t in turns) for o in OUTCOMES}
-    late = timing_dependent(requests, turns, policy, prefill_tps)
-    return {
-        "policy": policy.name,
-        "parameters": dataclasses.asdict(policy),
-        "requests": n,
-        "prompt_tokens": prompt,
-        "processed_tokens": prompt - reused,
-        "reused_tokens": reused,
-        "ideal_tokens": ideal_sum,
-        "consecutive_ideal_tokens": consecutive,
-        "share_of_ideal": reused / ideal_sum if ideal_sum else None,
-        "share_of_consecutive_ideal": reused / consecutive if consecutive else None,
-        "outcomes": outcomes,
-        "forced": outcomes["forced"],
-        "silent": outcomes["silent_reset"],
-        "restored": outcomes["restored"],
-        "loaded_entries": {k: sum(t.loaded == k for t in turns) for k in ("cram", "retention")},
-        "checkpoints_created": created,
-        "checkpoints_erased": sum(t.erased for t in turns),
-        "creations_per_turn": created / n if n else None,
-        "checkpoint_mib_per_turn": created * policy.checkpoint_mib / n if n else None,
-        "checkpoint_ms_per_turn": (created * policy.create_ms + restores * policy.restore_ms) / n if n else None,
-        "prefill_s": (prompt - reused) / prefill_tps,
-        "avoidable_prefill_s": (ideal_sum - reused) / prefill_tps if ideal_sum >= reused else 0.0,
-        "timing_dependent_turns": late,
-        "by_turn_class": by_turn_class(requests, turns, ideal),
-    }
 
 
 @dataclass(frozen=True)
@@ -693,50 +112,74 @@ def _believable(run: Any, cell_id: str) -> None:
                                      "compare a policy with")
 
 
-def agreement(measured: Sequence[int | None], turns: Sequence[Turn]) -> dict[str, Any]:
-    """How a policy's per-turn reuse compares with a run's: turns equal, and the first that is not."""
-    diff = [i for i, (m, t) in enumerate(zip(measured, turns)) if m != t.reused]
-    return {"equal_turns": len(turns) - len(diff), "turns": len(turns),
-            "first_difference": None if not diff else {"turn": diff[0], "measured": measured[diff[0]],
-                                                       "predicted": turns[diff[0]].reused}}
-
-
-def run_policies(loaded: traffic.Loaded, policies: Sequence[Policy], prefill_tps: float,
+def run_policies(loaded: traffic.Loaded | traffic.Stream, policies: Sequence[Policy], prefill_tps: float,
                  per_turn: bool = True, cell: RunCell | None = None) -> dict[str, Any]:
-    requests = loaded.requests
-    ideal = list(traffic.ideals(requests))
-    results = []
-    for policy in policies:
-        turns = simulate(requests, policy, cell.schedule if cell is not None else None)
-        doc = summarise(requests, turns, ideal, policy, prefill_tps)
-        if loaded.reported_reuse:  # a capture trace: what the server said it reused, per request
-            doc["versus_reported"] = agreement(loaded.reported_reuse, turns)
-        if cell is not None:
-            doc["versus_run"] = agreement(cell.reused, turns)
-            if cell.schedule is not None:
-                doc["timing_dependent_turns"] = []  # the measured schedule says which slot was free
-        if per_turn:
-            doc["turns"] = {"reused": [t.reused for t in turns], "outcome": [t.outcome for t in turns],
-                            "slot": [t.slot for t in turns], "created": [t.created for t in turns]}
-        results.append(doc)
+    """simulate.json for a traffic (in memory, or streamed: read once, whatever the number of
+    policies) under each policy."""
+    requests: Iterable[traffic.Request] = loaded.requests
+    tallies: list[PolicyTally]
+    if cell is not None:
+        # What the cell's engine reused is each request's floor (the ideal never lies below it)
+        # and what every policy is compared with, turn by turn.
+        requests = [dataclasses.replace(r, reported_reuse=m) for r, m in zip(requests, cell.reused)]
+        given = [simulate(requests, p, cell.schedule) if cell.schedule is not None else None for p in policies]
+        tallies = [PolicyTally(p, prefill_tps, per_turn, g) for p, g in zip(policies, given)]
+    else:
+        tallies = [PolicyTally(p, prefill_tps, per_turn) for p in policies]
+    shape = ShapeRun(per_turn)
+    one_pass(requests, tallies, shape)
+    return assemble(_source_of(loaded), shape.result(), [t.partial() for t in tallies], prefill_tps, cell)
+
+
+def _source_of(loaded: traffic.Loaded | traffic.Stream) -> dict[str, Any]:
+    """What the output says of the source (complete once its requests were consumed)."""
+    return {"source": loaded.source, "format": loaded.format, "skipped": list(loaded.skipped),
+            "block_size": loaded.block_size}
+
+
+def assemble(source: dict[str, Any], traffic_side: dict[str, Any], parts: Sequence[dict[str, Any]],
+             prefill_tps: float, cell: RunCell | None = None) -> dict[str, Any]:
+    """simulate.json from the traffic's side and each policy's (however they were computed)."""
+    key = "versus_run" if cell is not None else "versus_reported"
+    results = [policy_doc(part, traffic_side, prefill_tps, key) for part in parts]
     for doc in results:
+        if cell is not None and cell.schedule is not None:
+            doc["timing_dependent_turns"] = []  # the measured schedule says which slot was free
         doc["versus_first"] = versus(results[0], doc)
     return {
         "version": JSON_VERSION,
-        "source": loaded.source,
-        "format": loaded.format,
-        "skipped": list(loaded.skipped),
+        "source": source["source"],
+        "format": source["format"],
+        "skipped": source["skipped"],
         "prefill_tps": prefill_tps,
-        "shape": traffic.realised_shape(requests),
-        "ideal": {"perfect": [i for i, _ in ideal], "consecutive": [c for _, c in ideal]} if per_turn else None,
-        "notes": _notes(loaded, cell),
+        "shape": traffic_side["shape"],
+        "ideal": traffic_side["ideal"],
+        "notes": _notes(source["format"], cell),
         "schedule": None if cell is None or cell.schedule is None else [list(step) for step in cell.schedule],
         "measured_reused": None if cell is None else list(cell.reused),
         "policies": results,
+        "ideal_bound": ideal_bound(source, traffic_side["raised"]),
     }
 
 
-def _notes(loaded: traffic.Loaded, cell: RunCell | None = None) -> list[str]:
+def ideal_bound(source: dict[str, Any], raised: int) -> dict[str, Any]:
+    """Whether the ideals are exact or a lower bound, and why (docs/DESIGN.md §10: a request's
+    ideal is never below what an engine reused for it; where the source cannot say more, the
+    figure is a lower bound and every output says so)."""
+    reasons = []
+    if source["format"] == "trace":
+        reasons.append("a log states only what each request shared with the cache it met (its slot's, or a "
+                       "prompt-cache entry's), never what it shares with older requests")
+    elif source["format"] == "mooncake" and source["block_size"] > 1:
+        reasons.append(f"hash ids of {source['block_size']}-token blocks: a prefix shared part-way into a "
+                       "block is not seen")
+    if raised:
+        reasons.append(f"{raised:,} request(s) reused more on the engine than the traffic shows: their "
+                       "ideal is what the engine reused")
+    return {"exact": not reasons, "reasons": reasons, "raised_by_engine_reuse": raised}
+
+
+def _notes(fmt: str, cell: RunCell | None = None) -> list[str]:
     if cell is not None and cell.schedule is not None:
         notes = ["requests are served on the schedule the run's engine served them on (its launch and "
                  "release lines): a request starts on a slot no unfinished request holds"]
@@ -750,10 +193,10 @@ def _notes(loaded: traffic.Loaded, cell: RunCell | None = None) -> list[str]:
             notes.append(f"sizes from the cell's engine (/props), unless a policy sets them: checkpoint "
                          f"{cell.sizes['checkpoint_mib']:.4g} MiB, attention KV {cell.sizes['kv_mib_per_token']:.4g} "
                          "MiB per token")
-    if loaded.format == "trace":
+    if fmt == "trace":
         notes.append("a logs trace states only the prefix each request shared with its slot's previous "
-                     "request: the ideal is that consecutive one, and no request names a conversation "
-                     "(affinity treats every request as an interloper)")
+                     "request (or with the prompt-cache entry it loaded): the ideal is that one, a lower bound, "
+                     "and the trace names no conversation (they are inferred from those prefixes)")
     return notes
 
 
@@ -767,7 +210,7 @@ def summary(doc: dict[str, Any]) -> str:
              f"{s['prompt_tokens']:,} prompt tokens, {s['interlopers']:,} interlopers, "
              f"{s['conversations']:,} conversations" + (" (inferred from shared prefixes: the trace names none)"
                                                           if inferred else ""),
-             f"  ideal (perfect cache) {s['ideal_tokens']:,} tokens; consecutive-turn ideal "
+             f"  ideal (perfect cache) {s['ideal_tokens']:,} tokens{_bound_words(doc)}; consecutive-turn ideal "
              f"{s['consecutive_ideal_tokens']:,}; shared with the previous request: median "
              f"{s['shared_with_previous']['median']}, under 512 {_pc(s['share_near_zero_overlap'])}",
              ""]
@@ -795,13 +238,15 @@ def summary(doc: dict[str, Any]) -> str:
     for p in doc["policies"]:
         cls = p["by_turn_class"]
         lines.append(f"    {p['policy']}: " + "; ".join(_class_cell(cls[c]) for c in TURN_CLASSES if cls[c]["turns"]))
+    lines += _refused_lines(doc["policies"])
     for p in doc["policies"]:
         late = p["timing_dependent_turns"]
         if late:
             lines.append(f"  {p['policy']}: {len(late)} timing-dependent turn(s), first: "
                          + ", ".join(map(str, late[:10])))
     for key, against, what, unit, said in (
-            ("versus_reported", "the captured answers", "what the server reported", "request", "server reported"),
+            ("versus_reported", "the log" if doc["format"] == "trace" else "the captured answers",
+             "what the server reported", "request", "server reported"),
             ("versus_run", "the run", "exactly what the cell reused", "turn", "run reused")):
         for p in doc["policies"]:
             if p.get(key) is not None:
@@ -809,6 +254,26 @@ def summary(doc: dict[str, Any]) -> str:
     lines += [f"  note: {n}" for n in doc["notes"]]
     lines += [f"  skipped: {s}" for s in doc["skipped"][:20]]
     return "\n".join(lines) + "\n"
+
+
+def _refused_lines(policies: Sequence[dict[str, Any]]) -> list[str]:
+    """Prompts a policy's context cannot hold: one line per distinct figure, naming its policies."""
+    groups: dict[tuple[int, int, int], list[str]] = {}
+    for p in policies:
+        r = p.get("refused") or {}
+        if r.get("requests"):
+            groups.setdefault((r["requests"], r["prompt_tokens"], r["n_ctx"]), []).append(p["policy"])
+    out = []
+    for (n, tokens, n_ctx), names in groups.items():
+        who = "every policy" if len(names) == len(policies) > 1 else ", ".join(names)
+        out.append(f"  refused ({who}): {n:,} request(s), {tokens:,} prompt tokens, {n_ctx:,} tokens or more "
+                   "(n_ctx): the engine answers HTTP 400 exceed_context_size_error and computes nothing")
+    return out
+
+
+def _bound_words(doc: dict[str, Any]) -> str:
+    bound = doc.get("ideal_bound") or {"exact": True}
+    return "" if bound["exact"] else " (a lower bound: " + "; ".join(bound["reasons"]) + ")"
 
 
 def _versus_line(policy: str, vs: dict[str, Any], words: tuple[str, str, str, str]) -> str:
@@ -857,6 +322,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"above 0, at most {MAX_PREFILL_TPS:g})")
     p.add_argument("--json", action="store_true", help="print the JSON document (version 1) instead of the table")
     p.add_argument("--out", type=Path, default=None, help="write simulate.json and simulate.html into DIR")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="simulate every combination of these values (repeatable: a grid) applied to each --policy; "
+                        "keys are policy parameters or " + ", ".join(f"{a} ({k})" for a, k in sweep.ALIASES.items()
+                                                                     if a in ("cram", "np", "b", "ub", "cms", "retain"))
+                        + "; one table, the knee marked")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="simulate the policies (or grid points) in N local processes (same results as 1)")
+    p.add_argument("--cluster", default=None, metavar="ADDRESS",
+                   help="simulate them on a Dask cluster (tcp://HOST:8786; the `cluster` extra; SOURCE must be "
+                        "readable at the same path on the workers)")
 
 
 DEFAULT_POLICIES = ("baseline", "policy0", "prompt-end", "affinity", "retention")
@@ -877,12 +352,22 @@ def run(args: argparse.Namespace) -> int:
         cell = load_run_cell(args.source) if is_run_cell(args.source) else None
         if cell is not None:
             policies = [cell.sized(p) for p in policies]
-        loaded = cell.loaded if cell is not None else traffic.load(args.source)
-        if not loaded.requests:
+            source: traffic.Loaded | traffic.Stream = cell.loaded
+            inference = None
+        elif not (args.sweep or args.jobs != 1 or args.cluster is not None):
+            source, inference = open_source(args.source)
+        if args.sweep or args.jobs != 1 or args.cluster is not None:
+            if cell is not None:
+                raise TrafficError("--sweep, --jobs and --cluster take a trace or a shape, not a run cell",
+                                   file=str(args.source))
+            # A grid varies one policy by default (the first default); a parallel list is the usual one.
+            doc = run_sweep(args, args.policy or (DEFAULT_POLICIES[:1] if args.sweep else DEFAULT_POLICIES))
+        else:
+            per_turn = bool(args.json or args.out is not None)  # the table needs no per-turn lists
+            doc = run_policies(source, policies, args.prefill_tps, per_turn=per_turn, cell=cell)
+            doc["conversations"] = inference.summary() if inference is not None else {"source": "given"}
+        if not doc["shape"]["requests"]:
             raise TrafficError("no request in the traffic", file=str(args.source))
-        loaded, inference = _conversations(loaded)
-        doc = run_policies(loaded, policies, args.prefill_tps, cell=cell)
-        doc["conversations"] = inference.summary() if inference is not None else {"source": "given"}
         text = json.dumps(doc, ensure_ascii=True)
         if args.out is not None:
             with records.storage_errors(OUT_HINT):
@@ -891,19 +376,58 @@ def run(args: argparse.Namespace) -> int:
     except ShadowlabError as exc:
         print(f"shadowlab simulate: {records.terminal_safe(str(exc))}", file=sys.stderr)
         return 3 if isinstance(exc, (EngineError, InfrastructureError)) else 2
-    sys.stdout.write(text + "\n" if args.json else summary(doc))
+    sys.stdout.write(text + "\n" if args.json else summary(doc) if "sweep" not in doc else sweep_summary(doc))
     return 0
 
 
-def _conversations(loaded: traffic.Loaded) -> tuple[traffic.Loaded, Any]:
-    """A traffic that names no conversation (a public hash-id trace) gets inferred ones
-    (shadowlab/traffic/infer.py): the by-turn-class figures and the affinity key then use them,
-    and every output says "inferred"."""
-    from shadowlab.traffic import infer as traffic_infer
+MAX_JOBS = 1024
 
-    if not traffic_infer.needs_inference(loaded):
-        return loaded, None
-    return traffic_infer.apply(loaded, traffic_infer.Rule(block=loaded.block_size))
+
+def run_sweep(args: argparse.Namespace, bases: Sequence[str]) -> dict[str, Any]:
+    """simulate.json of a grid (or of the --policy list, in parallel): per-turn lists are left
+    out (a grid of them would be the trace's length times the points)."""
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise TrafficError(f"--jobs {args.jobs} is outside 1..{MAX_JOBS}")
+    grid = sweep.parse_sweeps(args.sweep) if args.sweep else None
+    points = grid.points(bases) if grid is not None else [(b, {}) for b in bases]
+    for text, _ in points:
+        parse_policy(text)  # every point's error before any work
+    side, parts = sweep.run_grid(args.source, [t for t, _ in points], args.prefill_tps, args.jobs, args.cluster)
+    if not side["shape"]["requests"]:
+        raise TrafficError("no request in the traffic", file=str(args.source))
+    doc = assemble(side["source"], side, parts, args.prefill_tps)
+    doc["conversations"] = side["conversations"]
+    if grid is not None:
+        shares = [p["share_of_ideal"] for p in doc["policies"]]
+        doc["sweep"] = {"keys": list(grid.keys), "points": [
+            {"policy": p["policy"], "values": values, "share_of_ideal": p["share_of_ideal"],
+             "reused_tokens": p["reused_tokens"], "net_ms_per_turn": p["versus_first"]["net_ms_per_turn"],
+             "refused": p["refused"]["requests"]}
+            for p, (_, values) in zip(doc["policies"], points)], "knee": sweep.knee(shares),
+            "knee_rule": f"the first point (values in the order given) reaching {sweep.KNEE_SHARE:.0%} of the "
+                         "best recovered share"}
+    return doc
+
+
+def sweep_summary(doc: dict[str, Any]) -> str:
+    """The sweep's one table: a row per grid point, the knee marked."""
+    s, sw = doc["shape"], doc["sweep"]
+    lines = [f"shadowlab simulate --sweep: {doc['source']} ({doc['format']}): {s['requests']:,} requests, "
+             f"{s['prompt_tokens']:,} prompt tokens; ideal {s['ideal_tokens']:,} tokens{_bound_words(doc)}", ""]
+    head = ("", "policy", *sw["keys"], "reused", "of ideal", "net ms/turn", "refused")
+    rows = [head]
+    for i, p in enumerate(sw["points"]):
+        rows.append(("knee" if i == sw["knee"] else "", p["policy"].partition(":")[0],
+                     *(p["values"][k] for k in sw["keys"]), f"{p['reused_tokens']:,}", _pc(p["share_of_ideal"]),
+                     f"{p['net_ms_per_turn']:+,.0f}", f"{p['refused']:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        lines.append("  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    first = sw["points"][0]["policy"]
+    lines.append(f"  (net ms/turn: prefill saved at {doc['prefill_tps']:,.0f} tokens/s minus checkpoint time, "
+                 f"against {first}; knee: {sw['knee_rule']})")
+    lines += [f"  note: {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Iterable[str] | None = None) -> int:

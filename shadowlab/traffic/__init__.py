@@ -23,11 +23,14 @@ Bad input is a `TrafficError` naming file and line; readers stream (bounded memo
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import random
 import stat
+from array import array
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -72,9 +75,14 @@ class Request:
     output_length: int = 1
     user_starts: tuple[int, ...] = ()
     kind: str = "turn"  # "turn" | "zero" | "system" | "near_duplicate" | "mooncake" | "trace"
+    # What the engine said it reused for this request (a capture's `reported_reuse`, a logs
+    # trace's `reused`): a floor under the request's ideal (docs/DESIGN.md §10). None: not said.
+    reported_reuse: int | None = None
+    server: str | None = None  # a trace of several servers: each is simulated on its own
 
-    @property
+    @functools.cached_property
     def prompt_tokens(self) -> int:
+        """Summed once per request: the simulator asks for it per policy and per turn."""
         return sum(s.length for s in self.segments)
 
 
@@ -153,23 +161,89 @@ class PrefixTrie:
 
 
 def ideals(requests: Iterable[Request]) -> Iterator[tuple[int, int]]:
-    """Per request: (perfect-cache ideal, consecutive-turn ideal). The first is the longest
-    prefix shared with ANY earlier request; the second the prefix shared with the previous
-    request of its own conversation (0 for an interloper or a conversation's first turn). Both
-    are capped at the prompt length - 1: every engine evaluates at least one prompt token."""
-    trie = PrefixTrie()
-    last: dict[str, tuple[Segment, ...]] = {}
-    for index, r in enumerate(requests):
+    """Per request: (perfect-cache ideal, consecutive-turn ideal) (`Ideals.add`)."""
+    tracker = Ideals()
+    for r in requests:
+        yield tracker.add(r)
+
+
+class Ideals:
+    """The two ideals of each request of a traffic, request by request.
+
+    The perfect-cache ideal is the longest prefix a prompt shares with ANY earlier request; the
+    consecutive-turn ideal the prefix shared with the previous request of its own conversation
+    (0 for an interloper or a conversation's first turn). Both are capped at the prompt length -
+    1 (every engine evaluates at least one prompt token) and never below what the engine said it
+    reused for the request (`Request.reported_reuse`: the invariant of docs/DESIGN.md §10; a
+    request raised to it is counted in `raised`).
+
+    What a perfect cache holds is every distinct prefix seen, so memory grows with the traffic's
+    distinct content; it is kept small: a prompt is walked in canonical segments (adjacent pieces
+    of one block merged, so equal tokens always cut alike) and each (prefix, segment start) is
+    one dict entry, keyed by a 64-bit hash of the prefix before it and the segment's (block,
+    start), holding the longest length seen there; the prefix after a segment is the hash of
+    (prefix, block, start, length). A prompt shares a segment's first m tokens when an earlier
+    one held m or more there, and goes on past it only when an earlier one ended that segment at
+    the same token (then the next key exists). Exact but for hash collisions (about n^2 / 2^64
+    for n entries: 10^-5 at 10^7), and the same on every machine and process (Python hashes
+    integers and tuples of them without a per-process seed). PrefixTrie gives the same figures
+    with a tree (tests/shadowlab/test_simulate.py compares them)."""
+
+    def __init__(self) -> None:
+        self._reach: dict[int, int] = {}
+        self._last: dict[str, tuple[Segment, ...]] = {}
+        self._index = 0
+        self.raised = 0  # requests whose ideal the engine's own reuse raised
+
+    def add(self, r: Request, index: int | None = None) -> tuple[int, int]:
+        """`index`: the request's place in the whole traffic (its answer's block id), when this
+        tracker sees only some of it (one server of several)."""
+        index = self._index if index is None else index
+        self._index += 1
         # What a cache holds after the request: its prompt and its answer's evaluated tokens (a
         # capture trace's later prompt may continue with them: `extends`).
         served = r.segments + ((Segment(output_block(index), 0, r.output_length - 1),) if r.output_length > 1 else ())
-        ideal = trie.add(served)
-        prev = last.get(r.conversation) if r.conversation is not None else None
+        ideal = self._add(served)
+        prev = self._last.get(r.conversation) if r.conversation is not None else None
         consecutive = common_prefix(prev, r.segments) if prev is not None else 0
         if r.conversation is not None:
-            last[r.conversation] = served
+            self._last[r.conversation] = served
         cap = r.prompt_tokens - 1
-        yield min(ideal, cap), min(consecutive, cap)
+        ideal = min(ideal, cap)
+        if r.reported_reuse is not None and r.reported_reuse > ideal:
+            ideal = r.reported_reuse
+            self.raised += 1
+        return ideal, min(consecutive, cap)
+
+    def _add(self, segments: Sequence[Segment]) -> int:
+        reach = self._reach
+        shared, matching, prefix = 0, True, 0
+        for block, start, length in _canonical(segments):
+            key = hash((prefix, block, start))
+            held = reach.get(key, 0)
+            if matching:
+                shared += min(held, length)
+                matching = held >= length
+            if held < length:
+                reach[key] = length
+            prefix = hash((prefix, block, start, length))
+        return shared
+
+
+def _canonical(segments: Sequence[Segment]) -> Iterator[tuple[int, int, int]]:
+    """The segments with each run of adjacent pieces of one block merged into one."""
+    run: list[int] | None = None
+    for block, start, length in segments:
+        if length <= 0:
+            continue
+        if run is not None and block == run[0] and start == run[1] + run[2]:
+            run[2] += length
+            continue
+        if run is not None:
+            yield run[0], run[1], run[2]
+        run = [block, start, length]
+    if run is not None:
+        yield run[0], run[1], run[2]
 
 
 # --------------------------------------------------------------------------- the generator
@@ -420,6 +494,12 @@ class _Preamble:
 def generate(shape: TrafficShape, where: str = "<shape>") -> list[Request]:
     """Seeded traffic of the declared shape (the same shape and seed give the same requests);
     errors name `where` (the shape's file)."""
+    return list(iter_generate(shape, where))
+
+
+def iter_generate(shape: TrafficShape, where: str = "<shape>") -> Iterator[Request]:
+    """`generate`, one request at a time: what a generated traffic holds at once is its live
+    conversations, not its requests (`shadowlab simulate` streams a million of them)."""
     _check_shape(shape, where)
     rng = random.Random(f"shadowlab-traffic:{shape.seed}")
     blocks = _Blocks()
@@ -428,29 +508,31 @@ def generate(shape: TrafficShape, where: str = "<shape>") -> list[Request]:
     n_total = shape.requests  # len(order) conversation turns, the rest interlopers
     inter_at = _interloper_positions(shape, rng, order, n_total)
     live: dict[int, _Conversation] = {}
-    out: list[Request] = []
     it = iter(order)
     for i in range(n_total):
         t = i * shape.gap_s
         if i in inter_at:
-            out.append(_interloper(shape, rng, blocks, list(live.values()), t, header))
+            yield _sized(_interloper(shape, rng, blocks, list(live.values()), t, header), i, where)
             continue
         c = next(it)
         conv = live.get(c)
         if conv is None:
             conv = live[c] = _Conversation(f"c{c}", blocks.new(shape.system_tokens.draw(rng)), turns_left=shape.turns,
                                            preamble=header.draw(rng))
-        out.append(_turn(shape, rng, blocks, conv, t))
+        yield _sized(_turn(shape, rng, blocks, conv, t), i, where)
         conv.turns_left -= 1
         if conv.turns_left == 0:
             del live[c]
-    for i, r in enumerate(out):  # sizes are segments here, so nothing above took long
-        if r.prompt_tokens > MAX_PROMPT_TOKENS:
-            whose = f"conversation {r.conversation}" if r.conversation else f"a {r.kind} interloper"
-            raise TrafficError(f"{where}: request {i} ({whose}) would be {r.prompt_tokens:,} tokens, beyond the "
-                               f"{MAX_PROMPT_TOKENS:,} any engine's context holds",
-                               hint="lower the sizes' `high`, or the number of turns")
-    return out
+
+
+def _sized(r: Request, i: int, where: str) -> Request:
+    """`r` if its prompt fits a context (sizes are segments here, so building it took no time)."""
+    if r.prompt_tokens > MAX_PROMPT_TOKENS:
+        whose = f"conversation {r.conversation}" if r.conversation else f"a {r.kind} interloper"
+        raise TrafficError(f"{where}: request {i} ({whose}) would be {r.prompt_tokens:,} tokens, beyond the "
+                           f"{MAX_PROMPT_TOKENS:,} any engine's context holds",
+                           hint="lower the sizes' `high`, or the number of turns")
+    return r
 
 
 def _interloper_positions(shape: TrafficShape, rng: random.Random, order: list[int], n_total: int) -> set[int]:
@@ -554,37 +636,71 @@ def _percentiles(values: Sequence[int]) -> dict[str, int | None]:
 
 
 def realised_shape(requests: Sequence[Request]) -> dict[str, Any]:
-    """What the traffic turned out to be: sizes, the prefix each request shares with the one
-    before it (the one-slot view of the case study: share under 512, 4,096+), divergence depths
-    of consecutive conversation turns, the ideals."""
-    sizes, prev_shared, depths = [], [], []
-    ideal_sum = consecutive_sum = 0
-    prev: tuple[Segment, ...] | None = None
-    for r, (ideal, consecutive) in zip(requests, ideals(requests)):
-        sizes.append(r.prompt_tokens)
+    """What the traffic turned out to be (`ShapeTally`, fed every request with its ideals)."""
+    tally = ShapeTally()
+    for r in requests:
+        tally.add(r)
+    return tally.result()
+
+
+class ShapeTally:
+    """What a traffic turned out to be, request by request: sizes, the prefix each request shares
+    with the one before it on its server (the one-slot view of the case study: share under 512,
+    4,096+), divergence depths of consecutive conversation turns, the ideals (`Ideals`, per
+    server: a server reuses only what it computed). Holds a few integers per request (the
+    percentiles' values), one Ideals per server and the conversations' names."""
+
+    def __init__(self) -> None:
+        self.ideals: dict[str | None, Ideals] = {}
+        self._prev: dict[str | None, tuple[Segment, ...]] = {}
+        self._sizes, self._prev_shared, self._depths = array("q"), array("q"), array("q")
+        self._names: set[str] = set()
+        self.requests = self.interlopers = self.ideal = self.consecutive = self.reusable = 0
+
+    def add(self, r: Request, index: int | None = None) -> tuple[int, int]:
+        """The request's (ideal, consecutive ideal); `index` its place in the traffic (default:
+        the requests added so far)."""
+        index = self.requests if index is None else index
+        ideal, consecutive = self.ideals.setdefault(r.server, Ideals()).add(r, index)
+        prev = self._prev.get(r.server)
         if prev is not None:
-            prev_shared.append(common_prefix(prev, r.segments))
+            shared = common_prefix(prev, r.segments)
+            self._prev_shared.append(shared)
+            self.reusable += shared
+        self._prev[r.server] = r.segments
+        self._sizes.append(r.prompt_tokens)
         if consecutive:
-            depths.append(consecutive)
-        ideal_sum += ideal
-        consecutive_sum += consecutive
-        prev = r.segments
-    total = sum(sizes)
-    n = len(prev_shared)
-    return {
-        "requests": len(requests),
-        "interlopers": sum(r.conversation is None for r in requests),
-        "conversations": len({r.conversation for r in requests if r.conversation is not None}),
-        "prompt_tokens": total,
-        "prompt_size": _percentiles(sizes),
-        "shared_with_previous": _percentiles(prev_shared),
-        "share_near_zero_overlap": (sum(s < NEAR_ZERO for s in prev_shared) / n) if n else None,
-        "share_4096_or_more": (sum(s >= 4096 for s in prev_shared) / n) if n else None,
-        "reusable_with_previous": sum(prev_shared),
-        "divergence_depth": _percentiles(depths),
-        "ideal_tokens": ideal_sum,
-        "consecutive_ideal_tokens": consecutive_sum,
-    }
+            self._depths.append(consecutive)
+        if r.conversation is None:
+            self.interlopers += 1
+        else:
+            self._names.add(r.conversation)
+        self.requests += 1
+        self.ideal += ideal
+        self.consecutive += consecutive
+        return ideal, consecutive
+
+    @property
+    def raised(self) -> int:
+        """Requests whose ideal the engine's own reported reuse raised (`Ideals.raised`)."""
+        return sum(t.raised for t in self.ideals.values())
+
+    def result(self) -> dict[str, Any]:
+        prev_shared, n = self._prev_shared, len(self._prev_shared)
+        return {
+            "requests": self.requests,
+            "interlopers": self.interlopers,
+            "conversations": len(self._names),
+            "prompt_tokens": sum(self._sizes),
+            "prompt_size": _percentiles(self._sizes),
+            "shared_with_previous": _percentiles(prev_shared),
+            "share_near_zero_overlap": (sum(s < NEAR_ZERO for s in prev_shared) / n) if n else None,
+            "share_4096_or_more": (sum(s >= 4096 for s in prev_shared) / n) if n else None,
+            "reusable_with_previous": self.reusable,
+            "divergence_depth": _percentiles(self._depths),
+            "ideal_tokens": self.ideal,
+            "consecutive_ideal_tokens": self.consecutive,
+        }
 
 
 # --------------------------------------------------------------------------- materialisation
@@ -854,7 +970,39 @@ class Loaded:
     block_size: int = 1  # the prefix resolution of a hash-id trace (Mooncake 512; capture's block_size)
 
 
+@dataclass
+class Stream:
+    """A traffic read one request at a time (`stream`): `requests` is consumed once; `skipped`
+    and `block_size` are complete once it is. What a reader holds meanwhile is bounded by the
+    traffic's working set (per slot, per live conversation, a window of pending answers), not
+    by its length."""
+
+    requests: Iterator[Request]
+    source: str = ""
+    format: str = ""
+    skipped: list[str] = field(default_factory=list)
+    block_size: int = 1
+
+    def loaded(self) -> Loaded:
+        """The whole traffic in memory (the matrix, conversation inference, run cells)."""
+        requests = tuple(self.requests)
+        reported = tuple(r.reported_reuse for r in requests)
+        return Loaded(requests, tuple(self.skipped), self.source, self.format,
+                      reported if any(r is not None for r in reported) else (), self.block_size)
+
+
 def read_mooncake(path: Path | str) -> Loaded:
+    """`stream_mooncake`, all in memory."""
+    return stream_mooncake(path).loaded()
+
+
+# A mirror trace's answers have no length until a later prompt re-sends them (`_Extensions`): a
+# request whose answer is unknown waits for that many later lines at most, then goes on as 1
+# token. (Conversations resumed later than that lose the answer's tokens from the slot model.)
+ANSWER_WINDOW = 16_384
+
+
+def stream_mooncake(path: Path | str) -> Stream:
     """Mooncake JSON lines: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (ids of
     512-token blocks; the last block is cut to the input length, tokens beyond the listed blocks
     are a block of their own), optional `session_id` (the conversation). AIPerf's variant: a
@@ -866,15 +1014,19 @@ def read_mooncake(path: Path | str) -> Loaded:
     of L tokens whose last id is `id`, then k tokens of that request's answer, then its own
     blocks from L + k on: `_Extensions`), `status` (an error answer is skipped, counted),
     `reported_reuse` (kept per request); `output_length` null = unknown."""
-    path = Path(path)
-    skipped: list[str] = []
-    out: list[Request] = []
-    reported: list[int | None] = []
+    out = Stream(iter(()), str(Path(path)), "mooncake", block_size=MOONCAKE_BLOCK)
+    out.requests = _mooncake_requests(Path(path), out)
+    return out
+
+
+def _mooncake_requests(path: Path, meta: Stream) -> Iterator[Request]:
+    skipped = meta.skipped
     last_time: float | None = None
     session_time: dict[str, float] = {}
     fresh = _Blocks(first=-(1 << 62))  # never equal to a hash id of the file
     block: int | None = None
     extensions = _Extensions()
+    count, captured = 0, False
     for line, doc in _json_lines(path, skipped):
         unknown = set(doc) - MOONCAKE_KEYS - CAPTURE_KEYS
         if unknown:
@@ -895,24 +1047,27 @@ def read_mooncake(path: Path | str) -> Loaded:
         if block is not None and b != block:
             raise TrafficError(f"block_size {b} after lines of {block}", file=str(path), line=line,
                                hint="hash ids of different block sizes never compare: read one capture at a time")
-        block = b
+        block = meta.block_size = b
         t = _mooncake_time(doc, path, line, session, last_time, session_time)
         n = _int(doc, "input_length", path, line, minimum=1, maximum=MAX_PROMPT_TOKENS)
         n_out = _int(doc, "output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
-        _count(out, path, line)
+        _count(count, path, line)
         starts = _user_starts(doc.get("user_starts"), n, path, line)
         own = _hash_segments(doc["hash_ids"], n, fresh, path, line, block)
         own = _cut(own, _prefix_cuts(doc.get("user_start_ids"), starts, path, line))
-        segments = extensions.splice(out, doc.get("extends"), own, n, path, line)
+        segments = extensions.splice(doc.get("extends"), own, n, path, line)
         kind = "mooncake" if starts is None else "chat"
-        out.append(Request(t, session, segments, n_out or 1, starts or (), kind))
+        reported = _int(doc, "reported_reuse", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
         limit = _int(doc, "max_output_length", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
-        extensions.remember(len(out) - 1, doc["hash_ids"], n, limit if n_out is None else -1)
-        reported.append(_int(doc, "reported_reuse", path, line, required=False, maximum=MAX_PROMPT_TOKENS))
+        # Only a capture's lines can be extended (`extends` is its field, as `block_size` on every line
+        # is): a plain Mooncake file keeps no prompt for it.
+        captured = captured or not CAPTURE_KEYS.isdisjoint(doc)
+        extensions.add(count, Request(t, session, segments, n_out or 1, starts or (), kind, reported),
+                       doc["hash_ids"] if captured else [], n, limit if n_out is None else -1)
+        count += 1
         last_time = t
-    out = extensions.fill_outputs(out)
-    return Loaded(tuple(out), tuple(skipped), str(path), "mooncake",
-                  tuple(reported) if any(r is not None for r in reported) else (), block or MOONCAKE_BLOCK)
+        yield from extensions.ready()
+    yield from extensions.ready(final=True)
 
 
 def output_block(index: int) -> int:
@@ -924,23 +1079,46 @@ def output_block(index: int) -> int:
 class _Extensions:
     """Capture's `extends`: the earlier prompt a request extends whole, found by (its last hash
     id, its length); the answer tokens that follow it; answers of unknown length (a mirror
-    trace) filled in from the requests that continue them (`fill_outputs`)."""
+    trace) filled in from the requests that continue them. Requests pass through in order: one
+    whose answer is unknown is held (with those after it) until a later prompt re-sends that
+    answer or ANSWER_WINDOW lines have passed; the prompts a later line may extend are the
+    latest ANSWER_WINDOW distinct ones (an older one is read as its blocks show it, as one in an
+    earlier piece)."""
 
     def __init__(self) -> None:
-        self._ends: dict[tuple[int, int], int] = {}  # (last id, length) -> request index
-        self._unknown_output: dict[int, int | None] = {}  # request index -> its answer's allowed length
-        self._continued: dict[int, int] = {}  # request index -> answer tokens a later prompt re-sent
+        self._ends: OrderedDict[tuple[int, int], tuple[int, tuple[Segment, ...]]] = OrderedDict()
+        self._pending: deque[list[Any]] = deque()  # [index, request, answer limit or -1, longest re-sent]
+        self._first = 0  # index of _pending[0]
 
-    def remember(self, index: int, ids: list[int], n: int, unknown_limit: int | None) -> None:
+    def add(self, index: int, request: Request, ids: list[int], n: int, unknown_limit: int | None) -> None:
         """`unknown_limit`: -1 when the request's answer length is known; else the answer length
         its client allowed (None: no limit given)."""
         if ids:
-            self._ends[(ids[-1], n)] = index
-        if unknown_limit != -1:
-            self._unknown_output[index] = unknown_limit
+            self._ends[(ids[-1], n)] = (index, request.segments)
+            self._ends.move_to_end((ids[-1], n))
+            if len(self._ends) > ANSWER_WINDOW:
+                self._ends.popitem(last=False)
+        if not self._pending:
+            self._first = index
+        self._pending.append([index, request, unknown_limit, 0])
 
-    def splice(self, out: list[Request], extends: Any, own: tuple[Segment, ...], n: int, path: Path,
-               line: int) -> tuple[Segment, ...]:
+    def ready(self, final: bool = False) -> Iterator[Request]:
+        """The requests that can go on: every one before the first whose answer is still unknown
+        (all of them at the end of the file, or when that one has waited its window)."""
+        while self._pending:
+            index, request, limit, k = self._pending[0]
+            newest = self._pending[-1][0]
+            if limit != -1 and not final and newest - index < ANSWER_WINDOW:
+                return
+            self._pending.popleft()
+            self._first = index + 1
+            if limit != -1 and k:
+                # An answer re-sent as k tokens was k + 1 long (its end-of-generation token is never
+                # re-sent), or k when k is the length its client allowed (it was cut there).
+                request = replace(request, output_length=k if limit is not None and k >= limit else k + 1)
+            yield request
+
+    def splice(self, extends: Any, own: tuple[Segment, ...], n: int, path: Path, line: int) -> tuple[Segment, ...]:
         if extends is None:
             return own
         if (not isinstance(extends, list) or len(extends) != 3
@@ -950,22 +1128,15 @@ class _Extensions:
         at, k, last_id = extends
         if at + k > n:
             raise TrafficError(f"'extends' {at} + {k} tokens is beyond input_length {n}", file=str(path), line=line)
-        earlier = self._ends.get((last_id, at))
-        if earlier is None:  # not in this file (an earlier piece): the prefix as the blocks show it
+        found = self._ends.get((last_id, at))
+        if found is None:  # not in this file (an earlier piece), or too long ago: the prefix as the blocks show it
             return own
-        if k:
-            self._continued[earlier] = max(k, self._continued.get(earlier, 0))
-        head = out[earlier].segments + ((Segment(output_block(earlier), 0, k),) if k else ())
+        earlier, segments = found
+        if k and earlier >= self._first:
+            entry = self._pending[earlier - self._first]
+            entry[3] = max(entry[3], k)
+        head = segments + ((Segment(output_block(earlier), 0, k),) if k else ())
         return head + _from(own, at + k)
-
-    def fill_outputs(self, out: list[Request]) -> list[Request]:
-        """An answer re-sent as k tokens was k + 1 long (its end-of-generation token is never
-        re-sent), or k when k is the length its client allowed (it was cut there)."""
-        for index, k in self._continued.items():
-            if index in self._unknown_output:
-                limit = self._unknown_output[index]
-                out[index] = replace(out[index], output_length=k if limit is not None and k >= limit else k + 1)
-        return out
 
 
 def _from(segments: tuple[Segment, ...], at: int) -> tuple[Segment, ...]:
@@ -1017,8 +1188,8 @@ def _user_starts(value: Any, n: int, path: Path, line: int) -> tuple[int, ...] |
     return tuple(sorted(set(value)))
 
 
-def _count(requests: list, path: Path, line: int) -> None:
-    if len(requests) >= MAX_REQUESTS:
+def _count(count: int, path: Path, line: int) -> None:
+    if count >= MAX_REQUESTS:
         raise TrafficError(f"more than {MAX_REQUESTS:,} requests", file=str(path), line=line,
                            hint="split the trace by time (--since/--until when it comes from shadowlab logs)")
 
@@ -1062,15 +1233,32 @@ TRACE_KEYS = {"time", "server", "slot", "task", "line", "prompt_tokens", "shared
 
 
 def read_trace(path: Path | str) -> Loaded:
+    """`stream_trace`, all in memory."""
+    return stream_trace(path).loaded()
+
+
+# Of each server, the latest prompts a prompt-cache load may have brought back (see stream_trace).
+CACHE_LOAD_LOOKBACK = 256
+
+
+def stream_trace(path: Path | str) -> Stream:
     """`shadowlab logs --trace` (docs/trace.md, version 1). Each request is built to share exactly
     its `shared_prefix` (where `shared_source` is `lcp` or `n_past`; else `reused`, a lower bound)
     with the previous request of the same server and slot, and nothing else: the log says nothing
     about content, so a prefix shared with an older request is invisible (the ideal is then the
-    consecutive one) and no request has a conversation. A request without `prompt_tokens` is
-    skipped and counted."""
-    path = Path(path)
-    skipped: list[str] = []
-    out: list[Request] = []
+    consecutive one) and no request has a conversation. A request that loaded a prompt-cache
+    entry (`checkpoints.cache_loaded`, llama-server's `-cram`) shared that prefix with the entry,
+    not with the slot's previous request: it is built on the server's latest earlier prompt
+    (among the last CACHE_LOAD_LOOKBACK) that is at least that long, the entry's content as far
+    as the log can tell. `reused` (what the engine reused) is kept as the request's
+    `reported_reuse`: its ideal is never below it. A request without `prompt_tokens` is skipped
+    and counted."""
+    out = Stream(iter(()), str(Path(path)), "trace")
+    out.requests = _trace_requests(Path(path), out.skipped)
+    return out
+
+
+def _trace_requests(path: Path, skipped: list[str]) -> Iterator[Request]:
     docs = _json_lines(path, skipped)
     first = next(docs, None)
     if first is None:
@@ -1078,7 +1266,9 @@ def read_trace(path: Path | str) -> Loaded:
     _trace_header(first[1], path, first[0])
     fresh = _Blocks()
     previous: dict[tuple[Any, Any], tuple[Segment, ...]] = {}
+    recent: dict[Any, deque[tuple[Segment, ...]]] = {}  # per server, its latest prompts
     last_time: dict[Any, float] = {}
+    count = 0
     for line, doc in docs:
         unknown = set(doc) - TRACE_KEYS
         if unknown:
@@ -1087,19 +1277,36 @@ def read_trace(path: Path | str) -> Loaded:
         if n is None:
             skipped.append(f"line {line}: no prompt_tokens")
             continue
-        _count(out, path, line)
-        key = (_key(doc, "server", path, line), _key(doc, "slot", path, line, text=False))
+        _count(count, path, line)
+        count += 1
+        server = _key(doc, "server", path, line)
+        key = (server, _key(doc, "slot", path, line, text=False))
         t = _trace_time(doc, path, line, last_time)
         source = doc.get("shared_source")
         shared = _int(doc, "shared_prefix" if source in ("lcp", "n_past") else "reused", path, line,
                       required=False, maximum=MAX_PROMPT_TOKENS) or 0
+        reused = _int(doc, "reused", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
+        earlier = recent.setdefault(server, deque(maxlen=CACHE_LOAD_LOOKBACK))
         prev = previous.get(key, ())
-        keep = truncate(prev, min(shared, n, sum(s.length for s in prev)))
-        rest = n - sum(s.length for s in keep)
+        if _loaded_entry(doc):
+            prev = next((p for p in reversed(earlier) if _length(p) >= min(shared, n)), prev)
+        keep = truncate(prev, min(shared, n, _length(prev)))
+        rest = n - _length(keep)
         segments = keep + ((fresh.new(rest),) if rest > 0 else ())
         previous[key] = segments
-        out.append(Request(t, None, segments, 1, (), "trace"))
-    return Loaded(tuple(out), tuple(skipped), str(path), "trace")
+        earlier.append(segments)
+        yield Request(t, None, segments, 1, (), "trace", reused, None if server is None else str(server))
+
+
+def _loaded_entry(doc: dict) -> bool:
+    """The line says a prompt-cache entry was loaded for the request (docs/trace.md)."""
+    ckpts = doc.get("checkpoints")
+    loaded = ckpts.get("cache_loaded") if isinstance(ckpts, dict) else None
+    return isinstance(loaded, int) and not isinstance(loaded, bool) and loaded > 0
+
+
+def _length(segments: Sequence[Segment]) -> int:
+    return sum(s.length for s in segments)
 
 
 def _trace_header(doc: dict, path: Path, line: int) -> None:
@@ -1166,25 +1373,30 @@ def read_shape(path: Path) -> TrafficShape:
 
 def load(path: Path | str) -> Loaded:
     """Any traffic source by its content: a logs trace, a Mooncake file, or a shape file."""
+    return stream(path).loaded()
+
+
+def stream(path: Path | str) -> Stream:
+    """`load`, one request at a time (the file is read as the requests are consumed)."""
     if str(path).startswith("shape:") and not Path(path).exists():
         return _preset(str(path))
     path = Path(path)
     kind = sniff(path)
     if kind == "trace":
-        return read_trace(path)
+        return stream_trace(path)
     if kind == "mooncake":
-        return read_mooncake(path)
-    return Loaded(tuple(generate(read_shape(path), str(path))), (), str(path), "shape")
+        return stream_mooncake(path)
+    return Stream(iter_generate(read_shape(path), str(path)), str(path), "shape")
 
 
-def _preset(source: str) -> Loaded:
+def _preset(source: str) -> Stream:
     """`shape:NAME[:seed]`: a named shape (`PRESETS`) generated from a seed (default 0)."""
     name, _, seed = source[len("shape:"):].partition(":")
     if name not in PRESETS:
         raise TrafficError(f"{source}: no such shape preset", hint=f"known: {', '.join(f'shape:{n}' for n in PRESETS)}")
     if seed and not seed.isdigit():
         raise TrafficError(f"{source}: the seed after the preset's name is a whole number, got {seed!r}")
-    return Loaded(tuple(generate(PRESETS[name](seed=int(seed or 0)))), (), source, "shape")
+    return Stream(iter_generate(PRESETS[name](seed=int(seed or 0))), source, "shape")
 
 
 def write_mooncake(requests: Sequence[Request], path: Path) -> None:
