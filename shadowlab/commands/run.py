@@ -35,8 +35,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--jobs", type=jobs, default=None,
                      help="cells run at once, each on its own cores (default: the matrix's isolation.jobs)")
     run.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]", type=fault_spec,
-                     help="pass --fault to every reference-engine cell (repeatable; "
-                          "one of the reference engine's faults: " + ", ".join(_known_faults()) + ")")
+                     help="pass --fault to every cell of an engine kind that takes faults (repeatable; "
+                          "one of: " + ", ".join(_known_faults()) + ")")
     run.add_argument("--request-timeout", type=REQUEST_TIMEOUT.argument, default=None, metavar="S",
                      help="seconds a turn may take before its cell fails (default 300)")
     run.add_argument("--no-report", action="store_true",
@@ -55,6 +55,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from shadowlab import run
+    from shadowlab.judge import attribution
 
     options = run.RunOptions(
         matrix_path=args.matrix,
@@ -65,6 +66,7 @@ def main(args: argparse.Namespace) -> int:
         faults=tuple(args.fault),
         request_timeout_s=args.request_timeout,
         shard=_shard_of(args),
+        judging=attribution.RUN_JUDGING,  # what the run needs judged while it runs (no log read in run/)
     )
     outcome = run.run(options)  # run.Interrupted -> exit 130/143 in cli.main()
     if outcome.run_dir is None:  # dry run
@@ -122,24 +124,20 @@ def shard_spec(text: str) -> object:
 
 
 def fault_spec(text: str) -> str:
-    """A --fault value the reference engine knows (its own parser, shadowlab_engine.faults)."""
+    """A --fault value some engine kind takes (asked of the kinds: engines.check_fault)."""
+    from shadowlab import engines
+
     try:
-        from shadowlab_engine.faults import FaultError, parse_faults
-    except ImportError:  # engine not installed: its cells report that when they start
-        return text
-    try:
-        parse_faults([text])
-    except FaultError as exc:
+        engines.check_fault(text)
+    except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
 def _known_faults() -> tuple[str, ...]:
-    try:
-        from shadowlab_engine.faults import KNOWN
-    except ImportError:
-        return ()
-    return KNOWN
+    from shadowlab import engines
+
+    return engines.fault_names()
 
 
 def _shard_of(args: argparse.Namespace) -> object:

@@ -3,23 +3,32 @@
 An adapter knows how to locate and hash an engine and its model, how to build its
 command line and environment, how to phrase a turn as an HTTP request and read the
 answer back. It never starts processes or keeps state between cells: the runner
-(``shadowlab/run/__init__.py`` with ``shadowlab/run/isolation.py``) does that, identically for
+(the ``shadowlab/run/`` package, with ``shadowlab/run/isolation.py``) does that, identically for
 every engine.
 
 Adapters register by ``kind`` (the matrix's ``engines.<name>.kind``)::
 
     adapter = get_adapter("reference")
 
-The built-in kinds live in sibling modules and are imported on first use, so a
-broken or missing optional engine never stops the others from working.
+The built-in kinds live in sibling packages (``engines/<kind>/``) and are imported on first
+use, so a broken or missing optional engine never stops the others from working. Everything
+kind-specific is asked of the adapter (docs/DESIGN.md §3): its flag grammar (`context_size`,
+`batch_sizes`), how a split control is sent (`split_control`, `split_request_fields`,
+`split_control_flags`), how a turn is asked and its answer read (`completion_request`,
+`read_streamed`, `parse_response`), the variables its engine reads (`controlled_env`), its
+faults (`faults`, `check_fault`) and the log family its engine writes (`LogFamily`: the
+family's patterns and facts; the parsers themselves are `shadowlab.logs.parse`'s). Nothing
+outside `engines/` names a kind, a family or a kind's flag (tests/shadowlab/test_layout_guards.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -29,16 +38,26 @@ import httpx
 __all__ = [
     "DEFAULT_LEVEL_FAMILIES",
     "MODEL_SOURCES",
+    "NO_LOG",
     "EngineAdapter",
     "EngineAdapterBase",
     "EngineIdentity",
+    "LogFamily",
+    "MalformedAnswer",
     "TurnRequest",
     "TurnResult",
     "UnknownEngineKind",
+    "UnknownLogFamily",
+    "check_fault",
+    "fault_names",
     "get_adapter",
+    "known_families",
     "known_kinds",
+    "log_family",
     "register",
+    "register_family",
     "unregister",
+    "unregister_family",
     "sha256_file",
     "token_ids",
 ]
@@ -61,7 +80,9 @@ class EngineIdentity:
 class TurnRequest:
     """One turn as the runner hands it to an adapter.
 
-    Exactly one of ``prompt_tokens`` (raw ``/completion``) and ``messages`` (chat) is set.
+    Exactly one of ``prompt_tokens`` (raw ``/completion``) and ``messages`` (chat) is set. The
+    rest is said in engine-neutral terms; the adapter phrases it in its kind's request fields
+    (`request_fields`), ``extra_body`` last (a split control's fields, the adapter's own).
     """
 
     index: int
@@ -69,6 +90,11 @@ class TurnRequest:
     prompt_tokens: tuple[int, ...] | None = None
     messages: tuple[Mapping[str, str], ...] | None = None
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    conversation: str | None = None  # the engines' affinity key (a traffic turn's conversation)
+    slot: int | None = None  # the slot to pin the request to
+    cache_prompt: bool = True  # False: no reuse (a replayed identity reference)
+    # User-message delimiters (role, delimiter text) the engine places checkpoints at.
+    message_delimiters: tuple[Mapping[str, str], ...] = ()
 
     @property
     def is_chat(self) -> bool:
@@ -98,12 +124,48 @@ class TurnResult:
     task: int | None = None
 
 
-# Families whose builds print their checkpoint lines at the default level: ik_llama.cpp has no
-# `-lv` flag at all (it exits with `error: unknown argument: -lv`); older upstream builds print
-# them at WRN/INF, where `-lv 4` would only add DBG noise to the log the parser reads.
-DEFAULT_LEVEL_FAMILIES = ("ik_llama.cpp", "llama.cpp-legacy")
 MODEL_SOURCES = ("preset", "path", "gguf")
 READY_PROBE_TEXT = "shadowlab ready probe"
+
+
+@dataclass(frozen=True)
+class LogFamily:
+    """A log format an engine writes (`engines.<name>.log_family`): its facts and the patterns
+    the runner needs while a cell runs. Reading the log is the parser's (`shadowlab.logs.parse`,
+    the family named by ``parser``); a family registers here with the kind that writes it.
+
+    ``turn_end`` matches the line that closes a turn's log span (llama.cpp's `prompt eval time =`),
+    ``task_id`` a line's task id (one group of digits); both bounded patterns over bytes, as the
+    runner scans engine.log in chunks. None: the family has no such line (its spans are the bytes
+    between requests) or its log is not read at all (``parser`` None)."""
+
+    name: str
+    parser: str | None  # the shadowlab.logs.parse family that reads it; None: the log is not read
+    default_level: bool = False  # prints its checkpoint lines without a verbosity flag
+    streams: bool = False  # its `/completion` streams llama-server's events (engines/streamed.py)
+    turn_end: re.Pattern[bytes] | None = None
+    task_id: re.Pattern[bytes] | None = None
+    description: str = ""
+
+    @property
+    def read(self) -> bool:
+        """Whether shadowlab reads this family's log at all (the cascade is seen only then)."""
+        return self.parser is not None
+
+    def parse(self, source: Any, extra_patterns: Sequence[Any] = ()) -> Any:
+        """The whole log, parsed by the family's parser (shadowlab.logs.parse.parse)."""
+        from shadowlab.logs import parse as logparse  # the C scanner loads only when a log is read
+
+        if self.parser is None:
+            raise ValueError(f"log family {self.name!r} is not read")
+        return logparse.parse(source, self.parser, extra_patterns)
+
+
+NO_LOG = LogFamily("none", None, default_level=True, description="the log is not read; the API is the only witness")
+
+
+class MalformedAnswer(ValueError):
+    """An answer the adapter cannot read in the kind's own format (a turn's record error)."""
 
 
 @runtime_checkable
@@ -132,13 +194,41 @@ class EngineAdapter(Protocol):
     def command(
         self, spec: Any, cell_flags: Sequence[str], port: int, threads: int, log_file: Path
     ) -> list[str]:
-        """The engine's argv for one cell."""
+        """The engine's argv for one cell; `cell_flags` are every flag the plan gives it (the
+        engine's own, then the configuration's), to which the kind may add its own."""
 
     def env(self, spec: Any, cell_env: Mapping[str, str]) -> dict[str, str]:
-        """Environment additions for one cell (the runner adds GPU and thread vars)."""
+        """Environment additions for one cell: `cell_env` is the plan's (the engine's env, then
+        the configuration's), plus what the kind needs (the runner adds GPU and thread vars)."""
 
     def fault_flags(self, faults: Sequence[str]) -> list[str]:
         """Flags that inject `shadowlab run --fault` faults; [] when the kind has none."""
+
+    def faults(self) -> tuple[str, ...]:
+        """The fault names `--fault` may give this kind's engine; () when it has none."""
+
+    def check_fault(self, text: str) -> None:
+        """ValueError unless `text` is a fault (NAME[=VALUE]) this kind's engine takes."""
+
+    controlled_env: tuple[str, ...]  # variables its engine reads: a cell sets them only in its delta
+    split_control: str  # "points" | "requests" | "none": how a split control is sent (DESIGN §5)
+
+    def context_size(self, args: Sequence[str]) -> tuple[int | None, str]:
+        """(context tokens, where that comes from) for an engine started with `args`."""
+
+    def batch_sizes(self, command: Sequence[str]) -> tuple[int, int]:
+        """(batch, micro-batch) as the engine was started with `command`."""
+
+    def split_request_fields(self, split_points: Sequence[int]) -> dict[str, Any]:
+        """Body fields of a split control's (last) request."""
+
+    def split_control_flags(self) -> tuple[str, ...]:
+        """Flags appended to a split control cell's (none: ())."""
+
+    def read_streamed(self, content_type: str | None, chunks: Iterable[bytes], body: Mapping[str, Any], *,
+                      max_bytes: int, deadline: float) -> Any:
+        """A streamed answer read back into its unstreamed body (engines/streamed.StreamedAnswer),
+        or None when the answer is not a stream of the kind's; MalformedAnswer when unreadable."""
 
     def ready_probe(self, client: httpx.Client) -> None:
         """After /health 200: one real answer, or an exception saying why not."""
@@ -199,12 +289,74 @@ class EngineAdapterBase:
     model_hint: str = ""
     default_context: int | None = None
     tokenize_hint: str = ""
+    controlled_env: tuple[str, ...] = ()
+    split_control: str = "none"
+    # llama.cpp's flag grammar (the reference engine takes the same): context, batch, micro-batch.
+    context_flags: tuple[str, ...] = ("-c", "--ctx-size")
+    batch_flags: tuple[tuple[str, str], ...] = (("-b", "b"), ("--batch-size", "b"), ("-ub", "ub"),
+                                                ("--ubatch-size", "ub"))
+    default_batch: tuple[int, int] = (2048, 512)  # -b / -ub when the command gives none
 
     def presets(self) -> tuple[str, ...]:
         return ()
 
     def default_verbosity(self, family: str) -> tuple[str, ...]:
-        return () if family in DEFAULT_LEVEL_FAMILIES else self.verbosity_flags
+        return () if log_family(family).default_level else self.verbosity_flags
+
+    def family(self) -> LogFamily:
+        """The log family this adapter's engine is read with (after prepare(): the matrix's)."""
+        return log_family(self.log_family)
+
+    def context_size(self, args: Sequence[str]) -> tuple[int | None, str]:
+        """The last -c/--ctx-size of `args` (the command, the engine's flags and the
+        configuration's, in the order the engine sees them), else the kind's default."""
+        value = None
+        long_form = next((f for f in self.context_flags if f.startswith("--")), None)
+        for index, arg in enumerate(args):
+            if arg in self.context_flags and index + 1 < len(args):
+                value = f"{arg} {args[index + 1]}"
+            elif long_form and arg.startswith(f"{long_form}="):
+                value = arg.replace("=", " ", 1)
+        if value is None:
+            return self.default_context, f"the {self.kind} engine's default {self.default_context}"
+        try:
+            size = int(value.split(" ", 1)[1])
+        except ValueError:
+            return None, value  # not a number: the engine itself will refuse it
+        return (size if size > 0 else None), value  # llama.cpp's -c 0: the model's own, unknown here
+
+    def batch_sizes(self, command: Sequence[str]) -> tuple[int, int]:
+        """(-b, -ub) as the engine was started (the last occurrence wins, as in llama-server)."""
+        found, names = dict(zip(("b", "ub"), self.default_batch)), dict(self.batch_flags)
+        for flag, value in zip(command, command[1:]):
+            if flag in names and value.isdigit():
+                found[names[flag]] = int(value)
+        return found["b"], found["ub"]
+
+    def split_request_fields(self, split_points: Sequence[int]) -> dict[str, Any]:
+        return {}
+
+    def split_control_flags(self) -> tuple[str, ...]:
+        return ()
+
+    def faults(self) -> tuple[str, ...]:
+        return ()
+
+    def check_fault(self, text: str) -> None:
+        raise ValueError(f"engine kind {self.kind!r} takes no faults")
+
+    def read_streamed(self, content_type: str | None, chunks: Iterable[bytes], body: Mapping[str, Any], *,
+                      max_bytes: int, deadline: float) -> Any:
+        from shadowlab.engines import streamed
+
+        if not (self.family().streams and streamed.is_event_stream(content_type)):
+            return None
+        n_predict = body.get("n_predict", body.get("max_tokens"))
+        try:
+            return streamed.read(chunks, n_predict=n_predict if isinstance(n_predict, int) else None,
+                                 max_bytes=max_bytes, deadline=deadline)
+        except streamed.MalformedStream as exc:
+            raise MalformedAnswer(str(exc)) from None
 
     def prepare(self, spec: Any, cache_dir: Path) -> EngineIdentity:
         raise NotImplementedError
@@ -215,7 +367,7 @@ class EngineAdapterBase:
         raise NotImplementedError
 
     def env(self, spec: Any, cell_env: Mapping[str, str]) -> dict[str, str]:
-        return dict(getattr(spec, "env", None) or {}) | dict(cell_env)
+        return dict(cell_env)
 
     def fault_flags(self, faults: Sequence[str]) -> list[str]:
         return []
@@ -239,13 +391,15 @@ class EngineAdapterBase:
                 "temperature": generation.temperature,
                 "cache_prompt": True,
                 "return_tokens": True,
-                # Streamed: the time to first token is then measured as such (run.py reads the
-                # events back into this answer's usual body; shadowlab/run/streamed.py).
-                "stream": True,
             }
+            if self.family().streams:
+                # Streamed: the time to first token is then measured as such (read_streamed
+                # reads the events back into this answer's usual body; engines/streamed.py).
+                body["stream"] = True
             if getattr(generation, "n_probs", 0):  # top logprobs per token: a mismatch's evidence
                 body["n_probs"] = generation.n_probs
             path = "/completion"
+        body.update(request_fields(turn))
         body.update(turn.extra_body)
         return path, body
 
@@ -286,6 +440,21 @@ class EngineAdapterBase:
         """The device the engine says it computes on, from its props; None if unknown."""
         device = props.get("device")
         return device if isinstance(device, str) else None
+
+
+def request_fields(turn: TurnRequest) -> dict[str, Any]:
+    """A turn's engine-neutral asks as llama.cpp's request fields (the reference engine and the
+    OpenAI-compatible servers it is sent to read the same): only those the turn sets."""
+    out: dict[str, Any] = {}
+    if turn.conversation is not None:
+        out["prompt_cache_key"] = turn.conversation  # the engines' affinity field
+    if turn.slot is not None:
+        out["id_slot"] = turn.slot
+    if not turn.cache_prompt:
+        out["cache_prompt"] = False
+    if turn.message_delimiters:
+        out["message_delimiters"] = [dict(d) for d in turn.message_delimiters]
+    return out
 
 
 def _parse_chat(body: Mapping[str, Any]) -> TurnResult:
@@ -379,9 +548,19 @@ _BUILTIN_MODULES = {
 }
 
 
+# The families the built-in kinds write, and the package that registers each.
+_BUILTIN_FAMILIES = {
+    "llama.cpp": "shadowlab.engines.llama_server",
+    "llama.cpp-legacy": "shadowlab.engines.llama_server",
+    "ik_llama.cpp": "shadowlab.engines.llama_server",
+    "reference": "shadowlab.engines.reference",
+}
+
+
 class _Registry:
     def __init__(self) -> None:
         self.factories: dict[str, Callable[[], EngineAdapter]] = {}
+        self.families: dict[str, LogFamily] = {NO_LOG.name: NO_LOG}
 
 
 _registry = _Registry()
@@ -412,3 +591,67 @@ def get_adapter(kind: str) -> EngineAdapter:
             f"unknown engine kind {kind!r}; known: {', '.join(known_kinds())}"
         ) from None
     return factory()
+
+
+class UnknownLogFamily(LookupError):
+    pass
+
+
+def register_family(family: LogFamily) -> None:
+    """Make a log family available to matrices (`engines.<name>.log_family`); the package of
+    the kind that writes it calls this at import time."""
+    _registry.families[family.name] = family
+
+
+def unregister_family(name: str) -> None:
+    """Forget a family registered with `register_family` (a test's own, once the test is done)."""
+    if name != NO_LOG.name:
+        _registry.families.pop(name, None)
+
+
+def known_families() -> list[str]:
+    """The built-in families in their documented order, `none`, then the registered ones."""
+    return list(dict.fromkeys([*_BUILTIN_FAMILIES, NO_LOG.name, *_registry.families]))
+
+
+def log_family(name: str) -> LogFamily:
+    if name not in _registry.families and name in _BUILTIN_FAMILIES:
+        importlib.import_module(_BUILTIN_FAMILIES[name])
+    try:
+        return _registry.families[name]
+    except KeyError:
+        raise UnknownLogFamily(f"unknown log family {name!r}; known: {', '.join(known_families())}") from None
+
+
+def fault_names() -> tuple[str, ...]:
+    """Every fault some engine kind takes (`shadowlab run --fault`), in kind order."""
+    names: list[str] = []
+    for kind in known_kinds():
+        with contextlib.suppress(ImportError):  # a broken kind offers no faults
+            names += get_adapter(kind).faults()
+    return tuple(dict.fromkeys(names))
+
+
+def check_fault(text: str) -> None:
+    """ValueError unless some engine kind takes the fault `text`; its kinds' own reasons when none does."""
+    reasons = []
+    for kind in known_kinds():
+        with contextlib.suppress(ImportError):  # a broken kind offers no faults
+            adapter = get_adapter(kind)
+            if not adapter.faults():
+                continue
+            try:
+                adapter.check_fault(text)
+                return
+            except ValueError as exc:
+                reasons.append(str(exc))
+    if reasons:
+        raise ValueError("; ".join(reasons))
+    # No kind with faults is installed: its cells report that when they start.
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DEFAULT_LEVEL_FAMILIES":
+        # The built-in families printing at the default level, by name (docs/matrix.md names them).
+        return tuple(sorted(f for f in _BUILTIN_FAMILIES if log_family(f).default_level))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

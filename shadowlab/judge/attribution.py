@@ -15,17 +15,39 @@ A turn is tied when exactly one task states its figures and no other turn claims
 turn left over is not guessed at: `tie` says why, and the runner fails the cell with it. The
 spans it then gives each turn partition the log by the order tasks finished, so lines without a
 task id (llama-server's prompt-cache lines) go to the task that finished next after them.
+
+Judging the run needs while it runs lives here too, so the runner parses no log: `tie_turns`
+(the tie of one cell's turns, its records updated) and `plan_split_controls` (issue 16,
+docs/DESIGN.md §5: which restored warm turns get a split control, and how) are the run's
+judging step, `RUN_JUDGING`, which `shadowlab run` hands the run stage (`RunOptions.judging`).
+
+A split control is a fresh process that computes a restored warm turn's prompt through the warm
+turn's batch schedule (`splits.warm_schedule`), without any restore: a kind that takes split
+points is sent the schedule as `split_points`; one that does not (llama-server) one request per
+batch break (`splits.request_sequence`) with the kind's split-control flags (checkpoints off),
+each request a turn of the cell (its last turn is the control's output). They are planned after
+the warm cells, from the warm and cold records (a mismatch can only be seen then), so
+`build_plan` never does: a healthy run gets none and its plan.json is unchanged. The plan is a
+pure function of the records, so `--resume` plans the same cells again and keeps those that ran.
+The verdicts ask the same questions (`turn_schedule`, `no_control_reason`) of the same records,
+so the reason a turn has no split control is computed in one place.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shadowlab.engines import EngineAdapter, LogFamily, UnknownEngineKind, UnknownLogFamily, get_adapter, log_family
+from shadowlab.judge import identity, splits
 from shadowlab.logs import parse as logparse
+from shadowlab.plan import Cell, CellKind, Plan, Turn
+from shadowlab.results import records
+from shadowlab.run.context import Judging
 
 # llama.cpp's `launch_slot_: id N | task M | processing task` (the slot takes the task, in the
 # order the server took tasks from its queue) and `release: ... | stop processing` (the slot is
@@ -264,4 +286,178 @@ def processing_order(first_offsets: Mapping[int, int | None], indices: Iterable[
     return [i for _, i in known] + [i for i in indices if i not in seen]
 
 
-__all__ = ["Claim", "Task", "Tied", "Markers", "assign", "loads_into_busy_slots", "markers", "processing_order", "schedule", "spans", "states", "tasks", "tie"]
+# ---------------------------------------------------------------- judged while the run goes
+
+
+def tie_turns(log: Path, family: LogFamily, start: int, turns: Sequence[records.TurnRecord],
+              claims: Mapping[int, tuple[int | None, int | None]]) -> str | None:
+    """Tie one cell's turns sent concurrently (their log from byte ``start``; ``claims``: turn
+    index -> the answer's (id_slot, id_task)) to their tasks, and record it in each turn: its
+    task, its span (`spans`) and `log_attribution: task`. Why a turn is not tied (the first, and
+    how many more), None when every one is; then no record is changed."""
+    events = [ev for ev in family.parse(log).events if ev.offset >= start]
+    found = [Claim(t.index, t.prompt_tokens, t.processed_tokens, t.prefill_ms, *claims.get(t.index, (None, None)))
+             for t in turns]
+    tied = tie(found, tasks(events))
+    if tied.untied:
+        first = min(tied.untied)
+        more = f" ({len(tied.untied) - 1} more turns untied)" if len(tied.untied) > 1 else ""
+        return f"{tied.untied[first]}{more}"
+    ends = {task.task: _line_end(log, task.last) for task in tied.tasks.values()}
+    by_turn = spans(tied.tasks, ends, start)
+    for t in turns:
+        task = tied.tasks[t.index]
+        t.task_ids, t.log_offsets, t.log_complete = [task.task], list(by_turn[t.index]), True
+        t.log_attribution = "task"
+    return None
+
+
+def _line_end(path: Path, offset: int) -> int:
+    """Offset just after the line that starts at ``offset`` (bounded: at most 64 KiB on)."""
+    with logparse.open_log(path) as fh:
+        fh.seek(offset)
+        chunk = fh.read(1 << 16)
+    cut = chunk.find(b"\n")
+    return offset + (cut + 1 if cut >= 0 else len(chunk))
+
+
+def cell_id(warm_id: str, index: int) -> str:
+    return f"{warm_id}.split.{index}"
+
+
+def _adapter(kind: str) -> EngineAdapter | None:
+    """The recorded kind's adapter; None for a kind this shadowlab does not know (no control)."""
+    try:
+        return get_adapter(kind)
+    except UnknownEngineKind:
+        return None
+
+
+def _family(name: str) -> LogFamily | None:
+    try:
+        return log_family(name)
+    except UnknownLogFamily:
+        return None
+
+
+def by_requests(kind: str) -> bool:
+    """Whether a split control of this engine kind is sent as a request sequence (each request a
+    turn of the cell) rather than as one request with `split_points` (`adapter.split_control`)."""
+    adapter = _adapter(kind)
+    return adapter is not None and adapter.split_control == "requests"
+
+
+def turn_schedule(meta: records.CellMeta, events: Sequence[logparse.Event], index: int) -> splits.Schedule | None:
+    """The batch schedule of warm turn `index`, None when it restored nothing. The prefix is the
+    earlier turn whose task created the restored checkpoint (else the previous turn), computed
+    from 0 as that turn logged it; `prefix_reused` says when it was not (`splits.unknown_prefix`)."""
+    turns = {t.index: t for t in meta.turns}
+    warm, earlier = turns.get(index), turns.get(index - 1)
+    if warm is None or earlier is None or not warm.task_ids or not earlier.task_ids:
+        return None
+    warm_task = warm.task_ids[-1]
+    restored = [e for e in events if e.kind == "restored" and e.task == warm_task]
+    if not restored:
+        return None
+    creators = {e.task for e in events if e.kind == "created" and e.n_tokens == restored[-1].n_tokens}
+    prefix = next((turns[j] for j in range(index - 1, -1, -1)
+                   if j in turns and turns[j].task_ids and turns[j].task_ids[-1] in creators), earlier)
+    if prefix.prompt_tokens is None or warm.prompt_tokens is None:
+        return None
+    adapter = _adapter(meta.engine.kind) if meta.engine else None
+    if adapter is None:
+        return None
+    _, n_ubatch = adapter.batch_sizes(meta.command)
+    schedule = splits.warm_schedule(events, prefix.task_ids[-1], warm_task, prefix.prompt_tokens,
+                                    warm.prompt_tokens, n_ubatch)
+    # A fresh process's first turn computed from 0 whatever it reported; a later one may not have.
+    reused = 0 if prefix.index == 0 else prefix.reused_tokens
+    return dataclasses.replace(schedule, prefix_reused=reused) if schedule is not None and reused != 0 else schedule
+
+
+def no_control_reason(meta: records.CellMeta, schedule: splits.Schedule | None, endpoint: str) -> str:
+    """Why this restored turn cannot have a split control; "" when it can (the reference engine
+    with its split points, llama-server with a request sequence)."""
+    if schedule is None:
+        return "the warm turn's log shows no restore to replay (or no task ids / prompt lengths)"
+    if endpoint != "completion":
+        return ("a chat turn is rendered and tokenized by the engine, so neither split points nor a "
+                "request sequence of token prefixes reproduces its batches")
+    kind = meta.engine.kind if meta.engine else "?"
+    adapter = _adapter(kind)
+    mode = adapter.split_control if adapter is not None else "none"
+    if mode == "points":
+        return splits.unknown_prefix(schedule)
+    if mode != "requests":
+        return f"a {kind} engine takes no split points and its batch placement is unknown"
+    _, why = splits.request_sequence(schedule, meta.engine.log_family)
+    return why
+
+
+def plan_split_controls(root: Path, plan: Plan, every: bool = False) -> list[Cell]:
+    """The split-control cells the finished warm cells of run directory ``root`` call for, in
+    plan order: each restored warm turn whose output differs from cold (``every``: each restored
+    warm turn, the matrix's `identity.split_controls: all`)."""
+    layout = records.RunLayout(root)
+    out: list[Cell] = []
+    for cell in plan.of_kind(CellKind.WARM):
+        meta = _ok_meta(layout, cell.id)
+        family = _family(meta.engine.log_family) if meta is not None and meta.engine is not None else None
+        if meta is None or meta.engine is None or family is None or not family.read:
+            continue
+        log = layout.engine_log(cell.id)
+        events = family.parse(log).events if log.is_file() else ()
+        for turn in cell.turns[1:]:
+            if turn.cold_cell is None or turn.reference != "cold":
+                continue  # traffic replays are compared turn by turn elsewhere; no schedule here
+            schedule = turn_schedule(meta, events, turn.index)
+            if schedule is None or no_control_reason(meta, schedule, turn.endpoint):
+                continue
+            if every or _mismatches(layout, meta, turn):
+                out.append(_control_cell(cell, turn, schedule, meta.engine))
+    return out
+
+
+def _control_cell(warm: Cell, turn: Turn, schedule: splits.Schedule, engine: records.EngineRecord) -> Cell:
+    """A kind taking split points (`split_control: points`): one turn with the schedule as split
+    points. One sent a request sequence (`requests`): a turn per request, turn k sending the
+    prompt's first `split_points[-1]` tokens (the lengths so far; the last turn's ends at the
+    prompt's length), so each request is recorded and judged as a turn. The warm cell's engine
+    flags, env and generation go with it, and the kind's own split-control flags."""
+    delimiters = turn.message_delimiters
+    turns: tuple[Turn, ...] = (Turn(0, turn.prompt_id, turn.endpoint, split_points=schedule.split_points,
+                                    message_delimiters=delimiters),)
+    adapter = _adapter(engine.kind)
+    flags = (*warm.flags, *(adapter.split_control_flags() if adapter is not None else ()))
+    if by_requests(engine.kind):
+        lengths, _ = splits.request_sequence(schedule, engine.log_family)
+        turns = tuple(Turn(k, turn.prompt_id, turn.endpoint, split_points=tuple((lengths or ())[:k + 1]),
+                           message_delimiters=delimiters) for k in range(len(lengths or ())))
+    return dataclasses.replace(warm, id=cell_id(warm.id, turn.index), kind=CellKind.SPLIT_CONTROL, turns=turns,
+                               flags=flags, env=dict(warm.env), depends_on=None, control_of=warm.id, in_flight=1)
+
+
+def _ok_meta(layout: records.RunLayout, cid: str) -> records.CellMeta | None:
+    try:
+        meta = records.read_meta(layout.meta(cid))
+    except (OSError, ValueError, TypeError, records.RunDirError):
+        return None
+    return meta if meta.status is records.CellStatus.OK else None
+
+
+def _mismatches(layout: records.RunLayout, meta: records.CellMeta, turn: Turn) -> bool:
+    cold = _ok_meta(layout, turn.cold_cell or "")
+    warm = next((t for t in meta.turns if t.index == turn.index), None)
+    ref = next((t for t in cold.turns if t.index == turn.cold_turn), None) if cold else None
+    if warm is None or ref is None or warm.completion is None or ref.completion is None:
+        return False
+    check = identity.compare(warm.completion.text, warm.completion.tokens, ref.completion.text,
+                             ref.completion.tokens, reused_tokens=warm.reused_tokens)
+    return check.status is identity.IdentityStatus.MISMATCH
+
+
+RUN_JUDGING = Judging(tie_turns=tie_turns, split_controls=plan_split_controls)
+
+__all__ = ["RUN_JUDGING", "Claim", "Task", "Tied", "Markers", "assign", "by_requests", "cell_id", "loads_into_busy_slots",
+           "markers", "no_control_reason", "plan_split_controls", "processing_order", "schedule", "spans", "states",
+           "tasks", "tie", "tie_turns", "turn_schedule"]

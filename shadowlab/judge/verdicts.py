@@ -983,7 +983,7 @@ def _mismatch(turn: TurnVerdict) -> bool:
 
 def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, metas: Any,
                  control: IdentityCheck | None) -> TriageVerdict:
-    from shadowlab.run import split_controls
+    from shadowlab.judge import attribution as split_controls  # split controls are planned there
 
     check = turn.identity
     warm_record = next((t for t in meta.turns if t.index == turn.index), None)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from shadowlab.bounds import Bounds
-from shadowlab.engines import EngineAdapter, get_adapter, known_kinds
+from shadowlab.engines import EngineAdapter, get_adapter, known_families, known_kinds
 from shadowlab.errors import MatrixError
 from shadowlab.matrix.schema import (
     BUDGET_KEYS,
@@ -29,7 +29,6 @@ from shadowlab.matrix.schema import (
     MAX_SIGMA,
     COMMAND_PLACEHOLDERS,
     ENDPOINTS,
-    LOG_FAMILIES,
     MATRIX_VERSION,
     MAX_MATRIX_BYTES,
     MAX_NAME_CHARS,
@@ -78,7 +77,6 @@ from shadowlab.matrix.yamlpos import LineList, LineMap, parse_yaml
 from shadowlab.results.records import FileRefused, read_regular_file
 
 MAX_TRACE_BYTES = 64 << 20  # a trace file is read whole at load
-_CTX_FLAGS = ("-c", "--ctx-size")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CASCADE_HINT = ("write `cascade: true` (every checkpoint above the re-entry point must be erased) or "
                  "`cascade: false` (waive the default cascade check on these turns)")
@@ -387,7 +385,7 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
             f"threads {threads} exceeds isolation.cores_per_cell {ctx.cores_per_cell}",
             "a cell's threads run on its own cores; raise isolation.cores_per_cell or lower threads")
     timeout = float(_num(f, "engine", "ready_timeout_s"))
-    family = _choice(*f["log_family"], LOG_FAMILIES) if "log_family" in f else adapter.log_family
+    family = _choice(*f["log_family"], tuple(known_families())) if "log_family" in f else adapter.log_family
     return EngineSpec(
         name=name,
         kind=kind,
@@ -822,24 +820,11 @@ def _sequence_at(at: _At, raw: LineMap, name: str) -> _At:
 
 
 def context_size(engine: EngineSpec, configuration: ConfigurationSpec) -> tuple[int | None, str]:
-    """The context (tokens) a cell of `engine` × `configuration` gets, and where that comes from:
-    the last -c/--ctx-size of the command, the engine's flags and the configuration's (in the
-    order the engine sees them), else the engine kind's default. None when not known here."""
+    """The context (tokens) a cell of `engine` × `configuration` gets, and where that comes from,
+    as the engine kind reads its command, the engine's flags and the configuration's (in the
+    order the engine sees them; `EngineAdapter.context_size`). None when not known here."""
     args = [*(engine.command or ()), *engine.flags, *configuration.flags]
-    value = None
-    for index, arg in enumerate(args):
-        if arg in _CTX_FLAGS and index + 1 < len(args):
-            value = f"{arg} {args[index + 1]}"
-        elif arg.startswith("--ctx-size="):
-            value = arg.replace("=", " ", 1)
-    if value is None:
-        default = get_adapter(engine.kind).default_context
-        return default, f"the {engine.kind} engine's default {default}"
-    try:
-        size = int(value.split(" ", 1)[1])
-    except ValueError:
-        return None, value  # not a number: the engine itself will refuse it
-    return (size if size > 0 else None), value  # llama.cpp's -c 0: the model's own, unknown here
+    return get_adapter(engine.kind).context_size(args)
 
 
 def _check_context(matrix: Matrix, at: _At, raw: LineMap) -> None:

@@ -15,16 +15,22 @@ Cell ids are `<engine>.<configuration>.<sequence>` (warm), `<engine>.<configurat
 (`...cold.<sequence>.<prompt>` for a dependent chat prompt) and `...control.<prompt>`; every
 part is a validated name (letters, digits, `_`, `-`; at most `matrix.MAX_NAME_CHARS` = 48
 characters), so an id is one safe directory name of at most 203 bytes, never `..`.
+
+Every cell carries what running it needs (docs/DESIGN.md §3, §4): the engine's own flags and
+env beside the configuration's delta, the requests it keeps in flight, the generation settings,
+and per turn whether it sends message delimiters. The runner reads nothing else of the matrix
+for a cell. A plan.json written before these fields reads with their defaults (none of the
+stored runs' readers needs them: they were only ever read by the runner that wrote them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import Any
 
-from shadowlab.matrix import ChatPrompt, Matrix, TrafficSequence
+from shadowlab.matrix import ChatPrompt, EngineSpec, Generation, Matrix, TrafficSequence
 
 PLAN_VERSION = 1
 
@@ -58,12 +64,16 @@ class Turn:
     cache_prompt: bool = True
     slot: int | None = None  # id_slot to send (a configuration's pin_slots); None: none
     split_points: tuple[int, ...] | None = None  # split controls: the batch schedule to send
+    # llama.cpp's `message_delimiters` sent with the turn: a token prompt's own
+    # (`prompts.<id>.message_delimiters`), a traffic turn's configuration's.
+    message_delimiters: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = {"index": self.index, "prompt_id": self.prompt_id, "endpoint": self.endpoint,
                "cold_cell": self.cold_cell, "conversation": self.conversation}
         # Written only when not the default: plan.json of an ordered matrix stays as it was.
-        for key, plain in (("cold_turn", 0), ("reference", "cold"), ("cache_prompt", True), ("slot", None)):
+        for key, plain in (("cold_turn", 0), ("reference", "cold"), ("cache_prompt", True), ("slot", None),
+                           ("message_delimiters", False)):
             if getattr(self, key) != plain:
                 out[key] = getattr(self, key)
         if self.split_points is not None:
@@ -76,12 +86,33 @@ class Turn:
         return cls(data["index"], data["prompt_id"], data["endpoint"], data.get("cold_cell"),
                    data.get("conversation", conversation), data.get("cold_turn", 0),
                    data.get("reference", "cold"), data.get("cache_prompt", True), data.get("slot"),
-                   tuple(data["split_points"]) if data.get("split_points") is not None else None)
+                   tuple(data["split_points"]) if data.get("split_points") is not None else None,
+                   data.get("message_delimiters", False))
+
+
+def generation_dict(generation: Generation) -> dict[str, Any]:
+    return asdict(generation)
+
+
+def generation_from(data: Mapping[str, Any] | None) -> Generation | None:
+    """plan.json's `generation` (None in a plan written before cells carried it); a key this
+    shadowlab does not know is left out, one it knows but the file lacks takes its default."""
+    if data is None:
+        return None
+    known = {f.name for f in fields(Generation)}
+    return Generation(**{k: v for k, v in data.items() if k in known})
+
+
+def engine_flags(spec: EngineSpec) -> tuple[str, ...]:
+    """The engine's own flags in the order it gets them: its verbosity flags, then its flags
+    (a cell adds the configuration's delta after them)."""
+    return (*spec.verbosity_flags, *spec.flags)
 
 
 @dataclass(frozen=True)
 class Cell:
-    """One fresh engine process. `flags`/`env` are the configuration's delta over the engine's."""
+    """One fresh engine process. `flags`/`env` are the configuration's delta over the engine's,
+    `engine_flags`/`engine_env` the engine's own: the engine gets [*engine_flags, *flags]."""
 
     id: str
     kind: CellKind
@@ -93,9 +124,13 @@ class Cell:
     env: Mapping[str, str] = field(default_factory=dict)
     depends_on: str | None = None  # a warm cell whose replies this cell's chat messages splice in
     control_of: str | None = None  # control cells: the cold cell they repeat
+    engine_flags: tuple[str, ...] = ()
+    engine_env: Mapping[str, str] = field(default_factory=dict)
+    in_flight: int = 1  # requests kept in flight (a traffic's warm cell: its `in_flight`)
+    generation: Generation | None = None  # None only in a plan.json written before cells carried it
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "kind": self.kind.value,
             "engine": self.engine,
@@ -106,7 +141,14 @@ class Cell:
             "env": dict(self.env),
             "depends_on": self.depends_on,
             "control_of": self.control_of,
+            "engine_flags": list(self.engine_flags),
+            "engine_env": dict(self.engine_env),
         }
+        if self.in_flight != 1:
+            out["in_flight"] = self.in_flight
+        if self.generation is not None:
+            out["generation"] = generation_dict(self.generation)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Cell:
@@ -123,6 +165,10 @@ class Cell:
             env=dict(data.get("env", {})),
             depends_on=data.get("depends_on"),
             control_of=data.get("control_of"),
+            engine_flags=tuple(data.get("engine_flags", ())),
+            engine_env=dict(data.get("engine_env", {})),
+            in_flight=data.get("in_flight", 1),
+            generation=generation_from(data.get("generation")),
         )
 
 
@@ -183,8 +229,9 @@ def _repeated(cells: list[Cell], repeat: int) -> list[Cell]:
 
 
 def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]) -> list[Cell]:
-    conf = matrix.configurations[configuration]
-    common = dict(engine=engine, configuration=configuration, flags=conf.flags, env=dict(conf.env))
+    conf, spec = matrix.configurations[configuration], matrix.engines[engine]
+    common = dict(engine=engine, configuration=configuration, flags=conf.flags, env=dict(conf.env),
+                  engine_flags=engine_flags(spec), engine_env=dict(spec.env), generation=matrix.generation)
     prefix = f"{engine}.{configuration}"
     warm: list[Cell] = []
     cold: dict[str, Cell] = {}  # id → cell, in order of first use
@@ -193,7 +240,8 @@ def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]
         turns = []
         sequence = matrix.sequences[name]
         if isinstance(sequence, TrafficSequence):
-            warm_cell, refs = _traffic_cells(sequence, warm_id, prefix, conf.pin_slots, common)
+            warm_cell, refs = _traffic_cells(sequence, warm_id, prefix, conf.pin_slots, conf.message_delimiters,
+                                             common)
             warm.append(warm_cell)
             cold.update((c.id, c) for c in refs if c.id not in cold)
             continue
@@ -206,9 +254,10 @@ def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]
                 if cold_id not in cold:
                     cold[cold_id] = Cell(
                         id=cold_id, kind=CellKind.COLD, sequence=name if dependent else None,
-                        turns=(Turn(0, pid, prompt.endpoint),),
+                        turns=(Turn(0, pid, prompt.endpoint, message_delimiters=prompt.message_delimiters),),
                         depends_on=warm_id if dependent else None, **common)
-            turns.append(Turn(index, pid, prompt.endpoint, cold_id, sequence.conversation(index)))
+            turns.append(Turn(index, pid, prompt.endpoint, cold_id, sequence.conversation(index),
+                              message_delimiters=prompt.message_delimiters))
         warm.append(Cell(id=warm_id, kind=CellKind.WARM, sequence=name, turns=tuple(turns), **common))
     cells = warm + list(cold.values())
     if matrix.identity.control and cold:
@@ -222,9 +271,11 @@ def _group(matrix: Matrix, engine: str, configuration: str, sequences: list[str]
     return cells
 
 
-def _traffic_cells(seq: TrafficSequence, warm_id: str, prefix: str, pin_slots: int,
+def _traffic_cells(seq: TrafficSequence, warm_id: str, prefix: str, pin_slots: int, delimiters: bool,
                    common: Mapping[str, Any]) -> tuple[Cell, list[Cell]]:
-    """A traffic's warm cell (every request in arrival order) and its identity references."""
+    """A traffic's warm cell (every request in arrival order) and its identity references. A
+    configuration's `message_delimiters` go with every turn, its references' included (they
+    differ from the warm turn only in `cache_prompt`)."""
     slots = _pinned_slots(seq, pin_slots)
     warm_turns, refs = [], []
     replay_id = f"{prefix}.cold.{seq.name}"
@@ -236,16 +287,19 @@ def _traffic_cells(seq: TrafficSequence, warm_id: str, prefix: str, pin_slots: i
         checked = index > 0 or seq.in_flight > 1
         if checked and seq.reference == "replay":
             cold_id, cold_turn = replay_id, len(replayed)
-            replayed.append(Turn(len(replayed), pid, "completion", reference="replay", cache_prompt=False))
+            replayed.append(Turn(len(replayed), pid, "completion", reference="replay", cache_prompt=False,
+                                 message_delimiters=delimiters))
         elif checked:
             cold_id = f"{prefix}.cold.{pid}"
             refs.append(Cell(id=cold_id, kind=CellKind.COLD, sequence=None,
-                             turns=(Turn(0, pid, "completion"),), **common))
+                             turns=(Turn(0, pid, "completion", message_delimiters=delimiters),), **common))
         warm_turns.append(Turn(index, pid, "completion", cold_id, seq.conversation(index), cold_turn,
-                               seq.reference, True, slots[index]))
+                               seq.reference, True, slots[index], message_delimiters=delimiters))
     if replayed:
         refs.insert(0, Cell(id=replay_id, kind=CellKind.COLD, sequence=seq.name, turns=tuple(replayed), **common))
-    return Cell(id=warm_id, kind=CellKind.WARM, sequence=seq.name, turns=tuple(warm_turns), **common), refs
+    warm = Cell(id=warm_id, kind=CellKind.WARM, sequence=seq.name, turns=tuple(warm_turns), in_flight=seq.in_flight,
+                **common)
+    return warm, refs
 
 
 def _pinned_slots(seq: TrafficSequence, pin_slots: int) -> list[int | None]:

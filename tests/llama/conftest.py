@@ -178,9 +178,10 @@ def prompts() -> dict[str, list[int]]:
 def run_matrix(matrix_path: Path, out: Path, model_cache: Path) -> Path:
     """Run a matrix with shadowlab's own runner (no report), return the run directory."""
     from shadowlab import run
+    from shadowlab.judge import attribution
 
     outcome = run.run(run.RunOptions(matrix_path=matrix_path, out=out, model_cache=model_cache,
-                                     progress=lambda _line: None))
+                                     progress=lambda _line: None, judging=attribution.RUN_JUDGING))
     assert outcome.run_dir is not None
     return outcome.run_dir
 

@@ -1,5 +1,5 @@
 """Streamed answers on the real llama-server b11434 (issue 14): the events shadowlab reads back
-(shadowlab/run/streamed.py) add up to the answer the same request gets unstreamed, token ids and
+(shadowlab/engines/streamed.py) add up to the answer the same request gets unstreamed, token ids and
 text; through `shadowlab run` the first token is timed at its event, well before the answer ends.
 
 llama-server sends no event for a token whose text ends inside a UTF-8 character, so its ids
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from shadowlab.results import rundir
-from shadowlab.run import streamed
+from shadowlab.engines import streamed
 
 from .conftest import BANNED, run_matrix
 

@@ -156,8 +156,7 @@ def test_scheduler_uses_the_matrix_jobs_unless_given():
 
     from shadowlab import run
 
-    ctx = SimpleNamespace(options=SimpleNamespace(jobs=None),
-                          matrix=SimpleNamespace(isolation=SimpleNamespace(jobs=4)))
+    ctx = SimpleNamespace(options=SimpleNamespace(jobs=None), isolation=SimpleNamespace(jobs=4))
     assert run.CellScheduler(ctx, None).jobs == 4
     ctx.options.jobs = 2
     assert run.CellScheduler(ctx, None).jobs == 2

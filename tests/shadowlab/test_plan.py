@@ -193,3 +193,40 @@ def test_a_plan_json_written_before_turns_had_a_conversation_still_loads():
         for turn in cell["turns"]:
             del turn["conversation"]
     assert Plan.from_dict(data) == plan  # a warm cell's turns: its (ordered) sequence
+
+
+FIXTURE_RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+
+
+def test_a_plan_json_written_before_cells_carried_their_launch_reads_with_the_defaults():
+    """The stored runs' plan.json (written before engine_flags, in_flight, generation and the
+    turns' message_delimiters) read as before: every cell with the defaults, nothing refused."""
+    stored = sorted(FIXTURE_RUNS.glob("*/plan.json"))
+    assert len(stored) >= 3
+    for path in stored:
+        data = json.loads(path.read_text())
+        assert not any("engine_flags" in c or "generation" in c for c in data["cells"]), path
+        plan = Plan.from_dict(data)
+        assert [c.id for c in plan.cells] == [c["id"] for c in data["cells"]]
+        for cell in plan.cells:
+            assert (cell.engine_flags, dict(cell.engine_env), cell.in_flight, cell.generation) == ((), {}, 1, None)
+            assert not any(t.message_delimiters for t in cell.turns)
+
+
+def test_every_cell_carries_the_engines_flags_the_generation_and_the_delimiters():
+    text = BASE.replace("A: {kind: random, tokens: 100, seed: 1}",
+                        "A: {kind: random, tokens: 100, seed: 1, message_delimiters: true}").replace(
+        "ref: {kind: reference, model: {preset: tiny}}",
+        "ref: {kind: reference, model: {preset: tiny}, flags: [-np, 1], env: {E: x}}")
+    m = loads(text, file="m.yaml")
+    plan = build_plan(m)
+    assert plan.cells[0].engine_flags == ("-lv", "4", "-np", "1") and dict(plan.cells[0].engine_env) == {"E": "x"}
+    for cell in plan.cells:
+        spec = m.engines[cell.engine]
+        assert cell.engine_flags == (*spec.verbosity_flags, *spec.flags) and dict(cell.engine_env) == dict(spec.env)
+        assert cell.generation == m.generation and cell.in_flight == 1
+        for turn in cell.turns:
+            assert turn.message_delimiters == (turn.prompt_id == "A")
+    written = json.loads(json.dumps(plan.to_dict()))
+    assert Plan.from_dict(written) == plan
+    assert all("in_flight" not in c for c in written["cells"])  # 1 is not written

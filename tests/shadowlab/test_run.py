@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab import run
+from shadowlab import engines, run
 from shadowlab.results import records, rundir
 from shadowlab.errors import RunDirError
 from shadowlab.results.records import CellStatus
@@ -459,14 +459,15 @@ def test_a_log_span_is_read_in_chunks_and_finds_lines_cut_by_them(tmp_path):
     line = b"slot print_timing: id  0 | task 7 | prompt eval time =  1.00 ms / 5 tokens\n"
     head = b"z" * (run.SPAN_CHUNK - 30)  # one line of ~1 MiB, no newline
     log.write_bytes(head + line + b"| task 12345678901234567890 | too long to be a task id\n")
-    whole, stepped = run.LogSpan(log, 0), run.LogSpan(log, 0)
+    family = engines.log_family("llama.cpp")
+    whole, stepped = run.LogSpan(log, 0, family), run.LogSpan(log, 0, family)
     whole.extend(log.stat().st_size)
     for end in range(0, log.stat().st_size + 1, 997):
         stepped.extend(end)
     stepped.extend(log.stat().st_size)
     for span in (whole, stepped):
         assert span.complete and span.task_ids == {7}
-    later = run.LogSpan(log, len(head) + len(line))  # a span after the line does not see it
+    later = run.LogSpan(log, len(head) + len(line), family)  # a span after the line does not see it
     later.extend(log.stat().st_size)
     assert not later.complete and later.task_ids == set()
 

@@ -279,9 +279,10 @@ def test_the_scheduler_never_gives_one_device_to_two_running_cells(monkeypatch, 
                     del in_use[device]
             return CellStatus.OK
 
-    monkeypatch.setattr(run, "CellRunner", FakeRunner)
+    monkeypatch.setattr(run.scheduler, "CellRunner", FakeRunner)
     monkeypatch.setattr(isolation, "lease_cores", lambda count, candidates=None: isolation.CoreLease((0,)))
-    ctx = SimpleNamespace(options=SimpleNamespace(jobs=None, resume=False), matrix=m, layout=RunLayout(tmp_path),
+    ctx = SimpleNamespace(options=SimpleNamespace(jobs=None, resume=False), isolation=m.isolation,
+                          layout=RunLayout(tmp_path),
                           stop=threading.Event(), unavailable={}, say=lambda text: None,
                           device_request=(1, m.isolation.devices), stop_all=lambda: None)
     p = plan.build_plan(m)

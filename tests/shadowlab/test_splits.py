@@ -106,7 +106,7 @@ def test_a_later_prefix_turn_that_reused_cache_gives_no_control_and_says_why():
     not say): its batches from 0 are unknown, so no split control is planned; the first turn of a
     fresh process computed from 0 whatever it reported."""
     from shadowlab.results import records
-    from shadowlab.run import split_controls
+    from shadowlab.judge import attribution as split_controls
 
     meta = records.read_meta(IK / "ik.cram0.append" / "meta.json")
     events = logparse.parse(IK / "ik.cram0.append" / "engine.log", "ik_llama.cpp").events

@@ -26,7 +26,8 @@ from test_hostile import check, run_cli
 
 from shadowlab import cli
 from shadowlab.judge import identity
-from shadowlab.run import isolation, streamed
+from shadowlab.run import isolation
+from shadowlab.engines import streamed
 from shadowlab.results import rundir
 from shadowlab.results.records import CellStatus
 

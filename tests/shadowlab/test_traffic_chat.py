@@ -58,10 +58,20 @@ def test_a_chat_configurations_traffic_turns_carry_the_delimiters(tmp_path):
         prompts = {"traffic-t0000": MaterializedPrompt.of("traffic-t0000", "traffic", [1, 2], None)}
 
     class Ctx:
-        matrix = loads(MATRIX, file="m.yaml")
+        prompt_specs = loads(MATRIX, file="m.yaml").prompts
 
-    turn = Turn(0, "traffic-t0000", "completion", conversation="c0")
-    bodies = [TurnExchange(Ctx(), Engine(), None, tmp_path, turn, {}, delimiters=d)._request().extra_body
-              for d in (False, True)]
+    from shadowlab.engines import get_adapter
+    from shadowlab.plan import build_plan
+
+    plan = build_plan(loads(MATRIX, file="m.yaml"))
+    carried: dict[str, set[bool]] = {}
+    for c in plan.cells:  # the plan carries the configuration's flag on every turn, references too
+        carried.setdefault(c.configuration, set()).update(t.message_delimiters for t in c.turns)
+    assert carried == {"raw": {False}, "chat": {True}}
+    bodies = []
+    for d in (False, True):
+        turn = Turn(0, "traffic-t0000", "completion", conversation="c0", message_delimiters=d)
+        request = TurnExchange(Ctx(), Engine(), None, tmp_path, turn, {}, generation=None)._request()
+        bodies.append(get_adapter("reference").completion_request(request, plan.cells[0].generation)[1])
     assert "message_delimiters" not in bodies[0]
     assert bodies[1]["message_delimiters"] == [{"role": "user", "delimiter": "<|im_start|>user"}]

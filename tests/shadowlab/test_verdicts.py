@@ -486,12 +486,14 @@ def _model_cache(repo_root: Path) -> Path:
 
 def _real_run(tmp_path: Path, repo_root: Path, faults: tuple[str, ...] = ()) -> RunVerdict:
     from shadowlab import run
+    from shadowlab.judge import attribution
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     matrix = tmp_path / "m.yaml"
     matrix.write_text(e2e_matrix(repo_root))
     outcome = run.run(run.RunOptions(matrix_path=matrix, out=tmp_path / "run", faults=faults,
-                                     model_cache=_model_cache(repo_root), progress=lambda line: None))
+                                     model_cache=_model_cache(repo_root), progress=lambda line: None,
+                                     judging=attribution.RUN_JUDGING))
     assert outcome.all_ran, outcome.statuses
     return compute(outcome.run_dir)
 

@@ -40,12 +40,35 @@ from shadowlab.engines.llama_server import gguf_model
 from shadowlab.engines import (
     EngineAdapterBase,
     EngineIdentity,
+    LogFamily,
     TurnRequest,
     TurnResult,
     register,
+    register_family,
     sha256_file,
 )
-from shadowlab.logs.parse import LLAMA_CPP_FAMILIES
+
+# What a llama.cpp-family log gives the runner while a cell runs (bounded: a match is at most
+# 64 bytes, so engine.log is scanned in overlapping chunks): the line that ends a turn's prefill,
+# printed at the default level by every build, and a line's task id.
+TURN_END = re.compile(rb"prompt eval time\s{0,16}=")
+TASK_ID = re.compile(rb"\| task (\d{1,18}) \|")
+# Its builds (DESIGN §3): the parser of shadowlab.logs.parse of the same name reads each.
+FAMILIES = (
+    LogFamily("llama.cpp", "llama.cpp", streams=True, turn_end=TURN_END, task_id=TASK_ID,
+              description="upstream llama-server since b9838: checkpoint lines at TRACE (-lv 4)"),
+    # Older upstream builds print them at WRN/INF, where `-lv 4` would only add DBG noise; their
+    # streamed answers are not known here, so they are asked unstreamed.
+    LogFamily("llama.cpp-legacy", "llama.cpp-legacy", default_level=True, turn_end=TURN_END, task_id=TASK_ID,
+              description="older upstream builds: checkpoint lines at WRN/INF, fewer fields"),
+    # ik_llama.cpp has no `-lv` flag at all (it exits with `error: unknown argument: -lv`).
+    LogFamily("ik_llama.cpp", "ik_llama.cpp", default_level=True, turn_end=TURN_END, task_id=TASK_ID,
+              description="ik_llama.cpp: default level, no n_tokens; reuse = tokens_evaluated - prompt_n"),
+)
+FAMILY_NAMES = tuple(f.name for f in FAMILIES)
+# Appended to a split control's flags (the last occurrence wins): no request breaks early for a
+# checkpoint of its own, so each batch break is one request (judge/splits.py).
+NO_CHECKPOINTS = ("--ctx-checkpoints", "0")
 
 
 # Since b9838 every checkpoint line but `erasing old context checkpoint` is TRACE level.
@@ -171,6 +194,15 @@ class LlamaServerAdapter(EngineAdapterBase):
     model_hint = ("llama-server takes {gguf: {preset, seed}} or a .gguf path; "
                   "the reference engine takes {preset, seed} or a safetensors path")
     # default_context None: llama-server's depends on the build and the model
+    # A split control is one request per batch break, each extending the cache the one before
+    # left in one slot (judge/splits.request_sequence); the server takes no split points.
+    split_control = "requests"
+
+    def split_request_fields(self, split_points: Sequence[int]) -> dict[str, Any]:
+        return {"cache_prompt": True, "id_slot": 0}
+
+    def split_control_flags(self) -> tuple[str, ...]:
+        return NO_CHECKPOINTS
 
     def __init__(self) -> None:
         # Set by prepare(): what this engine runs.
@@ -183,9 +215,9 @@ class LlamaServerAdapter(EngineAdapterBase):
 
     def prepare(self, spec: Any, cache_dir: Path) -> EngineIdentity:
         family = getattr(spec, "log_family", None) or "llama.cpp"
-        if family not in LLAMA_CPP_FAMILIES:
+        if family not in FAMILY_NAMES:
             raise ValueError(f"engine {spec.name!r}: log_family {family!r} is not a llama.cpp family "
-                             f"({', '.join(LLAMA_CPP_FAMILIES)})")
+                             f"({', '.join(FAMILY_NAMES)})")
         self.log_family = family
         self._binary, found_by = locate_binary(getattr(spec, "binary", "auto") or "auto")
         model_path = self._locate_model(spec, cache_dir)
@@ -229,7 +261,7 @@ class LlamaServerAdapter(EngineAdapterBase):
         else:
             argv = [str(self._binary), "-m", self._model_path, "--host", "127.0.0.1",
                     "--port", str(port), "-t", str(threads)]
-        flags = [*spec.verbosity_flags, *spec.flags, *cell_flags]
+        flags = list(cell_flags)
         if needs_trace_level(self.log_family, self._build) and not has_verbosity_flag([*argv, *flags]):
             flags = ["-lv", "4", *flags]
         return [*argv, *flags]
@@ -243,9 +275,6 @@ class LlamaServerAdapter(EngineAdapterBase):
 
     def completion_request(self, turn: TurnRequest, generation: Any) -> tuple[str, dict]:
         path, body = super().completion_request(turn, generation)
-        if self.log_family != "llama.cpp":
-            # Streamed answers are read as upstream's events; other families' are not known here.
-            body.pop("stream", None)
         if getattr(generation, "ignore_eos", False):
             body.setdefault("ignore_eos", True)
         if self._banned_tokens and "logit_bias" not in body:
@@ -267,3 +296,5 @@ class LlamaServerAdapter(EngineAdapterBase):
 
 
 register(LlamaServerAdapter.kind, LlamaServerAdapter)
+for _family in FAMILIES:
+    register_family(_family)

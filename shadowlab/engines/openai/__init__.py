@@ -30,6 +30,7 @@ from shadowlab.engines import (
     TurnRequest,
     TurnResult,
     register,
+    request_fields,
     sha256_file,
     token_ids,
 )
@@ -102,7 +103,7 @@ class OpenAIAdapter(EngineAdapterBase):
         values = {"binary": self._binary, "model": self._model_path, "port": port,
                   "threads": threads, "host": "127.0.0.1", "log_file": log_file}
         argv = [part.format(**values) for part in spec.command]
-        return [*argv, *spec.verbosity_flags, *spec.flags, *cell_flags]
+        return [*argv, *cell_flags]
 
     def completion_request(self, turn: TurnRequest, generation: Any) -> tuple[str, dict]:
         common: dict[str, Any] = {"max_tokens": generation.n_predict,
@@ -115,6 +116,7 @@ class OpenAIAdapter(EngineAdapterBase):
         else:
             path, body = "/v1/completions", {"prompt": list(turn.prompt_tokens or ())}
         body.update(common)
+        body.update(request_fields(turn))
         body.update(turn.extra_body)
         return path, body
 

@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from shadowlab.engines import EngineAdapterBase, EngineIdentity, register, sha256_file
+from shadowlab.engines import EngineAdapterBase, EngineIdentity, LogFamily, register, register_family, sha256_file
+from shadowlab.engines.llama_server import TASK_ID, TURN_END
+
+# The engine prints llama.cpp b11434's lines (DESIGN §1, slotlog.py) and streams its events.
+FAMILY = LogFamily("reference", "reference", streams=True, turn_end=TURN_END, task_id=TASK_ID,
+                   description="the reference engine: llama.cpp b11434's lines")
+FAULTS_ENV = "SHADOWLAB_ENGINE_FAULTS"  # shadowlab_engine.faults.ENV_VAR (a test compares)
 
 DEFAULT_COMMAND = (
     "{binary}", "-m", "shadowlab_engine",
@@ -59,12 +65,34 @@ class ReferenceAdapter(EngineAdapterBase):
     model_hint = ("the reference engine takes {preset, seed} or a safetensors path; "
                   "llama-server takes {gguf: {preset, seed}} or a .gguf path")
     default_context = 8192  # shadowlab_engine.cli's -c default (a test compares)
+    # Faults come only from a cell's --fault flags: an inherited variable would inject them too.
+    controlled_env = (FAULTS_ENV,)
+    split_control = "points"  # one request with the warm schedule as `split_points`
 
     def presets(self) -> tuple[str, ...]:
         return presets()
 
     def fault_flags(self, faults: Sequence[str]) -> list[str]:
         return [arg for fault in faults for arg in ("--fault", fault)]
+
+    def faults(self) -> tuple[str, ...]:
+        try:
+            from shadowlab_engine.faults import KNOWN
+        except ImportError:  # engine not installed: its cells report that when they start
+            return ()
+        return tuple(KNOWN)
+
+    def check_fault(self, text: str) -> None:
+        from shadowlab_engine.faults import FaultError, parse_faults
+
+        try:
+            parse_faults([text])
+        except FaultError as exc:
+            raise ValueError(str(exc)) from None
+
+    def split_request_fields(self, split_points: Sequence[int]) -> dict[str, Any]:
+        # Computed from 0 through the warm turn's batch schedule: no cache.
+        return {"split_points": list(split_points), "cache_prompt": False}
 
     def __init__(self) -> None:
         # Set by prepare(): the model file it located or generated for this engine.
@@ -82,6 +110,7 @@ class ReferenceAdapter(EngineAdapterBase):
         else:
             raise ValueError(f"engine {spec.name!r}: the reference engine needs a preset or a path model")
         self._model_path = str(model_path.resolve())
+        self.log_family = getattr(spec, "log_family", None) or self.log_family
         package_dir = Path(shadowlab_engine.__file__).resolve().parent
         return EngineIdentity(
             kind=self.kind,
@@ -106,7 +135,8 @@ class ReferenceAdapter(EngineAdapterBase):
             "threads": threads, "host": "127.0.0.1", "log_file": log_file,
         }
         argv = [part.format(**values) for part in template]
-        return [*argv, *spec.verbosity_flags, *spec.flags, *cell_flags]
+        return [*argv, *cell_flags]
 
 
 register(ReferenceAdapter.kind, ReferenceAdapter)
+register_family(FAMILY)

@@ -7,6 +7,9 @@ with `"stop": true` and every other field of the answer (`timings`, `stop_type`,
 an error after the first event is `data: {"error": {...}}`. `read` joins the events into the
 body a request that is not streamed gets, so the adapters parse one shape, and notes when the
 first token arrived: the time to first token measured as such, not to the end of generation.
+It is the kinds' own format (llama-server's, which the reference engine speaks too): the runner
+reaches it only through `EngineAdapter.read_streamed`, for the families that stream
+(`LogFamily.streams`).
 
 The stream is untrusted engine output: bounded in bytes, in events and in tokens (never more
 than n_predict) and in time; an event that is no JSON object, a token that is no id, a stream
