@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from shadowlab import report
+from shadowlab.judge import gate
 from shadowlab.report import build_timeline, md_cell, nice_step, render_run, visible
 from shadowlab.judge.verdicts import IdentityCheck, IdentityStatus, Outcome
 
@@ -144,15 +145,30 @@ def test_junit_has_a_case_per_cell_and_per_check(nasty_run):
     assert len(cell_cases) == 24 == int(cells.get("tests"))
     errored = [c.get("name") for c in cell_cases if c.find("error") is not None]
     assert errored == ["reference.prompt_end.A-B-C"]
-    failed = {c.get("name") for c in cell_cases if c.find("failure") is not None}
-    assert "reference.policy0.A-C" in failed and "reference.defaults.A-B-C" in failed
+    # a cell's failed checks are the checks suite's cases, not the cell's too: counted once
+    assert not [c for c in cell_cases if c.find("failure") is not None]
     check_cases = checks.findall("testcase")
+    failing_cells = {c.cell_id for c in gate.evaluate(run).failures if c.check != "ran"}
+    assert {"reference.policy0.A-C", "reference.defaults.A-B-C"} <= failing_cells
     identity = [c for c in check_cases if c.get("classname") == "shadowlab.checks.identity"
                 and c.find("failure") is not None]
     assert identity and all("differs from the cold run" in c.find("failure").get("message") for c in identity)
     assert int(root.get("failures")) == sum(1 for c in root.iter("testcase") if c.find("failure") is not None)
     assert int(root.get("errors")) == sum(1 for c in root.iter("testcase") if c.find("error") is not None)
     assert int(root.get("tests")) == len(cell_cases) + len(check_cases) + 1
+
+
+def test_junit_counts_each_failed_check_once_as_the_gate_does(nasty_run, good_run):
+    for run, paths in (nasty_run, good_run):
+        result = gate.evaluate(run)
+        root = ET.parse(paths.junit).getroot()
+        counts = result.counts
+        assert int(root.get("failures")) == counts["fail"] + counts["inconclusive"]
+        assert int(root.get("errors")) == counts["error"]
+        assert int(root.get("failures")) + int(root.get("errors")) == len(result.failures) == counts["failed"]
+        assert gate.counts_text(counts) in result.summary()
+        assert gate.counts_text(counts) in paths.html.read_text() and gate.counts_text(counts) in paths.markdown.read_text()
+    assert len(gate.evaluate(nasty_run[0]).failures) > 2  # the broken run has failures to count
 
 
 def test_junit_of_a_qualified_run_has_no_failure(good_run):
