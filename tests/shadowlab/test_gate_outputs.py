@@ -161,3 +161,48 @@ def test_compare_on_a_one_cell_run_prints_its_table_once(tmp_path):
     assert "\ncell: reference.A-C (A → C)   repeats 1 vs 1\n" in text
     assert "\ncell: reference.A-B-C (A → B → C)   repeats 1 vs 1\n" in text
     assert "\nkind: ordered   repeats 1 vs 1 = overall: overall\n" in text
+
+
+# ---------------------------------------------------------------- end to end on the reference engine
+
+CANDIDATES_MATRIX = """
+version: 1
+name: candidates
+engines:
+  reference: {kind: reference, model: {preset: tiny, seed: 0}, flags: [-c, 2048, -b, 128, -ub, 64, -np, 1, -cram, 0]}
+configurations:
+  current: {description: production defaults}
+  candidate: {description: checkpoints at every -b boundary, env: {PXA_CKPT_PROMPT_POLICY: 0}}
+  unsafe:
+    description: the same placement on an engine that restores one token late
+    env: {PXA_CKPT_PROMPT_POLICY: 0, SHADOWLAB_ENGINE_FAULTS: stale-restore}
+baseline: current
+prompts:
+  A: {kind: random, tokens: 400, seed: 1}
+  C: {kind: diverge, from: A, shared: 200, tokens: 420, seed: 2}
+sequences:
+  A-C: [A, C]
+generation: {n_predict: 8}
+identity: {control: false}
+"""
+
+
+@pytest.mark.slow
+def test_a_candidate_the_fault_makes_unsafe_fails_alone_and_gating_the_safe_one_passes(tmp_path, capsys):
+    matrix = tmp_path / "candidates.yaml"
+    matrix.write_text(CANDIDATES_MATRIX)
+    out = tmp_path / "run"
+    assert cli.main(["run", str(matrix), "--out", str(out)]) == EXIT_CHECK_FAILED
+    capsys.readouterr()
+    result = gate.evaluate(out)
+    assert _verdicts(result) == {"current": "pass", "candidate": "pass", "unsafe": "fail"}, result.summary()
+    unsafe = next(c for c in result.candidates if c.configuration == "unsafe")
+    assert {c.check for c in unsafe.failed} == {"identity"} and unsafe.saved and unsafe.saved > 0
+    candidate = next(c for c in result.candidates if c.configuration == "candidate")
+    assert candidate.net_ms is not None  # measured against the baseline
+    assert cli.main(["gate", str(out), "--gate-candidate", "candidate"]) == EXIT_QUALIFIED
+    assert cli.main(["gate", str(out), "--gate-candidate", "unsafe"]) == EXIT_CHECK_FAILED
+    capsys.readouterr()
+    assert cli.main(["report", str(out), "--gate-candidate", "candidate"]) == EXIT_QUALIFIED
+    root = ET.parse(out / "junit.xml").getroot()
+    assert root.get("failures") == "0" and root.get("errors") == "0" and int(root.get("skipped")) > 0

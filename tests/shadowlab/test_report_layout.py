@@ -103,6 +103,9 @@ def stored_run(name: str, into: Path) -> Path:
 
 def test_ckpt_report_fits_at_1280_and_1920(ckpt_run, tmp_path):
     _fits(ckpt_run / "report.html", tmp_path)
+    stored = stored_run("ckpt", tmp_path)  # the real run of matrices/ckpt.yaml
+    render_run(stored)
+    _fits(stored / "report.html", tmp_path)
 
 
 def test_traffic_report_fits_and_is_three_times_shorter(tmp_path):
