@@ -3,7 +3,8 @@ clipped, and the traffic report is short (layout_probe.py measures element boxes
 
 The probe is shown failing first, on a page made to overflow (a fixed 1,340 px SVG whose label
 runs under its bar, the report's old timeline); then it must pass on report.html (the case
-study's run with a mismatch expanded, and the stored traffic run), simulate.html and logs.html.
+study's run with a mismatch expanded, the stored ckpt and traffic runs), simulate.html and
+logs.html (whose shared-prefix histogram put its tallest count above the SVG before).
 Without Chromium the tests skip with the reason, except under CI=true, where they fail.
 """
 
@@ -124,3 +125,13 @@ def test_simulate_page_fits(tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     _fits(out / "simulate.html", tmp_path)
+
+
+def test_logs_page_fits(tmp_path):
+    logs = sorted((ROOT / "tests" / "fixtures" / "logs" / "llama.cpp-b11434").glob("*.log"))
+    logs += sorted((ROOT / "tests" / "fixtures" / "logs" / "llama-server").glob("*.log"))
+    out = tmp_path / "logs"
+    done = subprocess.run([sys.executable, "-m", "shadowlab", "logs", *map(str, logs), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    _fits(out / "logs.html", tmp_path)
