@@ -108,6 +108,7 @@ class CandidateVerdict:
     failed: tuple[CheckResult, ...]
     recovered: float | None  # Σ reused / Σ ideal over its believable warm traffic cells
     saved: float | None  # Σ reused / Σ prompt tokens over its believable warm cells
+    # (both over the sequences every configuration runs: shared_sequences)
     net_ms: float | None  # net benefit per turn against the baseline (budgets), mean over sequences
     worst_net: tuple[str, float] | None  # (sequence, net ms per turn) of its worst sequence
     gated: bool = True  # False: `--gate-candidate` names another configuration
@@ -308,6 +309,7 @@ def candidate_verdicts(inputs: RunInputs, checks: Sequence[CheckResult], configu
     matrix = inputs.matrix
     costs = budgets.costs(inputs.run, inputs.verdict) if matrix.baseline else []
     names = sorted(matrix.configurations, key=lambda n: n != matrix.baseline)
+    shared = shared_sequences(inputs.verdict)
     out = []
     for name in names:
         mine = [c for c in checks if configuration_of.get(c.cell_id or "") == name]
@@ -316,7 +318,7 @@ def candidate_verdicts(inputs: RunInputs, checks: Sequence[CheckResult], configu
         failed = tuple(c for c in mine if c.status.failed)
         status = "error" if any(c.status is CheckStatus.ERROR for c in failed) else "fail" if failed else "pass"
         warm = [c for c in inputs.verdict.cells if c.kind == "warm" and c.configuration == name
-                and not plausibility.cell_problems(c)]
+                and c.sequence in shared and not plausibility.cell_problems(c)]
         recovered, saved = _shares(warm)
         nets = [(c.sequence, c.net_ms, len(c.traffic.split(" → "))) for c in costs
                 if c.configuration == name and name != matrix.baseline and c.net_ms is not None]
@@ -325,6 +327,18 @@ def candidate_verdicts(inputs: RunInputs, checks: Sequence[CheckResult], configu
         out.append(CandidateVerdict(name, name == matrix.baseline, status, len(mine), failed, recovered, saved,
                                     net, worst, name in gated))
     return tuple(out)
+
+
+def shared_sequences(run: verdicts.RunVerdict) -> tuple[str, ...]:
+    """The sequences every configuration of the run has a warm cell of (else every sequence):
+    shares over these compare like with like (one configuration's append probe would lift it)."""
+    seen: dict[str, set[str]] = {}
+    for c in run.cells:
+        if c.kind == "warm":
+            seen.setdefault(c.configuration, set()).add(c.sequence)
+    every = set.intersection(*seen.values()) if seen else set()
+    order = dict.fromkeys(c.sequence for c in run.cells if c.kind == "warm")
+    return tuple(s for s in order if s in every) or tuple(order)
 
 
 def _shares(warm: Sequence[verdicts.CellVerdict]) -> tuple[float | None, float | None]:
@@ -380,5 +394,5 @@ judge = verdicts.judge  # public here too: gate callers judge a loaded run
 __all__ = [
     "EXIT_QUALIFIED", "EXIT_CHECK_FAILED", "EXIT_USAGE", "EXIT_INFRASTRUCTURE", "GATE_HELP",
     "CandidateVerdict", "GateResult", "JSON_VERSION", "RunInputs", "UNVERIFIED", "candidate_text", "candidate_verdicts",
-    "counts_text", "message_after_subject", "evaluate", "evaluate_inputs", "exit_code_for", "judge", "load_run", "main", "show",
+    "counts_text", "message_after_subject", "shared_sequences", "evaluate", "evaluate_inputs", "exit_code_for", "judge", "load_run", "main", "show",
 ]

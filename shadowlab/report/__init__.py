@@ -531,7 +531,7 @@ def render_html(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellM
         candidate_text=gate_mod.candidate_text, after_subject=gate_mod.message_after_subject,
         outcome_class=OUTCOME_CLASS, identity_mark=IDENTITY_MARK, diff_split=diff_split,
         describe_turn=describe_turn, table_rows=turn_table_rows, GRID_TURNS=GRID_TURNS, grid_summary=grid_summary,
-        candidates=result.candidates,
+        candidates=result.candidates, shared_sequences=gate_mod.shared_sequences(run),
         Outcome=Outcome, IdentityStatus=IdentityStatus, CheckStatus=CheckStatus,
         TL_BAR_H=TL_BAR_H, decisions=decision.decisions(inputs, result),
     )

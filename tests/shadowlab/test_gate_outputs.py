@@ -61,7 +61,10 @@ def test_each_candidate_gets_its_own_verdict(stale, tmp_path):
     good = gate.evaluate(write_run(tmp_path / "good", ckpt_verdict()))
     assert set(_verdicts(good).values()) == {"pass"}
     policy0 = next(c for c in result.candidates if c.configuration == "policy0")
-    later = [t for c in gate.load_run(stale).verdict.cells if c.kind == "warm" and c.configuration == "policy0"
+    verdict = gate.load_run(stale).verdict
+    shared = gate.shared_sequences(verdict)  # policy0's first-round probe is its own: left out
+    assert shared == ("A-C", "A-B-C")
+    later = [t for c in verdict.cells if c.kind == "warm" and c.configuration == "policy0" and c.sequence in shared
              for t in c.turns[1:]]
     assert policy0.saved == pytest.approx(sum(t.reused_tokens for t in later) / sum(t.prompt_tokens for t in later))
     assert policy0.saved > 0 and {c.check for c in policy0.failed} == {"identity"}
@@ -77,6 +80,17 @@ def test_the_report_leads_with_the_verdict_per_configuration(stale):
         row = row[:row.index("</tr>")]
         assert f'v-{status}">{status}' in row, (name, row)
     assert "--gate-candidate NAME" in page  # the run fails, one candidate passes: say how to gate it
+
+
+def test_qualified_says_what_was_qualified(stale, tmp_path):
+    good = render_run(write_run(tmp_path / "good", ckpt_verdict())).html.read_text()
+    banner = good[good.index('class="banner ok"'):good.index("</div>\n\n", good.index('class="banner ok"'))]
+    assert "QUALIFIED" in banner and ("Qualified: configurations defaults, policy0, prompt_end, policy0_prompt_end "
+                                      "× sequences A-C, A-B-C, append, first-round on engine reference") in banner
+    assert "24 cells ran to the end" in banner and "warm turns compared byte for byte with their cold run" in banner
+    bad = render_run(stale).html.read_text()
+    assert "Qualified:" not in bad and "Judged: configurations" in bad  # a failing run says what it judged
+    assert "QUALIFIED — candidate prompt_end" in render_run(stale, candidate="prompt_end").html.read_text()
 
 
 def test_gate_candidate_gates_only_what_would_ship(stale, capsys):
