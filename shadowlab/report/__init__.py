@@ -399,56 +399,88 @@ def engine_processes(metas: Mapping[str, CellMeta]) -> list[EngineProcess]:
 
 
 PER_CELL = "‹per cell›"
+PER_CONFIGURATION = "‹per configuration›"
+
+
+@dataclass(frozen=True)
+class ConfigurationProcesses:
+    """What one configuration's engine processes set where the engine's vary by configuration."""
+
+    configuration: str
+    cells: int
+    statuses: str  # "3 ok" / "2 ok, 1 failed"
+    flags: str  # "-np 4": the ‹per configuration› parts of the command line, with their flags
+    env: str  # "PXA_CKPT_PROMPT_POLICY=0 SHADOWLAB_SLOT_AFFINITY=1"
 
 
 @dataclass(frozen=True)
 class ProcessGroup:
-    """The engine processes of one configuration, said once: the command line and environment
-    they share, each part that differs between its cells marked ‹per cell› (a port, a
-    directory, a core) and named in `varying`. Every cell's own line stays in `processes`."""
+    """One engine's processes, said once: the command line and environment delta every cell
+    shares, a part that differs by configuration marked ‹per configuration› (and said per
+    configuration), one that differs between cells of a configuration ‹per cell› (a port, a
+    directory) and named in `varying`. Every cell's own line stays in `processes`."""
 
     engine: str
-    configuration: str
     cells: int
-    statuses: str  # "8 ok" / "7 ok, 1 failed"
     command: str
     env_delta: tuple[tuple[str, str], ...]
-    varying: tuple[str, ...]  # "--port: 24945 … 24960"
+    varying: tuple[str, ...]  # "--port: 24945 … 24960 (24 values)"
+    configurations: tuple[ConfigurationProcesses, ...]
 
 
 def process_groups(metas: Mapping[str, CellMeta]) -> list[ProcessGroup]:
-    groups: dict[tuple[str, str, int], list[CellMeta]] = {}
+    """One group per engine (and command-line length: a configuration that adds flags is its own)."""
+    groups: dict[tuple[str, int], dict[str, list[CellMeta]]] = {}
     for m in metas.values():
         cell = m.cell if isinstance(m.cell, Mapping) else {}
-        key = (str(cell.get("engine", m.engine.name if m.engine else "?")), str(cell.get("configuration", "?")),
-               len(m.command or ()))
-        groups.setdefault(key, []).append(m)
-    return [_process_group(engine, configuration, group) for (engine, configuration, _), group in groups.items()]
+        key = (str(cell.get("engine", m.engine.name if m.engine else "?")), len(m.command or ()))
+        groups.setdefault(key, {}).setdefault(str(cell.get("configuration", "?")), []).append(m)
+    return [_process_group(engine, by_conf) for (engine, _), by_conf in groups.items()]
 
 
-def _process_group(engine: str, configuration: str, group: Sequence[CellMeta]) -> ProcessGroup:
-    argvs = [[str(a) for a in m.command or ()] for m in group]
-    shown, varying = [], []
-    for i, parts in enumerate(zip(*argvs)):
-        if len(set(parts)) == 1:
-            shown.append(shlex.quote(parts[0]))
-            continue
-        shown.append(PER_CELL)
-        name = argvs[0][i - 1] if i and argvs[0][i - 1].startswith("-") else f"argument {i}"
-        varying.append(f"{name}: {_span(parts)}")
-    envs = [{str(k): str(v) for k, v in (m.env_delta or {}).items()} for m in group]
-    keys = sorted(set().union(*envs))
-    env_delta = []
-    for k in keys:
-        values = [e.get(k) for e in envs]
-        if len(set(values)) == 1:
-            env_delta.append((k, values[0] or ""))
-        else:
+def _process_group(engine: str, by_conf: Mapping[str, Sequence[CellMeta]]) -> ProcessGroup:
+    argv = {c: [[str(a) for a in m.command or ()] for m in ms] for c, ms in by_conf.items()}
+    env = {c: [{str(k): str(v) for k, v in (m.env_delta or {}).items()} for m in ms] for c, ms in by_conf.items()}
+    first = next(iter(argv.values()))[0]
+    shown, varying, flags = [], [], {c: [] for c in by_conf}
+    for i in range(len(first)):
+        mark, per = _vary({c: [a[i] for a in argvs] for c, argvs in argv.items()})
+        flag = first[i - 1] if i and first[i - 1].startswith("-") else f"argument {i}"
+        shown.append(shlex.quote(first[i]) if mark is None else mark)
+        if mark == PER_CELL:
+            varying.append(f"{flag}: {_span([a[i] for argvs in argv.values() for a in argvs])}")
+        elif mark == PER_CONFIGURATION:
+            for c, value in per.items():
+                flags[c].append(f"{flag} {shlex.quote(value)}" if flag.startswith("-") else shlex.quote(value))
+    env_delta, env_of = [], {c: [] for c in by_conf}
+    for k in sorted({k for es in env.values() for e in es for k in e}):
+        mark, per = _vary({c: [e.get(k, "") for e in es] for c, es in env.items()})
+        if mark is None:
+            env_delta.append((k, next(iter(per.values()))))
+        elif mark == PER_CELL:
             env_delta.append((k, PER_CELL))
-            varying.append(f"{k}: {_span([v if v is not None else '(unset)' for v in values])}")
-    statuses = Counter(getattr(m.status, "value", str(m.status)) for m in group)
-    return ProcessGroup(engine, configuration, len(group), ", ".join(f"{n} {s}" for s, n in statuses.items()),
-                        " ".join(shown), tuple(env_delta), tuple(varying))
+            varying.append(f"{k}: {_span([e.get(k, '(unset)') for es in env.values() for e in es])}")
+        else:
+            env_of.update({c: [*env_of[c], f"{k}={value}"] for c, value in per.items() if value})
+    configurations = tuple(
+        ConfigurationProcesses(c, len(ms), _statuses(ms), " ".join(flags[c]) or "—", " ".join(env_of[c]) or "—")
+        for c, ms in by_conf.items())
+    return ProcessGroup(engine, sum(len(ms) for ms in by_conf.values()), " ".join(shown), tuple(env_delta),
+                        tuple(varying), configurations)
+
+
+def _vary(values: Mapping[str, Sequence[str]]) -> tuple[str | None, dict[str, str]]:
+    """(None: one value everywhere | PER_CONFIGURATION: one per configuration | PER_CELL, the
+    value of each configuration's first cell)."""
+    per = {c: v[0] for c, v in values.items()}
+    if any(len(set(v)) > 1 for v in values.values()):
+        return PER_CELL, per
+    return (None if len(set(per.values())) == 1 else PER_CONFIGURATION), per
+
+
+def _statuses(group: Sequence[CellMeta]) -> str:
+    found = Counter(getattr(m.status, "value", str(m.status)) for m in group)
+    return ", ".join(f"{n} {s}" for s, n in found.items())
 
 
 def _span(values: Sequence[str]) -> str:

@@ -14,7 +14,9 @@ from shadowlab.judge import gate
 from shadowlab.report import build_timeline, md_cell, nice_step, render_run, visible
 from shadowlab.judge.verdicts import IdentityCheck, IdentityStatus, Outcome
 
-from synthetic_runs import ckpt_verdict, with_turn, write_run
+from synthetic_runs import ROOT, ckpt_verdict, with_turn, write_run
+
+REAL_RUN = ROOT / "tests" / "fixtures" / "runs" / "llama.cpp-b9093"
 
 # Engine output is untrusted: markup, an SVG breakout, quotes, control bytes (ESC, NUL, BEL),
 # U+FFFD from an invalid byte, and a lone surrogate (what JSON can carry for an undecodable byte).
@@ -237,3 +239,35 @@ def test_timeline_positions_follow_the_token_axis():
     kinds = sorted(m.kind for m in row.marks)
     assert kinds.count("restored") == 1 and kinds.count("erased") == 3 and kinds.count("created") == 3
     assert tl.rows[0].divergence_x is None  # the first turn has nothing to diverge from
+
+
+def test_engine_processes_are_said_once_per_engine_with_what_differs(tmp_path):
+    """Provenance of a real run (llama.cpp b9093, 14 cells): one row per engine command line (a
+    configuration that adds a flag has its own), the port, different in every cell, marked and
+    its range named; every cell's own line is still there, folded."""
+    import shutil
+
+    from shadowlab.judge import gate
+
+    run = tmp_path / "run"
+    shutil.copytree(REAL_RUN, run)
+    inputs = gate.load_run(run)
+    groups = report.process_groups(inputs.metas)
+    assert len(groups) == 2 and sum(g.cells for g in groups) == len(inputs.metas) > 10
+    for group in groups:
+        marks = {"\0c": report.PER_CELL, "\0k": report.PER_CONFIGURATION}  # the marks hold a space
+        template = [marks.get(t, t) for t in group.command.replace(report.PER_CELL, "\0c")
+                    .replace(report.PER_CONFIGURATION, "\0k").split(" ")]
+        mine = [m for m in inputs.metas.values() if m.cell["configuration"] in
+                {c.configuration for c in group.configurations}]
+        assert len(mine) == group.cells
+        for m in mine:
+            argv = [str(a) for a in m.command]
+            assert len(argv) == len(template)
+            assert all(t in (a, report.PER_CELL, report.PER_CONFIGURATION) for t, a in zip(template, argv))
+        assert report.PER_CELL in template and any(v.startswith("--port: ") for v in group.varying)
+    page = report.render_run(run).html.read_text()
+    section = page[page.index('id="processes"'):]
+    grouped, folded = section.split("every cell's command line and environment delta", 1)
+    assert grouped.count("<tr>") - 1 < len(inputs.metas) / 2  # header + a row per group and configuration
+    assert all(m.cell_id not in grouped and m.cell_id in folded for m in inputs.metas.values())
