@@ -61,7 +61,7 @@ def shrink(png: Path, max_kb: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("docs/report.png"))
+    parser.add_argument("--out", type=Path, required=True, help="the PNG to write, e.g. docs/report-ckpt.png")
     parser.add_argument("--width", type=int, default=1280, help="viewport width in CSS px (default 1280: a laptop)")
     parser.add_argument("--height", type=int, default=2400)
     parser.add_argument("--max-kb", type=int, default=500)
