@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Render a run's report.html in headless Chromium and save a PNG (docs/report.png).
+"""Render a run's report.html in headless Chromium and save a PNG (docs/report-NAME.png).
 
-    python scripts/screenshot_report.py reports/<run-id> [--out docs/report.png] [--height 2400]
+    python scripts/screenshot_report.py reports/<run-id> --out docs/report-ckpt.png [--width 1280] [--height 2400]
 
 Re-renders the report first (`shadowlab.report.render_run`) unless --no-render. Chromium runs
 offline: no network, no GPU, a throw-away profile. The PNG is then shrunk (palette
@@ -61,16 +61,18 @@ def shrink(png: Path, max_kb: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("docs/report.png"))
-    parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--out", type=Path, required=True, help="the PNG to write, e.g. docs/report-ckpt.png")
+    parser.add_argument("--width", type=int, default=1280, help="viewport width in CSS px (default 1280: a laptop)")
     parser.add_argument("--height", type=int, default=2400)
     parser.add_argument("--max-kb", type=int, default=500)
     parser.add_argument("--no-render", action="store_true", help="use the existing report.html as is")
+    parser.add_argument("--gate-candidate", metavar="NAME", default=None,
+                        help="render the report gating this configuration (shadowlab report --gate-candidate)")
     args = parser.parse_args(argv)
     if not args.no_render:
         from shadowlab.report import render_run
 
-        render_run(args.run_dir)
+        render_run(args.run_dir, candidate=args.gate_candidate)
     html = args.run_dir / "report.html"
     if not html.is_file():
         raise SystemExit(f"screenshot_report: {html} does not exist")

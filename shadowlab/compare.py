@@ -441,8 +441,15 @@ def render_text(c: Comparison) -> str:
     lines += [f"excluded (impossible figures, no result): {e}" for e in c.excluded]
     lines += [f"note: {n}" for n in c.notes]
     metrics = {m.name: m for m in METRICS}
+    shown: list[Row] = []
     for row in c.rows:
+        if shown and (row.repeats, row.deltas) == (shown[-1].repeats, shown[-1].deltas):
+            # an aggregate of one cell (or one kind) is that cell's table again: say so, once
+            lines[head] += f" = {row.scope}: {row.name}"
+            continue
+        shown.append(row)
         lines.append("")
+        head = len(lines)
         lines.append(f"{row.scope}: {row.name}   repeats {row.repeats[0]} vs {row.repeats[1]}")
         for d in row.deltas:
             m = metrics[d.metric]

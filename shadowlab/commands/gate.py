@@ -16,11 +16,19 @@ EXITS = (
 )
 
 
+GATE_CANDIDATE_HELP = ("gate only what would ship: this configuration's checks, its baseline's and the run's "
+                       "own; the other configurations' are shown but never decide the exit code")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--gate-candidate", metavar="NAME", default=None, help=GATE_CANDIDATE_HELP)
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON document (version 1: exit code, counts, per-candidate "
+                             "verdicts, every check) instead of the summary; the exit code is the same")
 
 
 def main(args: argparse.Namespace) -> int:
     from shadowlab.judge import gate
 
-    return gate.main(args.run_dir)  # prints its summary
+    return gate.main(args.run_dir, candidate=args.gate_candidate, as_json=args.json)  # prints its result

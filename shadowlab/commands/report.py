@@ -15,11 +15,15 @@ EXITS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from shadowlab.commands.gate import GATE_CANDIDATE_HELP
+
     parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--gate-candidate", metavar="NAME", default=None,
+                        help=GATE_CANDIDATE_HELP + " (the report's banner and junit.xml then judge that candidate)")
 
 
 def main(args: argparse.Namespace) -> int:
     from shadowlab import report
 
-    report.render_run(args.run_dir)
+    report.render_run(args.run_dir, candidate=args.gate_candidate)
     return EXIT_QUALIFIED

@@ -1078,9 +1078,9 @@ def _pc(v: float | None) -> str:
 
 
 def render_html(doc: dict[str, Any]) -> str:
-    from shadowlab import report  # the report's environment: autoescape, |visible, StrictUndefined
+    from shadowlab import present  # the HTML environment: autoescape, |visible, StrictUndefined
 
-    env = report._environment()
+    env = present.environment()
     return env.get_template("logs.html.j2").render(doc=doc, pictures=_pictures(doc), percentiles=PERCENTILES)
 
 

@@ -19,17 +19,16 @@ the gate and CI never disagree. `render_inputs(inputs, result)` renders an alrea
 
 from __future__ import annotations
 
-import math
 import shlex
 import xml.etree.ElementTree as ET
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import markupsafe
-
+from shadowlab import present
+from shadowlab.present import fit_label, label_width, nice_step, num, pct, short_sha, signed
 from shadowlab.report import decision, traffic as report_traffic
 from shadowlab.judge import plausibility
 from shadowlab.results import records
@@ -43,7 +42,7 @@ from shadowlab.judge.verdicts import CellVerdict, CheckpointRef, IdentityStatus,
 HTML_NAME = "report.html"
 MARKDOWN_NAME = "report.md"
 JUNIT_NAME = "junit.xml"
-CELL_ERRORS = ("ran", "plausible")  # checks that make a cell's own junit case an <error>
+CELL_CHECK = "ran"  # the check that is a cell's own junit case (one per cell), not a case of `checks`
 
 
 @dataclass(frozen=True)
@@ -56,11 +55,12 @@ class ReportPaths:
         return iter((self.html, self.markdown, self.junit))
 
 
-def render_run(run_dir: str | Path) -> ReportPaths:
+def render_run(run_dir: str | Path, candidate: str | None = None) -> ReportPaths:
     """Write report.html, report.md and junit.xml into `run_dir`. Raises RunDirError/MatrixError
-    when the directory cannot be read (the CLI maps those to exit 2)."""
+    when the directory cannot be read, ShadowlabError for a `candidate` (`--gate-candidate`) the
+    matrix does not configure (the CLI maps those to exit 2)."""
     inputs = gate_mod.load_run(Path(run_dir), write_verdicts=True)
-    return render_inputs(inputs, gate_mod.evaluate_inputs(inputs))
+    return render_inputs(inputs, gate_mod.evaluate_inputs(inputs, candidate))
 
 
 def render_inputs(inputs: RunInputs, result: GateResult) -> ReportPaths:
@@ -135,9 +135,35 @@ def build_grids(inputs: RunInputs) -> list[Grid]:
     return grids
 
 
+@dataclass(frozen=True)
+class GridSummary:
+    """A long cell (a traffic) in one grid cell: what its turns after the first reused."""
+
+    reused: int
+    prompt: int
+    outcomes: tuple[tuple[TurnVerdict, int], ...]  # (first turn of an outcome, how many)
+    mismatches: int
+
+    @property
+    def share(self) -> float | None:
+        return self.reused / self.prompt if self.prompt else None
+
+
+def grid_summary(cell: CellVerdict) -> GridSummary:
+    later = cell.turns[1:]
+    first: dict[Outcome, TurnVerdict] = {}
+    count: Counter[Outcome] = Counter()
+    for t in later:
+        first.setdefault(t.outcome, t)
+        count[t.outcome] += 1
+    mismatches = sum(1 for t in later if t.identity is not None and t.identity.status is IdentityStatus.MISMATCH)
+    return GridSummary(sum(t.reused_tokens or 0 for t in later), sum(t.prompt_tokens or 0 for t in later),
+                       tuple((first[o], n) for o, n in count.items()), mismatches)
+
+
 def describe_turn(turn: TurnVerdict) -> str:
     """One sentence on what the engine did with its cache on this turn (the case study's words)."""
-    length = _num(turn.prompt_tokens)
+    length = num(turn.prompt_tokens)
     created = ", ".join(str(c.pos_max) for c in turn.created)
     made = f"; checkpoints created at pos_max {created}" if created else ""
     erased = f"{len(turn.erased_cascade)}"
@@ -147,15 +173,15 @@ def describe_turn(turn: TurnVerdict) -> str:
         return f"cold: {length} tokens prefilled{made}"
     if turn.outcome is Outcome.ERROR:
         return f"failed: {turn.error or 'no detail'}"
-    div = _num(turn.divergence_point)
+    div = num(turn.divergence_point)
     if turn.outcome is Outcome.EXTENDED:
-        return f"extended the cache: reused {_num(turn.reused_tokens)} of {length} tokens{made}"
+        return f"extended the cache: reused {num(turn.reused_tokens)} of {length} tokens{made}"
     if turn.outcome is Outcome.RESTORED:
         ckpt = turn.restored.pos_max if turn.restored else "?"
         cost = f", restore {turn.restore_ms:.1f} ms" if turn.restore_ms is not None else ""
         return (f"diverged at {div}; restored the checkpoint at pos_max {ckpt}, re-entry "
-                f"{_num(turn.re_entry_point)} → {_num(turn.reused_tokens)} tokens saved = "
-                f"{_pct(turn.saved_fraction)} of the prefill{cost}; cascade erased {erased}{made}")
+                f"{num(turn.re_entry_point)} → {num(turn.reused_tokens)} tokens saved = "
+                f"{pct(turn.saved_fraction)} of the prefill{cost}; cascade erased {erased}{made}")
     if turn.outcome is Outcome.FORCED:
         above = turn.alive_above_divergence
         miss = ""
@@ -171,14 +197,15 @@ def describe_turn(turn: TurnVerdict) -> str:
 
 
 # -- timelines: one SVG per cell, one row per turn, x = token position -----------------------
+# The SVGs carry a viewBox and are drawn at width 100% (at most their own width): they scale to
+# the page. The label column is as wide as its longest label (present.label_width), so no label
+# runs under the bars.
 
-TL_LEFT = 150  # label column
-TL_PLOT = 1020
+TL_WIDTH = 1200  # the whole SVG's user units
 TL_RIGHT = 170  # outcome column
 TL_ROW = 46
 TL_TOP = 26
 TL_BAR_H = 12
-
 
 @dataclass(frozen=True)
 class Mark:
@@ -212,28 +239,33 @@ class Timeline:
     rows: tuple[TimelineRow, ...]
     axis_y: float
 
+    @property
+    def folded(self) -> bool:
+        """A long cell (a traffic) starts folded: its summary is in the traffic section."""
+        return len(self.rows) > GRID_TURNS
 
-def nice_step(span: int, target_ticks: int = 8) -> int:
-    raw = max(span / target_ticks, 1)
-    power = 10 ** math.floor(math.log10(raw))
-    for mult in (1, 2, 2.5, 5, 10):
-        if raw <= mult * power:
-            return max(int(mult * power), 1)
-    return int(10 * power)
+
+GRID_TURNS = 6  # a cell with more turns is summarised (grid) and folded (timeline)
 
 
 def build_timeline(cell: CellVerdict) -> Timeline:
     span = max([t.prompt_tokens or 0 for t in cell.turns] + [t.cached_tokens or 0 for t in cell.turns] + [1])
-    scale = TL_PLOT / span
+    left = label_width([_turn_label(t) for t in cell.turns] + ["token position →"])
+    plot = TL_WIDTH - left - TL_RIGHT
+    scale = plot / span
 
     def x(pos: float) -> float:
-        return round(TL_LEFT + min(max(pos, 0), span) * scale, 1)
+        return round(left + min(max(pos, 0), span) * scale, 1)
 
-    step = nice_step(span)
+    step = nice_step(span, max(2, plot // 110))  # a tick label ("123,456") every ≥ 110 units
     ticks = tuple((x(v), f"{v:,}") for v in range(0, span + 1, step))
     rows = tuple(_timeline_row(t, TL_TOP + i * TL_ROW, x, scale) for i, t in enumerate(cell.turns))
     height = TL_TOP + len(rows) * TL_ROW + 6
-    return Timeline(cell, TL_LEFT + TL_PLOT + TL_RIGHT, height, TL_LEFT, TL_PLOT, ticks, rows, height - 4)
+    return Timeline(cell, TL_WIDTH, height, left, plot, ticks, rows, height - 4)
+
+
+def _turn_label(turn: TurnVerdict) -> str:
+    return f"t{turn.index} {fit_label(turn.prompt_id)}"
 
 
 def _timeline_row(turn: TurnVerdict, y: float, x: Any, scale: float) -> TimelineRow:
@@ -265,7 +297,7 @@ def _timeline_row(turn: TurnVerdict, y: float, x: Any, scale: float) -> Timeline
         marks.append(Mark("created", x(c.n_tokens), bar_y + TL_BAR_H + 7, _ckpt_title("created", c)))
     re_entry = turn.re_entry_point
     reused = re_entry if re_entry is not None else (turn.reused_tokens or 0)
-    label = f"t{turn.index} {turn.prompt_id}"
+    label = _turn_label(turn)
     title = (f"turn {turn.index} ({turn.prompt_id}): {length:,} prompt tokens, outcome "
              f"{turn.outcome.value}, reused {turn.reused_tokens}, processed {turn.processed_tokens}")
     return TimelineRow(
@@ -366,6 +398,130 @@ def engine_processes(metas: Mapping[str, CellMeta]) -> list[EngineProcess]:
             for cell_id, m in metas.items()]
 
 
+PER_CELL = "‹per cell›"
+PER_CONFIGURATION = "‹per configuration›"
+
+
+@dataclass(frozen=True)
+class ConfigurationProcesses:
+    """What one configuration's engine processes set where the engine's vary by configuration."""
+
+    configuration: str
+    cells: int
+    statuses: str  # "3 ok" / "2 ok, 1 failed"
+    flags: str  # "-np 4": the ‹per configuration› parts of the command line, with their flags
+    env: str  # "PXA_CKPT_PROMPT_POLICY=0 SHADOWLAB_SLOT_AFFINITY=1"
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """One engine's processes, said once: the command line and environment delta every cell
+    shares, a part that differs by configuration marked ‹per configuration› (and said per
+    configuration), one that differs between cells of a configuration ‹per cell› (a port, a
+    directory) and named in `varying`. Every cell's own line stays in `processes`."""
+
+    engine: str
+    cells: int
+    command: str
+    env_delta: tuple[tuple[str, str], ...]
+    varying: tuple[str, ...]  # "--port: 24945 … 24960 (24 values)"
+    configurations: tuple[ConfigurationProcesses, ...]
+
+
+def process_groups(metas: Mapping[str, CellMeta]) -> list[ProcessGroup]:
+    """One group per engine (and command-line length: a configuration that adds flags is its own)."""
+    groups: dict[tuple[str, int], dict[str, list[CellMeta]]] = {}
+    for m in metas.values():
+        cell = m.cell if isinstance(m.cell, Mapping) else {}
+        key = (str(cell.get("engine", m.engine.name if m.engine else "?")), len(m.command or ()))
+        groups.setdefault(key, {}).setdefault(str(cell.get("configuration", "?")), []).append(m)
+    return [_process_group(engine, by_conf) for (engine, _), by_conf in groups.items()]
+
+
+def _process_group(engine: str, by_conf: Mapping[str, Sequence[CellMeta]]) -> ProcessGroup:
+    argv = {c: [[str(a) for a in m.command or ()] for m in ms] for c, ms in by_conf.items()}
+    env = {c: [{str(k): str(v) for k, v in (m.env_delta or {}).items()} for m in ms] for c, ms in by_conf.items()}
+    first = next(iter(argv.values()))[0]
+    shown, varying, flags = [], [], {c: [] for c in by_conf}
+    for i in range(len(first)):
+        mark, per = _vary({c: [a[i] for a in argvs] for c, argvs in argv.items()})
+        flag = first[i - 1] if i and first[i - 1].startswith("-") else f"argument {i}"
+        shown.append(shlex.quote(first[i]) if mark is None else mark)
+        if mark == PER_CELL:
+            varying.append(f"{flag}: {_span([a[i] for argvs in argv.values() for a in argvs])}")
+        elif mark == PER_CONFIGURATION:
+            for c, value in per.items():
+                flags[c].append(f"{flag} {shlex.quote(value)}" if flag.startswith("-") else shlex.quote(value))
+    env_delta, env_of = [], {c: [] for c in by_conf}
+    for k in sorted({k for es in env.values() for e in es for k in e}):
+        mark, per = _vary({c: [e.get(k, "") for e in es] for c, es in env.items()})
+        if mark is None:
+            env_delta.append((k, next(iter(per.values()))))
+        elif mark == PER_CELL:
+            env_delta.append((k, PER_CELL))
+            varying.append(f"{k}: {_span([e.get(k, '(unset)') for es in env.values() for e in es])}")
+        else:
+            env_of.update({c: [*env_of[c], f"{k}={value}"] for c, value in per.items() if value})
+    configurations = tuple(
+        ConfigurationProcesses(c, len(ms), _statuses(ms), " ".join(flags[c]) or "—", " ".join(env_of[c]) or "—")
+        for c, ms in by_conf.items())
+    return ProcessGroup(engine, sum(len(ms) for ms in by_conf.values()), " ".join(shown), tuple(env_delta),
+                        tuple(varying), configurations)
+
+
+def _vary(values: Mapping[str, Sequence[str]]) -> tuple[str | None, dict[str, str]]:
+    """(None: one value everywhere | PER_CONFIGURATION: one per configuration | PER_CELL, the
+    value of each configuration's first cell)."""
+    per = {c: v[0] for c, v in values.items()}
+    if any(len(set(v)) > 1 for v in values.values()):
+        return PER_CELL, per
+    return (None if len(set(per.values())) == 1 else PER_CONFIGURATION), per
+
+
+def _statuses(group: Sequence[CellMeta]) -> str:
+    found = Counter(getattr(m.status, "value", str(m.status)) for m in group)
+    return ", ".join(f"{n} {s}" for s, n in found.items())
+
+
+def _span(values: Sequence[str]) -> str:
+    distinct = list(dict.fromkeys(values))
+    if all(v.isdigit() for v in distinct):
+        return f"{min(distinct, key=int)} … {max(distinct, key=int)} ({len(distinct)} values)"
+    return ", ".join(distinct[:3]) + (f", … ({len(distinct)} values)" if len(distinct) > 3 else "")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What the gate judged, in words: the banner says what QUALIFIED (or not) is about."""
+
+    what: str  # "configurations baseline, policy0 × sequences A-C, A-B-C on engine reference"
+    evidence: tuple[str, ...]  # "16 warm turns that reused cache byte-identical to cold", ...
+
+
+def judged_scope(inputs: RunInputs, result: GateResult) -> Scope:
+    m = inputs.matrix
+    cells = [c for c in inputs.verdict.cells]
+    configurations = [n for n in m.configurations if any(c.configuration == n for c in cells)]
+    sequences = [n for n in m.sequences if any(c.sequence == n for c in cells)]
+    if result.candidate is not None:
+        configurations = [c.configuration for c in result.candidates if c.gated]
+    engines = [f"{e.name} ({e.version})" if e.version else e.name for e in engine_provenance(inputs.metas)] \
+        or list(dict.fromkeys(c.engine for c in cells))
+    what = (f"configuration{'s' if len(configurations) != 1 else ''} {', '.join(configurations)} × "
+            f"sequence{'s' if len(sequences) != 1 else ''} {', '.join(sequences)} on "
+            f"{'engine' if len(engines) == 1 else 'engines'} {', '.join(engines)}")
+    by = Counter(c.check for c in result.checks if c.passed)
+    declared = sum(1 for c in result.checks if c.passed and c.source != "default" and c.check != "budget")
+    evidence = [f"{by['ran']} cells ran to the end" if by["ran"] else "",
+                f"{by['identity']} warm turns compared byte for byte with their cold run" if by["identity"] else "",
+                f"{by['control']} cold-vs-cold controls identical" if by["control"] else "",
+                f"{by['cascade']} cascade checks passed (every checkpoint above the re-entry point erased)"
+                if by["cascade"] else "",
+                f"{declared} declared expectations held" if declared else "",
+                f"{by['budget']} budget checks against the baseline ({m.baseline}) held" if by["budget"] else ""]
+    return Scope(what, tuple(e for e in evidence if e))
+
+
 @dataclass(frozen=True)
 class ImpossibleFigure:
     cell: CellVerdict
@@ -381,54 +537,37 @@ def impossible_figures(run: RunVerdict) -> list[ImpossibleFigure]:
 # ---------------------------------------------------------------- HTML
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("shadowlab", "templates"),
-        autoescape=True,  # every template, whatever its extension: engine text is untrusted
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        finalize=_visible_output,  # every {{ }}: no field can forget `| visible`
-    )
-    env.filters.update(visible=visible, pct=_pct, num=_num, ms=_ms, short_sha=_short_sha)
-    return env
-
-
 def turn_table_rows(cell: CellVerdict) -> int:
     """Rows a cell takes in the turn table: one per turn, plus a row for a turn's impossible
     figures and one for its disagreements and notes (the cell column spans them all)."""
     return sum(1 + bool(t.implausible) + bool(t.disagreements or t.notes) for t in cell.turns)
 
 
-def _visible_output(value: Any) -> Any:
-    """Each template output made visible before autoescape. Markup (a macro's own HTML, whose
-    parts went through here already) passes as it is."""
-    if value is None or isinstance(value, (markupsafe.Markup, int, float)):
-        return value
-    return visible(value)
-
-
 def render_html(inputs: RunInputs, result: GateResult, metas: Mapping[str, CellMeta] | None = None) -> str:
     run = inputs.verdict
     metas = inputs.metas if metas is None else metas
     warm = [c for c in run.cells if c.kind == "warm"]
+    all_checks = (*result.checks, *result.not_gated)
     context = dict(
         inputs=inputs, matrix=inputs.matrix, run=run, result=result, metas=metas,
         env=_fields(inputs.environment), blank=_Fields(), grids=build_grids(inputs), warm=warm,
         timelines=[build_timeline(c) for c in warm if c.turns],
         traffic=_traffic_sections(inputs, metas),
         identity_rows=identity_rows(run), controls=[c for c in run.cells if c.kind == "control"],
-        expectation_checks=[c for c in result.checks if c.source != "default"],
-        default_checks=[c for c in result.checks if c.source == "default"],
+        expectation_checks=[c for c in all_checks if c.source != "default"],
+        default_checks=[c for c in all_checks if c.source == "default"], not_gated=set(result.not_gated),
         engines=engine_provenance(metas), failures=result.failures,
-        processes=engine_processes(metas), impossible=impossible_figures(run),
-        counts=_status_counts(result.checks), totals=_totals(warm),
+        processes=engine_processes(metas), process_groups=process_groups(metas),
+        impossible=impossible_figures(run), scope=judged_scope(inputs, result),
+        counts=result.counts, counts_text=gate_mod.counts_text(result.counts), totals=_totals(warm),
+        candidate_text=gate_mod.candidate_text, after_subject=gate_mod.message_after_subject,
         outcome_class=OUTCOME_CLASS, identity_mark=IDENTITY_MARK, diff_split=diff_split,
-        describe_turn=describe_turn, table_rows=turn_table_rows,
+        describe_turn=describe_turn, table_rows=turn_table_rows, GRID_TURNS=GRID_TURNS, grid_summary=grid_summary,
+        candidates=result.candidates, shared_sequences=gate_mod.shared_sequences(run),
         Outcome=Outcome, IdentityStatus=IdentityStatus, CheckStatus=CheckStatus,
         TL_BAR_H=TL_BAR_H, decisions=decision.decisions(inputs, result),
     )
-    return _environment().get_template("report.html.j2").render(**context)
+    return present.environment().get_template("report.html.j2").render(**context)
 
 
 class _Fields(dict):  # type: ignore[type-arg]
@@ -443,10 +582,6 @@ def _fields(value: Any) -> Any:
     if isinstance(value, Mapping):
         return _Fields({k: _fields(v) for k, v in value.items()})
     return value
-
-
-def _status_counts(checks: Sequence[CheckResult]) -> dict[str, int]:
-    return {s.value: sum(1 for c in checks if c.status is s) for s in CheckStatus}
 
 
 @dataclass(frozen=True)
@@ -468,24 +603,6 @@ def _totals(warm: Sequence[CellVerdict]) -> Totals:
                   sum(t.reused_tokens or 0 for t in turns), outcomes, len(warm) - len(believable))
 
 
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{value * 100:.1f}%"
-
-
-def _num(value: int | float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
-
-
-def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value:.1f}"
-
-
-def _short_sha(value: str | None) -> str:
-    return "—" if not value else value[:12]
-
-
 # ---------------------------------------------------------------- Markdown
 
 
@@ -495,10 +612,20 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
     icon = ("⚠️" if result.unverified else "✅") if result.qualified else "❌"
     lines = [f"## {icon} shadowlab `{md_cell(inputs.matrix.name)}` — {result.verdict_text} "
              f"(exit {result.exit_code})", ""]
-    counts = _status_counts(result.checks)
-    lines.append(f"run `{md_cell(run.run_id)}` · {len(run.cells)} cells · checks: "
-                 + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    lines.append(f"run `{md_cell(run.run_id)}` · {len(run.cells)} cells · {gate_mod.counts_text(result.counts)}")
     lines.append("")
+    scope = judged_scope(inputs, result)
+    lines += [f"Judged: {md_cell(scope.what)}" + (f" — {md_cell('; '.join(scope.evidence))}" if scope.evidence else ""), ""]
+    if result.candidates:
+        lines += ["| configuration | verdict | recovered / reused | net benefit per turn | failed checks |",
+                  "|---|---|---|---|---|"]
+        for c in result.candidates:
+            share = (f"{pct(c.recovered)} of the ideal" if c.recovered is not None else
+                     f"{pct(c.saved)} of prompt tokens" if c.saved is not None else "—")
+            net = "—" if c.net_ms is None else f"{signed(c.net_ms, 1)} ms"
+            verdict = ("baseline" if c.is_baseline else f"**{c.status}**") + ("" if c.gated else " (not gated)")
+            lines.append(f"| {md_cell(c.configuration)} | {verdict} | {share} | {net} | {len(c.failed)} of {c.checks} |")
+        lines.append("")
     if result.unverified:
         lines += [f"> **{md_cell(result.unverified)}**", ""]
     impossible = impossible_figures(run)
@@ -514,7 +641,8 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
                   "|---|---|---|---|---|---|"]
         for c in result.failures:
             lines.append(f"| {c.status.value} | {md_cell(c.check)} | {md_cell(c.subject)} | "
-                         f"{md_cell(c.expected)} | {md_cell(c.actual)} | {md_cell(c.message)} |")
+                         f"{md_cell(c.expected)} | {md_cell(c.actual)} | "
+                         f"{md_cell(gate_mod.message_after_subject(c))} |")
         lines.append("")
     lines += decision.markdown(decision.decisions(inputs, result), md_cell)
     for grid in build_grids(inputs):
@@ -532,9 +660,9 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
         for t in cell.turns[1:]:
             ident = t.identity.status.value if t.identity else ""
             lines.append(
-                f"| {md_cell(cell.cell_id)} | {t.index} | {md_cell(t.prompt_id)} | {_num(t.prompt_tokens)} | "
-                f"{_num(t.divergence_point)} | {_num(t.re_entry_point)} | {_num(t.reused_tokens)} | "
-                f"{_pct(t.saved_fraction)} | {t.outcome.value}{' ⛔ impossible figures' if t.implausible else ''} | {ident} |")
+                f"| {md_cell(cell.cell_id)} | {t.index} | {md_cell(t.prompt_id)} | {num(t.prompt_tokens)} | "
+                f"{num(t.divergence_point)} | {num(t.re_entry_point)} | {num(t.reused_tokens)} | "
+                f"{pct(t.saved_fraction)} | {t.outcome.value}{' ⛔ impossible figures' if t.implausible else ''} | {ident} |")
     lines.append("")
     declared = [c for c in result.checks if c.source != "default"]
     if declared:
@@ -549,7 +677,7 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
     lines += _md_processes(engine_processes(metas or {}))
     env = inputs.environment
     sl = env.get("shadowlab", {}) if isinstance(env.get("shadowlab"), dict) else {}
-    lines.append(f"<sub>shadowlab {md_cell(sl.get('version'))} @ {md_cell(_short_sha(sl.get('commit')))}"
+    lines.append(f"<sub>shadowlab {md_cell(sl.get('version'))} @ {md_cell(short_sha(sl.get('commit')))}"
                  f"{' (dirty)' if sl.get('dirty') else ''} · host {md_cell(env.get('host'))} · "
                  f"full report: report.html</sub>")
     return "\n".join(lines) + "\n"
@@ -589,7 +717,7 @@ def _md_grid_cell(cell: CellVerdict | None) -> str:
     for t in cell.turns:
         text = f"{md_cell(t.prompt_id)}:{t.outcome.value}"
         if t.index > 0 and t.saved_fraction is not None:
-            text += f" {_pct(t.saved_fraction)}"
+            text += f" {pct(t.saved_fraction)}"
         if t.identity is not None and t.identity.status is IdentityStatus.MISMATCH:
             text += " ≠cold" + (f" ({md_cell(t.triage.cls)})" if t.triage is not None else "")
         parts.append(text)
@@ -600,7 +728,12 @@ def _md_grid_cell(cell: CellVerdict | None) -> str:
 
 
 def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
-    """<testsuites> with a `cells` suite (one case per cell) and a `checks` suite (one per check)."""
+    """<testsuites> with a `cells` suite (one case per cell) and a `checks` suite (one per check).
+
+    Each failed check is counted once, where it belongs: a cell that did not run (`ran`, one per
+    cell) is its cell's <error>; every other check, `plausible` included, is its own case in
+    `checks`. So failures + errors is the gate's count of failed checks. Checks `--gate-candidate`
+    leaves out are <skipped>, their status in the message."""
     root = ET.Element("testsuites", name=xml_text(f"shadowlab {inputs.matrix.name}"))
     if result.unverified:
         props = ET.SubElement(root, "properties")
@@ -608,35 +741,35 @@ def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
     cells = ET.SubElement(root, "testsuite", name="cells")
     by_cell: dict[str, list[CheckResult]] = {}
     for c in result.checks:
-        if c.cell_id:
-            by_cell.setdefault(c.cell_id, []).append(c)
+        if c.cell_id and c.check == CELL_CHECK:
+            by_cell.setdefault(c.cell_id, []).append(c)  # one per cell
+    skipped_cells = {c.cell_id: c for c in result.not_gated if c.cell_id and c.check == CELL_CHECK and c.status.failed}
     cell_ids = list(dict.fromkeys([*inputs.planned, *(c.cell_id for c in inputs.verdict.cells)]))
     known = {c.cell_id: c for c in inputs.verdict.cells}
     for cell_id in cell_ids:
         case = ET.SubElement(cells, "testcase", classname=xml_text(f"shadowlab.cells.{_kind(known, cell_id)}"),
                              name=xml_text(cell_id))
-        # A cell that did not run, or whose engine cannot be believed (`plausible`), is an error.
-        errors = [c for c in by_cell.get(cell_id, []) if c.status is CheckStatus.ERROR and c.check in CELL_ERRORS]
-        failed = [c for c in by_cell.get(cell_id, []) if c.status.failed and c.check not in CELL_ERRORS]
+        errors = [c for c in by_cell.get(cell_id, []) if c.status.failed]
         if errors:
             _fail(case, "error", errors[0].message, "\n".join(f"{c.check}: {c.message}" for c in errors))
-        elif failed:
-            _fail(case, "failure", f"{len(failed)} check(s) failed on this cell",
-                  "\n".join(f"{c.check}: {c.subject}: {c.message}" for c in failed))
+        elif cell_id in skipped_cells:
+            ET.SubElement(case, "skipped", message=xml_text(_not_gated(result, skipped_cells[cell_id])))
         if cell_id in known:
             ET.SubElement(case, "system-out").text = xml_text(_cell_summary(known[cell_id]))
     checks = ET.SubElement(root, "testsuite", name="checks")
-    for c in result.checks:
-        if c.check == "ran":
+    for c in (*result.checks, *result.not_gated):
+        if c.check == CELL_CHECK:
             continue  # it is the cell's own test case
         case = ET.SubElement(checks, "testcase", classname=xml_text(f"shadowlab.checks.{c.check}"),
                              name=xml_text(f"{c.subject} [{c.source}]"))
-        if c.status.failed:
+        if c in result.not_gated:
+            ET.SubElement(case, "skipped", message=xml_text(_not_gated(result, c)))
+        elif c.status.failed:
             detail = f"expected: {c.expected}\nactual: {c.actual}\n{c.message}"
             if c.description:
                 detail += f"\nwhy expected: {c.description}"
             _fail(case, "error" if c.status is CheckStatus.ERROR else "failure",
-                  f"{c.status.value}: {c.message}", detail)
+                  f"{c.status.value}: {gate_mod.message_after_subject(c)}", detail)
     suites = [cells, checks]
     if result.unverified:  # shown in CI as not verified, not as a pass of the evidence
         evidence = ET.SubElement(root, "testsuite", name="evidence")
@@ -653,6 +786,10 @@ def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
         root.set(attr, str(sum(int(s.get(attr, "0")) for s in suites)))
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
+
+
+def _not_gated(result: GateResult, check: CheckResult) -> str:
+    return f"not gated (--gate-candidate {result.candidate}): {check.status.value}: {gate_mod.message_after_subject(check)}"
 
 
 def _fail(case: ET.Element, tag: str, message: str, text: str) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shadowlab.judge import budgets
+from shadowlab.present import pct
 from shadowlab.compare import NO_BAND, Delta
 from shadowlab.judge.expectations import CheckResult, CheckStatus
 from shadowlab.judge.gate import GateResult, RunInputs
@@ -94,7 +95,7 @@ def _line(c: budgets.Cost) -> Line:
             + (f"; saves {_n(c.saved_ms)} ms per turn at {c.scale}" if c.scale and c.saved_ms else ""))
     share = c.recovered
     if share.candidate is not None and share.baseline is not None:  # a traffic cell
-        gain += f"; recovers {share.candidate:.1%} of the ideal (baseline {share.baseline:.1%})"
+        gain += f"; recovers {pct(share.candidate)} of the ideal (baseline {pct(share.baseline)})"
     at = f" at {c.scale}" if c.scale else ""
     cost = (f"{_n(c.created)} checkpoints created per turn (baseline {_n(c.baseline_created)})"
             f"; {_n(c.created_at_scale)} per turn, {_n(c.mib_at_scale)} MiB, {_n(c.ms_at_scale)} ms{at}")

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from shadowlab.judge.plausibility import cell_problems
+from shadowlab.present import label_width, pct
 from shadowlab.judge.verdicts import CellVerdict, RunVerdict, traffic_summary
 
-TR_LEFT, TR_WIDTH, TR_ROW, TR_TOP, TR_BAR_H = 150, 560, 34, 24, 12
+TR_WIDTH, TR_ROW, TR_TOP, TR_BAR_H, TR_RIGHT, TR_CAPTION = 820, 34, 24, 12, 130, 22
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,7 @@ class TrafficRow:
 
     @property
     def label(self) -> str:
-        """The configuration, and which repeat (`<cell>.r<k>`) when the matrix repeats cells."""
-        head, _, tail = self.cell_id.rpartition(".")
-        return f"{self.configuration} {tail}" if head and tail[:1] == "r" and tail[1:].isdigit() else self.configuration
+        return _label(self.cell_id, self.configuration)
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class TrafficSection:
     width: int
     height: int
     ticks: tuple[tuple[float, str], ...]
-    left: int = TR_LEFT  # x where the bars start
+    left: int = 150  # x where the bars start (as wide as the longest label)
     in_flight: int = 1  # the sequence's `in_flight`
     excluded: tuple[str, ...] = ()  # cells drawn no bar: impossible figures (the first named)
 
@@ -124,17 +123,25 @@ def _section(engine: str, sequence: str, cells: list[CellVerdict], in_flight: in
     sums = [traffic_summary(c) for c in cells]
     longest = max((s[0] for s in sums), default=1) or 1
     scale = TR_WIDTH / longest
+    labels = [_label(c.cell_id, c.configuration) for c in cells]
+    left = label_width(labels, least=90)
     rows = []
     for i, (cell, (prompt, ideal, reused, share)) in enumerate(zip(cells, sums)):
         rows.append(TrafficRow(
             configuration=cell.configuration, cell_id=cell.cell_id, prompt=prompt, ideal=ideal, reused=reused,
             share=share, y=TR_TOP + i * TR_ROW, processed_w=round((prompt - reused) * scale, 1),
-            reused_w=round(reused * scale, 1), ideal_x=round(TR_LEFT + (prompt - ideal) * scale, 1),
+            reused_w=round(reused * scale, 1), ideal_x=round(left + (prompt - ideal) * scale, 1),
             erasures=erasures(cell), max_in_flight=(reached or {}).get(cell.cell_id)))
     step = _step(longest)
-    ticks = tuple((round(TR_LEFT + v * scale, 1), f"{v:,}") for v in range(0, longest + 1, step))
-    return TrafficSection(engine, sequence, tuple(rows), TR_LEFT + TR_WIDTH + 130,
-                          TR_TOP + len(rows) * TR_ROW + 8, ticks, in_flight=in_flight)
+    ticks = tuple((round(left + v * scale, 1), f"{v:,}") for v in range(0, longest + 1, step))
+    return TrafficSection(engine, sequence, tuple(rows), left + TR_WIDTH + TR_RIGHT,
+                          TR_TOP + len(rows) * TR_ROW + 8 + TR_CAPTION, ticks, left=left, in_flight=in_flight)
+
+
+def _label(cell_id: str, configuration: str) -> str:
+    """The configuration, and which repeat (`<cell>.r<k>`) when the matrix repeats cells."""
+    head, _, tail = cell_id.rpartition(".")
+    return f"{configuration} {tail}" if head and tail[:1] == "r" and tail[1:].isdigit() else configuration
 
 
 def _step(span: int, ticks: int = 6) -> int:
@@ -153,9 +160,8 @@ def markdown(sections: Sequence[TrafficSection], md_cell) -> list[str]:
         lines += ["| configuration | prompt tokens | ideal processed | processed | recovered of the ideal |",
                   "|---|---|---|---|---|"]
         for r in s.rows:
-            share = "–" if r.share is None else f"{r.share:.1%}"
             lines.append(f"| {md_cell(r.label)} | {r.prompt:,} | {r.prompt - r.ideal:,} | "
-                         f"{r.processed:,} | {share} |")
+                         f"{r.processed:,} | {pct(r.share)} |")
         lines.append("")
         lines += [f"- not shown (impossible figures, no result): {md_cell(e)}" for e in s.excluded]
         lines += [""] if s.excluded else []

@@ -10,10 +10,13 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from shadowlab import report
+from shadowlab.judge import gate
 from shadowlab.report import build_timeline, md_cell, nice_step, render_run, visible
 from shadowlab.judge.verdicts import IdentityCheck, IdentityStatus, Outcome
 
-from synthetic_runs import ckpt_verdict, with_turn, write_run
+from synthetic_runs import ROOT, ckpt_verdict, with_turn, write_run
+
+REAL_RUN = ROOT / "tests" / "fixtures" / "runs" / "llama.cpp-b9093"
 
 # Engine output is untrusted: markup, an SVG breakout, quotes, control bytes (ESC, NUL, BEL),
 # U+FFFD from an invalid byte, and a lone surrogate (what JSON can carry for an undecodable byte).
@@ -144,15 +147,30 @@ def test_junit_has_a_case_per_cell_and_per_check(nasty_run):
     assert len(cell_cases) == 24 == int(cells.get("tests"))
     errored = [c.get("name") for c in cell_cases if c.find("error") is not None]
     assert errored == ["reference.prompt_end.A-B-C"]
-    failed = {c.get("name") for c in cell_cases if c.find("failure") is not None}
-    assert "reference.policy0.A-C" in failed and "reference.defaults.A-B-C" in failed
+    # a cell's failed checks are the checks suite's cases, not the cell's too: counted once
+    assert not [c for c in cell_cases if c.find("failure") is not None]
     check_cases = checks.findall("testcase")
+    failing_cells = {c.cell_id for c in gate.evaluate(run).failures if c.check != "ran"}
+    assert {"reference.policy0.A-C", "reference.defaults.A-B-C"} <= failing_cells
     identity = [c for c in check_cases if c.get("classname") == "shadowlab.checks.identity"
                 and c.find("failure") is not None]
     assert identity and all("differs from the cold run" in c.find("failure").get("message") for c in identity)
     assert int(root.get("failures")) == sum(1 for c in root.iter("testcase") if c.find("failure") is not None)
     assert int(root.get("errors")) == sum(1 for c in root.iter("testcase") if c.find("error") is not None)
     assert int(root.get("tests")) == len(cell_cases) + len(check_cases) + 1
+
+
+def test_junit_counts_each_failed_check_once_as_the_gate_does(nasty_run, good_run):
+    for run, paths in (nasty_run, good_run):
+        result = gate.evaluate(run)
+        root = ET.parse(paths.junit).getroot()
+        counts = result.counts
+        assert int(root.get("failures")) == counts["fail"] + counts["inconclusive"]
+        assert int(root.get("errors")) == counts["error"]
+        assert int(root.get("failures")) + int(root.get("errors")) == len(result.failures) == counts["failed"]
+        assert gate.counts_text(counts) in result.summary()
+        assert gate.counts_text(counts) in paths.html.read_text() and gate.counts_text(counts) in paths.markdown.read_text()
+    assert len(gate.evaluate(nasty_run[0]).failures) > 2  # the broken run has failures to count
 
 
 def test_junit_of_a_qualified_run_has_no_failure(good_run):
@@ -221,3 +239,35 @@ def test_timeline_positions_follow_the_token_axis():
     kinds = sorted(m.kind for m in row.marks)
     assert kinds.count("restored") == 1 and kinds.count("erased") == 3 and kinds.count("created") == 3
     assert tl.rows[0].divergence_x is None  # the first turn has nothing to diverge from
+
+
+def test_engine_processes_are_said_once_per_engine_with_what_differs(tmp_path):
+    """Provenance of a real run (llama.cpp b9093, 14 cells): one row per engine command line (a
+    configuration that adds a flag has its own), the port, different in every cell, marked and
+    its range named; every cell's own line is still there, folded."""
+    import shutil
+
+    from shadowlab.judge import gate
+
+    run = tmp_path / "run"
+    shutil.copytree(REAL_RUN, run)
+    inputs = gate.load_run(run)
+    groups = report.process_groups(inputs.metas)
+    assert len(groups) == 2 and sum(g.cells for g in groups) == len(inputs.metas) > 10
+    for group in groups:
+        marks = {"\0c": report.PER_CELL, "\0k": report.PER_CONFIGURATION}  # the marks hold a space
+        template = [marks.get(t, t) for t in group.command.replace(report.PER_CELL, "\0c")
+                    .replace(report.PER_CONFIGURATION, "\0k").split(" ")]
+        mine = [m for m in inputs.metas.values() if m.cell["configuration"] in
+                {c.configuration for c in group.configurations}]
+        assert len(mine) == group.cells
+        for m in mine:
+            argv = [str(a) for a in m.command]
+            assert len(argv) == len(template)
+            assert all(t in (a, report.PER_CELL, report.PER_CONFIGURATION) for t, a in zip(template, argv))
+        assert report.PER_CELL in template and any(v.startswith("--port: ") for v in group.varying)
+    page = report.render_run(run).html.read_text()
+    section = page[page.index('id="processes"'):]
+    grouped, folded = section.split("every cell's command line and environment delta", 1)
+    assert grouped.count("<tr>") - 1 < len(inputs.metas) / 2  # header + a row per group and configuration
+    assert all(m.cell_id not in grouped and m.cell_id in folded for m in inputs.metas.values())
