@@ -10,9 +10,11 @@ import difflib
 import fnmatch
 import functools
 import hashlib
+import importlib.util
 import re
 import shutil
 import string
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -373,6 +375,8 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
     f = _fields(body, at, "engine")
     kind = _choice(*f["kind"], tuple(known_kinds()))
     adapter = get_adapter(kind)  # the kind's own facts: defaults, model sources, presets
+    if ctx.check_files:
+        _check_requirements(adapter, f["kind"][1])
     if "model" in f:
         model = _model(*f["model"], ctx, adapter)
     elif not adapter.model_required:
@@ -403,6 +407,28 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
         verbosity_flags=_str_list(*f["verbosity_flags"]) if "verbosity_flags" in f
         else adapter.default_verbosity(family),
     )
+
+
+ENGINE_INSTALL = "pip install torch==2.13.0 && pip install -e '.[engine]'"
+
+
+def _check_requirements(adapter: EngineAdapter, at: _At) -> None:
+    """The Python modules an engine kind's processes import (the reference engine: pyproject's
+    `engine` extra, which `pip install -e .` alone leaves out) must be installed here: else every
+    cell would fail minutes later, one by one."""
+    missing = [m for m in getattr(adapter, "python_requirements", ()) if not _importable(m)]
+    if missing:
+        at.fail(f"the {adapter.kind} engine needs {', '.join(missing)}, not installed in this Python "
+                f"({sys.executable})",
+                f"install the engine extra: {ENGINE_INSTALL} (from the repository root; torch first, "
+                "so pip takes the CPU wheel), or use an engine of kind llama-server")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules holds None for it (blocked)
+        return False
 
 
 def _model(value: Any, at: _At, ctx: _Context, adapter: EngineAdapter) -> ModelSpec:

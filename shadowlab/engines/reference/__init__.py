@@ -59,6 +59,8 @@ class ReferenceAdapter(EngineAdapterBase):
     model_hint = ("the reference engine takes {preset, seed} or a safetensors path; "
                   "llama-server takes {gguf: {preset, seed}} or a .gguf path")
     default_context = 8192  # shadowlab_engine.cli's -c default (a test compares)
+    # What its processes import, in pyproject's `engine` extra: a matrix is refused without them.
+    python_requirements = ("torch", "safetensors", "numpy")
 
     def presets(self) -> tuple[str, ...]:
         return presets()
