@@ -51,6 +51,7 @@ from shadowlab.results import records
 from shadowlab import matrix as matrix_module
 from shadowlab import plan as plan_module
 from shadowlab.results import rundir
+from shadowlab.plan import select as plan_select
 from shadowlab.plan import shard as shard_module
 from shadowlab.run import split_controls, streamed
 from shadowlab.engines import EngineAdapter, EngineIdentity, TurnRequest, get_adapter
@@ -115,6 +116,8 @@ class RunOptions:
     faults: tuple[str, ...] = ()  # --fault: each cell gets its adapter's fault_flags for them
     request_timeout_s: float | None = None  # --request-timeout; None: DEFAULT_REQUEST_TIMEOUT_S
     shard: shard_module.ShardSpec | None = None  # --shard I/N: run only that shard's cells
+    only: tuple[str, ...] = ()  # -k: only these warm cells and their references (plan/select.py)
+    overrides: Any = None  # --binary/--model and their variables (matrix/overrides.py)
     reports_dir: Path = Path("reports")
     model_cache: Path = Path("models")
     progress: Callable[[str], None] | None = None  # default: a line on stderr
@@ -134,8 +137,8 @@ class RunOutcome:
 
 
 def run(options: RunOptions) -> RunOutcome:
-    matrix = load_matrix(options.matrix_path)
-    plan = build_plan(matrix)
+    matrix, notes = plan_select.prepare(load_matrix(options.matrix_path), options.overrides, options.only)
+    plan = dataclasses.replace(build_plan(matrix), notes=notes)
     say = options.progress or _stderr_line
     matrix_module.check_machine(matrix, cores=len(isolation.usable_cores()), warn=say if options.dry_run else None)
     assignment = shard_module.assign(plan, matrix, options.shard.count) if options.shard else None
@@ -270,8 +273,9 @@ def request_timeout(given: float | None) -> float:
 def result_options(options: RunOptions) -> dict[str, Any]:
     """The options that change what a run measures, as they take effect: a resume must repeat them."""
     shard = {"shard": str(options.shard)} if options.shard else {}  # a whole run's file stays as it was
+    only = {"only": list(options.only)} if options.only else {}  # likewise
     return {"faults": list(options.faults), "request_timeout_s": request_timeout(options.request_timeout_s),
-            **shard}
+            **shard, **only}
 
 
 def write_run_records(layout: RunLayout, matrix: Matrix, plan: Plan, options: RunOptions) -> None:
@@ -303,7 +307,7 @@ def check_resumed_options(layout: RunLayout, now: dict[str, Any]) -> None:
                           hint="start a new run")
     if then.get("request_timeout_s") is None:  # written before options.json held the timeout in effect
         then = {**then, "request_timeout_s": request_timeout(None)}
-    flags = {"faults": "--fault", "request_timeout_s": "--request-timeout", "shard": "--shard"}
+    flags = {"faults": "--fault", "request_timeout_s": "--request-timeout", "shard": "--shard", "only": "-k"}
     changed = [f"{flag} {_shown(then.get(key))} then, {_shown(now.get(key))} now"
                for key, flag in flags.items() if then.get(key) != now.get(key)]
     if changed:
@@ -423,7 +427,7 @@ def run_split_controls(ctx: RunContext, plan: Plan) -> dict[str, CellStatus]:
     written = Plan.from_dict(records.read_json(ctx.layout.plan))
     known = {c.id for c in written.cells}
     cells = (*written.cells, *(c for c in extra if c.id not in known))
-    records.write_json_atomic(ctx.layout.plan, Plan(cells).to_dict())
+    records.write_json_atomic(ctx.layout.plan, dataclasses.replace(written, cells=cells).to_dict())
     ctx.say(f"shadowlab: {len(extra)} split control(s) for restored warm turns")
     return CellScheduler(ctx, Plan(tuple(extra))).run()
 
