@@ -5,7 +5,7 @@ over what the matrix says, so one matrix qualifies any build without editing its
     Overrides.apply(matrix) -> Matrix          the matrix with them, each value checked as the
                                                matrix's own would be (a path that is no file: a
                                                MatrixError naming where the value came from)
-    Overrides.record()                         what plan.json keeps: each key path, its value
+    Overrides.applied_to(matrix)               what plan.json keeps: each key path, its value
                                                and where it came from
 
 Sources, strongest first: `--binary` / `--model`; `$SHADOWLAB_BINARY` / `$SHADOWLAB_MODEL` (the
@@ -87,11 +87,12 @@ class Overrides:
         return replace(matrix, engines=engines)
 
     def applied_to(self, matrix: Matrix) -> list[dict[str, Any]]:
-        """plan.json's `overrides`: each key path it set, the value, and where it came from."""
+        """plan.json's `overrides`: each key path set in `matrix` (as loaded, before `apply`),
+        the value it gets, and where that came from."""
         out = []
         for item in self.items:
             for name in _targets(item, matrix):
-                spec = matrix.engines[name]
+                spec = _applied(item, matrix.engines[name], matrix)
                 value = str(spec.model.path) if item.key == "model" and spec.model else spec.binary
                 out.append({"key": f"engines.{name}.{item.key}", "value": value, "from": item.source})
         return out

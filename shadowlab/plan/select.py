@@ -110,8 +110,8 @@ def prepare(matrix: Matrix, overrides: Any, only: Sequence[str]) -> tuple[Matrix
     keeps about both (`overrides`, `selection`; none when neither was given)."""
     notes: dict[str, Any] = {}
     if overrides:
-        matrix = overrides.apply(matrix)
         notes["overrides"] = overrides.applied_to(matrix)
+        matrix = overrides.apply(matrix)
     matrix, partial = narrow(matrix, only)
     if partial is not None:
         notes["selection"] = partial.to_dict()

@@ -51,10 +51,11 @@ def files(tmp_path):
 def test_the_command_line_sets_every_llama_server_engine_and_says_where_from(tmp_path, files):
     build, model = files
     overrides = Overrides.gather(str(build), str(model), environ={})
-    matrix = overrides.apply(_matrix(tmp_path))
+    loaded = _matrix(tmp_path)
+    matrix = overrides.apply(loaded)
     assert matrix.engines["mine"].binary == str(build) and matrix.engines["mine"].model.path == model
     assert matrix.engines["ref"].binary == "auto" and matrix.engines["ref"].model.source == "preset"
-    assert overrides.applied_to(matrix) == [
+    assert overrides.applied_to(loaded) == [
         {"key": "engines.mine.binary", "value": str(build), "from": "--binary"},
         {"key": "engines.mine.model", "value": str(model), "from": "--model"}]
 
@@ -73,6 +74,8 @@ def test_llama_servers_own_variable_only_fills_binary_auto(tmp_path, files):
     build, _ = files
     overrides = Overrides.gather(environ={"LLAMA_SERVER_BIN_PATH": str(build)})
     assert overrides.apply(_matrix(tmp_path)).engines["mine"].binary == str(build)
+    assert overrides.applied_to(_matrix(tmp_path)) == [
+        {"key": "engines.mine.binary", "value": str(build), "from": "$LLAMA_SERVER_BIN_PATH"}]
     explicit = _matrix(tmp_path, binary=sys.executable)
     assert overrides.apply(explicit).engines["mine"].binary == sys.executable  # the matrix's own wins
     assert overrides.applied_to(explicit) == []
