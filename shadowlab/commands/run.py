@@ -26,7 +26,7 @@ REQUEST_TIMEOUT = Bounds(0, MAX_REQUEST_TIMEOUT_S, low_open=True, unit="seconds"
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("matrix", type=Path, help="matrix YAML file (e.g. matrices/ckpt.yaml)")
+    run.add_argument("matrix", type=Path, help="matrix YAML file (e.g. matrices/ckpt.yaml; - reads standard input)")
     run.add_argument("--out", type=Path, default=None,
                      help="run directory (default: reports/<matrix name>-<UTC time>)")
     run.add_argument("--resume", action="store_true",

@@ -371,8 +371,11 @@ def load(path: str | Path, *, check_files: bool = True) -> Matrix:
     """Read and validate a matrix file. Raises `MatrixError`; never starts anything.
 
     `check_files=False` skips the checks that look at this machine (model files, binaries), for
-    reading a matrix recorded elsewhere.
+    reading a matrix recorded elsewhere. `-` reads standard input (`shadowlab init - | shadowlab
+    run -`); its relative paths resolve from the working directory.
     """
+    if str(path) == "-":
+        return _load_stdin(check_files)
     path = Path(path)
     file = str(path)
     try:
@@ -388,6 +391,20 @@ def load(path: str | Path, *, check_files: bool = True) -> Matrix:
     data = parse_yaml(text, file)
     ctx = _Context(file=file, base_dir=path.resolve().parent, check_files=check_files)
     return _matrix(data, ctx, path)
+
+
+def _load_stdin(check_files: bool) -> Matrix:
+    raw = sys.stdin.buffer.read(MAX_MATRIX_BYTES + 1)  # bounded: a pipe may never end
+    if len(raw) > MAX_MATRIX_BYTES:
+        raise MatrixError(f"more than {MAX_MATRIX_BYTES >> 20} MiB on standard input", file="<stdin>",
+                          hint="a matrix is a YAML file of at most that size")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MatrixError(f"standard input is not UTF-8 text: {exc}", file="<stdin>") from None
+    data = parse_yaml(text, "<stdin>")
+    ctx = _Context(file="<stdin>", base_dir=Path.cwd(), check_files=check_files)
+    return _matrix(data, ctx, Path("-"))
 
 
 def loads(text: str, *, file: str = "<matrix>", base_dir: str | Path = ".", check_files: bool = True) -> Matrix:

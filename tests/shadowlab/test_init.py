@@ -96,3 +96,18 @@ def test_its_help_has_its_own_exit_codes(tmp_path):
                           cwd=tmp_path, timeout=120)
     assert done.returncode == 0
     assert "the matrix was written" in done.stdout and "a check failed" not in done.stdout
+
+
+def test_its_matrix_pipes_into_run(tmp_path):
+    """`shadowlab init - ... | shadowlab run - --dry-run`: `-` is standard output, then input."""
+    _model(tmp_path)
+    printed = init("-", "--model", "models/mine.gguf", "--tokens", "300", cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    planned = subprocess.run([sys.executable, "-m", "shadowlab", "run", "-", "--dry-run", "-k", "A-C"],
+                             input=printed.stdout, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert planned.returncode == 0, planned.stderr
+    assert "mine.candidate.A-C" in planned.stdout and "mine.current.cold.C" in planned.stdout
+    broken = subprocess.run([sys.executable, "-m", "shadowlab", "run", "-", "--dry-run"],
+                            input=printed.stdout.replace("kind: diverge", "kind: divrge"),
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert broken.returncode == 2 and "<stdin>:" in broken.stderr and "prompts.C.kind" in broken.stderr
