@@ -29,6 +29,7 @@ from shadowlab.exitcodes import (
 # start (httpx, the matrix package, ...), a quarter of `shadowlab logs` on 1 GB: build_parser
 # imports only the one named.
 COMMANDS = {
+    "init": ("shadowlab.commands.init", "write a starter matrix: your build and GGUF, current vs candidate flags"),
     "run": ("shadowlab.commands.run", "run every cell of a matrix, then report and gate"),
     "report": ("shadowlab.commands.report", "render report.html/report.md/junit.xml for a run directory"),
     "gate": ("shadowlab.commands.gate", "decide qualified or not for a run directory (exit code)"),

@@ -3,7 +3,8 @@
 - Every block `scripts/render_doc_tables.py` renders (tables and transcripts in README.md and
   docs/) equals its render from the stored runs in tests/fixtures/runs/docs/, the stored logs
   and shadowlab's deterministic code; an edited figure is caught, naming its document and block.
-- The README stays within 150 lines; its llama-server example is a valid matrix.
+- The README stays within 150 lines; its first commands (`shadowlab init`, then the dry run of
+  what it wrote) work as written.
 - Every relative link in README.md and docs/ points at a file that exists.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -80,20 +82,28 @@ def test_the_readme_is_a_front_door():
     assert len(lines) <= 150, f"README.md has {len(lines)} lines; guides go to docs/"
 
 
-def test_the_readme_llama_server_example_is_a_valid_matrix(tmp_path):
-    """Its build and GGUF are the reader's: stand-ins here; the rest plans as written."""
+def test_the_readme_first_commands_write_a_matrix_that_plans(tmp_path):
+    """`shadowlab init` as the README's first screen gives it (its build and GGUF are the
+    reader's: stand-ins here), then the dry run of what it wrote."""
     text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Qualify a llama-server change"):]
-    example = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    first = text[:text.index("## How it works")]
+    (init,) = [line for line in first.splitlines() if line.startswith("shadowlab init ")]
     model = tmp_path / "my-model.gguf"
     model.write_bytes(b"GGUF")
-    matrix = tmp_path / "my-change.yaml"
-    matrix.write_text(example.replace("/opt/llama.cpp/build/bin/llama-server", sys.executable)
-                      .replace("/models/my-model.gguf", str(model)))
-    done = subprocess.run([sys.executable, "-m", "shadowlab", "run", str(matrix), "--dry-run"],
+    argv = shlex.split(init.replace("/opt/llama.cpp/build/bin/llama-server", sys.executable)
+                       .replace("/models/my-model.gguf", str(model)))
+    done = subprocess.run([sys.executable, "-m", "shadowlab", *argv[1:]], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_line = next(line for line in first.splitlines() if line.startswith("shadowlab run "))
+    matrix = run_line.split()[2]
+    assert (tmp_path / matrix).exists()
+    done = subprocess.run([sys.executable, "-m", "shadowlab", "run", matrix, "--dry-run"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert all(f"mine.{c}.{s}" in done.stdout for c in ("current", "candidate") for s in ("A-C", "A-B-A"))
+    assert all(f"mine.{c}.{s}" in done.stdout for c in ("current", "candidate")
+               for s in ("A-C", "A-B-C", "A-B-A", "append", "traffic"))
+    assert "pip install -e .\n" in first  # the harness alone: no torch on this path
 
 
 # ---------------------------------------------------------------- links

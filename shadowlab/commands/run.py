@@ -26,12 +26,21 @@ REQUEST_TIMEOUT = Bounds(0, MAX_REQUEST_TIMEOUT_S, low_open=True, unit="seconds"
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("matrix", type=Path, help="matrix YAML file (e.g. matrices/ckpt.yaml)")
+    run.add_argument("matrix", type=Path, help="matrix YAML file (e.g. matrices/ckpt.yaml; - reads standard input)")
     run.add_argument("--out", type=Path, default=None,
                      help="run directory (default: reports/<matrix name>-<UTC time>)")
     run.add_argument("--resume", action="store_true",
                      help="reuse --out: skip cells whose meta.json says ok, rerun the rest")
     run.add_argument("--dry-run", action="store_true", help="print the planned cells; start nothing")
+    run.add_argument("-k", "--only", action="append", default=[], metavar="PATTERN",
+                     help="run only the warm cells whose engine, configuration, sequence or cell id "
+                          "matches (a name or glob; repeatable), with their references: plan.json and "
+                          "the report say the run is partial (--resume keeps the selection)")
+    run.add_argument("--binary", default=None, metavar="[ENGINE=]PATH",
+                     help="the llama-server build to qualify, over the matrix's binary "
+                          "(default: $SHADOWLAB_BINARY; $LLAMA_SERVER_BIN_PATH where the matrix says auto)")
+    run.add_argument("--model", default=None, metavar="[ENGINE=]PATH",
+                     help="the GGUF to load, over the matrix's model (default: $SHADOWLAB_MODEL)")
     run.add_argument("--jobs", type=jobs, default=None,
                      help="cells run at once, each on its own cores (default: the matrix's isolation.jobs)")
     run.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]", type=fault_spec,
@@ -56,6 +65,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from shadowlab import run
     from shadowlab.judge import attribution
+    from shadowlab.matrix.overrides import Overrides
 
     options = run.RunOptions(
         matrix_path=args.matrix,
@@ -67,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout,
         shard=_shard_of(args),
         judging=attribution.RUN_JUDGING,  # what the run needs judged while it runs (no log read in run/)
+        only=tuple(args.only) or _selection_of(args),
+        overrides=Overrides.gather(args.binary, args.model),
     )
     outcome = run.run(options)  # run.Interrupted -> exit 130/143 in cli.main()
     if outcome.run_dir is None:  # dry run
@@ -138,6 +150,23 @@ def _known_faults() -> tuple[str, ...]:
     from shadowlab import engines
 
     return engines.fault_names()
+
+
+def _selection_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """--resume without -k: the selection the run started with (plan.json), so a partial run
+    resumes as the part it is; with -k, the run's own check refuses a different one."""
+    if not args.resume or args.out is None:
+        return ()
+    from shadowlab.errors import RunDirError
+    from shadowlab.results import records
+
+    try:
+        plan = records.read_json(args.out / "plan.json")
+    except (RunDirError, OSError):  # no readable plan: the resume itself says so
+        return ()
+    selection = plan.get("selection") if isinstance(plan, dict) else None
+    only = selection.get("only") if isinstance(selection, dict) else None
+    return tuple(str(p) for p in only) if isinstance(only, list) else ()
 
 
 def _shard_of(args: argparse.Namespace) -> object:

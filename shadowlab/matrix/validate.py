@@ -6,14 +6,17 @@ travels with where it was written (`_At`), so any check can point at it.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import functools
 import hashlib
+import importlib.util
 import re
 import shutil
 import string
-from collections.abc import Callable, Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -128,21 +131,31 @@ def _closest_hint(word: str, known: Iterable[str], what: str = "") -> str:
     return label + (", ".join(known) if known else "(none)")
 
 
-def _fields(value: Any, at: _At, section: str) -> dict[str, tuple[Any, _At]]:
-    """Check a mapping against a schema section; return key → (value, where)."""
+def _fields(value: Any, at: _At, section: str, errors: _Errors | None = None) -> dict[str, tuple[Any, _At]]:
+    """Check a mapping against a schema section; return key → (value, where). Every unknown
+    and missing key of the mapping is reported at once; with `errors`, they are recorded there
+    and the known keys returned (the top level: the other sections are still checked)."""
     if not isinstance(value, LineMap):
         at.fail(f"expected a mapping, got {_describe(value)}")
     sec = SCHEMA[section]
     known = sec.names()
+    problems = _Errors()
+    meant = set()  # required keys an unknown one is a typo of: its error says so already
     for key in value:
         if key not in known:
-            at.key(key, value.key_lines[key]).fail(
-                f"unknown key {key!r}", _closest_hint(str(key), known, "keys"))
+            meant.update(difflib.get_close_matches(str(key), known, n=1, cutoff=0.6))
+            with problems.item():
+                at.key(key, value.key_lines[key]).fail(f"unknown key {key!r}", _closest_hint(str(key), known, "keys"))
     for k in sec.keys:
-        if k.required and k.name not in value:
-            at.fail(f"missing required key {k.name!r}", f"{sec.title} needs: "
-                    + ", ".join(x.name for x in sec.keys if x.required), line=value.line)
-    return {key: (v, at.key(key, value.value_lines[key])) for key, v in value.items()}
+        if k.required and k.name not in value and k.name not in meant:
+            with problems.item():
+                at.fail(f"missing required key {k.name!r}", f"{sec.title} needs: "
+                        + ", ".join(x.name for x in sec.keys if x.required), line=value.line)
+    if errors is not None:
+        errors.extend(problems)
+    else:
+        problems.check()
+    return {key: (v, at.key(key, value.value_lines[key])) for key, v in value.items() if key in known}
 
 
 def _given(f: dict[str, tuple[Any, _At]], section: str, key: str, read: Callable[..., Any], *args: Any) -> Any:
@@ -264,6 +277,81 @@ def _named_map(value: Any, at: _At, what: str, *, nonempty: bool = True) -> list
 
 
 # --------------------------------------------------------------------------------------------
+# Every error at once.
+
+MAX_ERRORS_SHOWN = 20
+
+
+class MatrixErrors(MatrixError):
+    """Several independent errors of one matrix, shown together (the first MAX_ERRORS_SHOWN by
+    line, then how many more). A MatrixError itself: its file, line and key path are the
+    first error's, so a caller that reads one error still gets the first."""
+
+    def __init__(self, errors: list[MatrixError]) -> None:
+        self.errors = sorted(errors, key=lambda e: (e.line is None, e.line or 0))
+        first = self.errors[0]
+        super().__init__(first.message, file=first.file, line=first.line, key_path=first.key_path,
+                         hint=first.hint)
+
+    def __str__(self) -> str:
+        shown = self.errors[:MAX_ERRORS_SHOWN]
+        lines = [f"{self.errors[0].file or '<matrix>'}: {len(self.errors)} errors"]
+        for error in shown:
+            lines += ["  " + line for line in str(error).splitlines()]
+        if len(self.errors) > len(shown):
+            lines.append(f"  ... and {len(self.errors) - len(shown)} more (fix these and load again)")
+        return "\n".join(lines)
+
+
+class _Skipped(Exception):
+    """An entry that names one that already failed: its error would only echo that one."""
+
+
+class _Errors:
+    """Collects MatrixErrors so that independent entries are all checked (`with errors.item():`)."""
+
+    def __init__(self) -> None:
+        self.errors: list[MatrixError] = []
+        self.failed_prompts: set[str] = set()  # prompts that failed: a sequence naming one is skipped
+
+    @contextlib.contextmanager
+    def item(self) -> Iterator[None]:
+        try:
+            yield
+        except _Skipped:
+            pass
+        except MatrixErrors as exc:
+            self.errors.extend(exc.errors)
+        except MatrixError as exc:
+            self.errors.append(exc)
+
+    def extend(self, other: _Errors) -> None:
+        self.errors.extend(other.errors)
+
+    def __bool__(self) -> bool:
+        return bool(self.errors)
+
+    def check(self) -> None:
+        """Raise what was collected: the one error as it is, several as MatrixErrors."""
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise MatrixErrors(self.errors)
+
+    def named(self, f: dict[str, tuple[Any, _At]], key: str, what: str,
+              read: Callable[[str, Any, _At], Any]) -> dict[str, Any]:
+        """A `name → body` section read entry by entry; a failed entry is left out."""
+        out: dict[str, Any] = {}
+        if key not in f:
+            return out
+        with self.item():
+            for name, body, at in _named_map(*f[key], what):
+                with self.item():
+                    out[name] = read(name, body, at)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
 # Sections.
 
 
@@ -281,8 +369,11 @@ def load(path: str | Path, *, check_files: bool = True) -> Matrix:
     """Read and validate a matrix file. Raises `MatrixError`; never starts anything.
 
     `check_files=False` skips the checks that look at this machine (model files, binaries), for
-    reading a matrix recorded elsewhere.
+    reading a matrix recorded elsewhere. `-` reads standard input (`shadowlab init - | shadowlab
+    run -`); its relative paths resolve from the working directory.
     """
+    if str(path) == "-":
+        return _load_stdin(check_files)
     path = Path(path)
     file = str(path)
     try:
@@ -300,6 +391,20 @@ def load(path: str | Path, *, check_files: bool = True) -> Matrix:
     return _matrix(data, ctx, path)
 
 
+def _load_stdin(check_files: bool) -> Matrix:
+    raw = sys.stdin.buffer.read(MAX_MATRIX_BYTES + 1)  # bounded: a pipe may never end
+    if len(raw) > MAX_MATRIX_BYTES:
+        raise MatrixError(f"more than {MAX_MATRIX_BYTES >> 20} MiB on standard input", file="<stdin>",
+                          hint="a matrix is a YAML file of at most that size")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MatrixError(f"standard input is not UTF-8 text: {exc}", file="<stdin>") from None
+    data = parse_yaml(text, "<stdin>")
+    ctx = _Context(file="<stdin>", base_dir=Path.cwd(), check_files=check_files)
+    return _matrix(data, ctx, Path("-"))
+
+
 def loads(text: str, *, file: str = "<matrix>", base_dir: str | Path = ".", check_files: bool = True) -> Matrix:
     """Like `load`, from text (file names the source in errors; paths resolve under base_dir)."""
     if len(text) > MAX_MATRIX_BYTES:
@@ -313,50 +418,90 @@ def loads(text: str, *, file: str = "<matrix>", base_dir: str | Path = ".", chec
 def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
     root = _At(ctx.file, "", 1)
     if data is None:
-        root.fail("the matrix file is empty", "start from matrices/ckpt.yaml")
-    f = _fields(data, root, "matrix")
-    version = _num(f, "matrix", "version")
-    if version != MATRIX_VERSION:
-        f["version"][1].fail(f"matrix version {version} is not supported (this shadowlab reads {MATRIX_VERSION})",
-                             "upgrade shadowlab" if version > MATRIX_VERSION else None)
-    isolation = _isolation(*f["isolation"]) if "isolation" in f else Isolation()
+        root.fail("the matrix file is empty", "start from `shadowlab init` or matrices/ckpt.yaml")
+    errors = _Errors()
+    # Phase 1: each section, and each entry of one, on its own: every error they hold at once.
+    f = _fields(data, root, "matrix", errors)
+    version = MATRIX_VERSION
+    with errors.item():
+        version = _num(f, "matrix", "version")
+        if version != MATRIX_VERSION:
+            f["version"][1].fail(f"matrix version {version} is not supported (this shadowlab reads "
+                                 f"{MATRIX_VERSION})", "upgrade shadowlab" if version > MATRIX_VERSION else None)
+    isolation = Isolation()
+    if "isolation" in f:
+        with errors.item():
+            isolation = _isolation(*f["isolation"])
     ctx.cores_per_cell = isolation.cores_per_cell
-    engines = {n: _engine(n, b, a, ctx) for n, b, a in _named_map(*f["engines"], "engine")}
+    engines = errors.named(f, "engines", "engine", lambda n, b, a: _engine(n, b, a, ctx))
     if "configurations" in f:
-        configurations = {n: _configuration(n, b, a) for n, b, a in _named_map(*f["configurations"], "configuration")}
+        configurations = errors.named(f, "configurations", "configuration", _configuration)
     else:  # the schema's default: each named configuration with no delta
         configurations = {n: ConfigurationSpec(n) for n in default("matrix", "configurations")}
-    prompts = _prompts(*f["prompts"]) if "prompts" in f else {}
-    sequences = _sequences(*f["sequences"], prompts, ctx)
-    cells = _cells(*f["cells"], engines, configurations, sequences) if "cells" in f else CellsSpec()
+    prompts: dict[str, PromptSpec] = {}
+    if "prompts" in f:
+        with errors.item():
+            prompts = _prompts(*f["prompts"], errors)
+    sequences: dict[str, SequenceSpec] = {}
+    if "sequences" in f:
+        with errors.item():
+            sequences = _sequences(*f["sequences"], prompts, ctx, errors)
+    name, description, generation = "", "", Generation()
+    with errors.item():
+        name = _name(*f["name"], "matrix") if "name" in f else ""
+    with errors.item():
+        description = _given(f, "matrix", "description", _text)
+    if "generation" in f:
+        with errors.item():
+            generation = _generation(*f["generation"])
+    errors.check()  # what follows reads across sections: an error above would only echo here
+    # Phase 2: what spans sections, each check on its own.
+    cells, identity = CellsSpec(), Identity()
+    if "cells" in f:
+        with errors.item():
+            cells = _cells(*f["cells"], engines, configurations, sequences)
+    if "identity" in f:
+        with errors.item():
+            identity = _identity(*f["identity"], engines)
+    errors.check()
     matrix = Matrix(
         path=path,
         version=version,
-        name=_name(*f["name"], "matrix"),
-        description=_given(f, "matrix", "description", _text),
+        name=name,
+        description=description,
         engines=engines,
         configurations=configurations,
         prompts=prompts,
         sequences=sequences,
         cells=cells,
-        generation=_generation(*f["generation"]) if "generation" in f else Generation(),
+        generation=generation,
         isolation=isolation,
-        identity=_identity(*f["identity"], engines) if "identity" in f else Identity(),
+        identity=identity,
         expectations=default("matrix", "expectations"),
         lines={"isolation.cores_per_cell": _line_of(data, "isolation", "cores_per_cell")},
     )
     if not matrix.selected():
         (f["cells"][1] if "cells" in f else root).fail("the matrix selects no cells",
                                                         "check cells.include / cells.exclude")
-    _check_chat_turns(matrix, f["sequences"][1], data["sequences"])
+    with errors.item():
+        _check_chat_turns(matrix, f["sequences"][1], data["sequences"])
     if "prompts" in f:
-        _check_context(matrix, f["prompts"][1], data["prompts"])
-    _check_traffic_context(matrix, f["sequences"][1], data["sequences"])
+        with errors.item():
+            _check_context(matrix, f["prompts"][1], data["prompts"])
+    with errors.item():
+        _check_traffic_context(matrix, f["sequences"][1], data["sequences"])
     if "expectations" in f:
         selected = matrix.selected()
-        expectations = tuple(_expectation(v, a, matrix, selected) for v, a in _list(*f["expectations"]))
-        matrix = replace(matrix, expectations=expectations)
-    return _baseline_and_budgets(matrix, f)
+        expectations = []
+        with errors.item():
+            for v, a in _list(*f["expectations"]):
+                with errors.item():
+                    expectations.append(_expectation(v, a, matrix, selected))
+        matrix = replace(matrix, expectations=tuple(expectations))
+    with errors.item():
+        matrix = _baseline_and_budgets(matrix, f, errors)
+    errors.check()
+    return matrix
 
 
 def _line_of(data: LineMap, section: str, key: str) -> int | None:
@@ -371,6 +516,8 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
     f = _fields(body, at, "engine")
     kind = _choice(*f["kind"], tuple(known_kinds()))
     adapter = get_adapter(kind)  # the kind's own facts: defaults, model sources, presets
+    if ctx.check_files:
+        _check_requirements(adapter, f["kind"][1])
     if "model" in f:
         model = _model(*f["model"], ctx, adapter)
     elif not adapter.model_required:
@@ -401,6 +548,28 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
         verbosity_flags=_str_list(*f["verbosity_flags"]) if "verbosity_flags" in f
         else adapter.default_verbosity(family),
     )
+
+
+ENGINE_INSTALL = "pip install torch==2.13.0 && pip install -e '.[engine]'"
+
+
+def _check_requirements(adapter: EngineAdapter, at: _At) -> None:
+    """The Python modules an engine kind's processes import (the reference engine: pyproject's
+    `engine` extra, which `pip install -e .` alone leaves out) must be installed here: else every
+    cell would fail minutes later, one by one."""
+    missing = [m for m in getattr(adapter, "python_requirements", ()) if not _importable(m)]
+    if missing:
+        at.fail(f"the {adapter.kind} engine needs {', '.join(missing)}, not installed in this Python "
+                f"({sys.executable})",
+                f"install the engine extra: {ENGINE_INSTALL} (from the repository root; torch first, "
+                "so pip takes the CPU wheel), or use an engine of kind llama-server")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules holds None for it (blocked)
+        return False
 
 
 def _model(value: Any, at: _At, ctx: _Context, adapter: EngineAdapter) -> ModelSpec:
@@ -517,29 +686,45 @@ def _pin_slots(value: Any, at: _At) -> int:
 # -- prompts -----------------------------------------------------------------------------------
 
 
-def _prompts(value: Any, at: _At) -> dict[str, PromptSpec]:
+def _prompts(value: Any, at: _At, errors: _Errors | None = None) -> dict[str, PromptSpec]:
+    """Every prompt, in order. With `errors`, a prompt that fails is recorded there and left out,
+    and a prompt built from it is left out silently (its error would only repeat the source's)."""
     entries = _named_map(value, at, "prompt", nonempty=False)  # a traffic-only matrix needs none
     names = [n for n, _, _ in entries]
     raw: dict[str, tuple[Any, _At]] = {n: (b, a) for n, b, a in entries}
     kinds = {n: b.get("kind") if isinstance(b, dict) else None for n, b, _ in entries}
     prompts: dict[str, PromptSpec] = {}
+    failed: set[str] = set()
     # Build in dependency order so lengths of sources are known; cycles are reported.
     visiting: list[str] = []
 
     def build(pid: str) -> PromptSpec:
         if pid in prompts:
             return prompts[pid]
+        if pid in failed:
+            raise _Skipped(pid)
         if pid in visiting:
             cycle = " → ".join(visiting[visiting.index(pid):] + [pid])
             raw[pid][1].fail(f"prompts depend on each other in a cycle: {cycle}")
         visiting.append(pid)
-        prompts[pid] = _prompt(pid, *raw[pid], names, kinds, build)
-        visiting.pop()
+        try:
+            prompts[pid] = _prompt(pid, *raw[pid], names, kinds, build)
+        except MatrixError:
+            failed.add(pid)
+            raise
+        finally:
+            visiting.remove(pid)
         return prompts[pid]
 
     for pid in names:
-        build(pid)
-    return {pid: prompts[pid] for pid in names}
+        if errors is None:
+            build(pid)
+            continue
+        with errors.item():
+            build(pid)
+    if errors is not None:  # sequences naming them are not judged again
+        errors.failed_prompts |= {pid for pid in names if pid not in prompts}
+    return {pid: prompts[pid] for pid in names if pid in prompts}
 
 
 def _prompt(pid: str, body: Any, at: _At, names: list[str], kinds: Mapping[str, Any],
@@ -649,28 +834,40 @@ def _messages(value: Any, at: _At) -> tuple[ChatMessage, ...]:
 # -- sequences, cells, settings ----------------------------------------------------------------
 
 
-def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec], ctx: _Context) -> dict[str, SequenceSpec]:
+def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec], ctx: _Context,
+               errors: _Errors | None = None) -> dict[str, SequenceSpec]:
+    """Every sequence; with `errors`, each one's error recorded there and the sequence left out."""
+    mine = errors if errors is not None else _Errors()
     out: dict[str, SequenceSpec] = {}
     for name, body, s_at in _named_map(value, at, "sequence"):
-        kind = default("sequence", "kind")  # a plain list
-        if isinstance(body, LineMap) and body.get("kind") == "traffic":
-            out[name] = _traffic(name, body, s_at, ctx)
-            continue
-        if isinstance(body, LineMap):  # the mapping form: {kind, prompts}
-            f = _fields(body, s_at, "sequence")
-            kind = _given(f, "sequence", "kind", _choice, SEQUENCE_KINDS)
-            body, s_at = f["prompts"]
-        items = _list(body, s_at)
-        if not items:
-            s_at.fail("a sequence needs at least one prompt")
-        ids = []
-        for v, a in items:
-            pid = _str(v, a)
-            if pid not in prompts:
-                a.fail(f"unknown prompt {pid!r}", _closest_hint(pid, prompts, "prompts"))
-            ids.append(pid)
-        out[name] = SequenceSpec(name, tuple(ids), kind)
+        with mine.item():
+            out[name] = _sequence(name, body, s_at, prompts, ctx, mine.failed_prompts)
+    if errors is None:
+        mine.check()
     return out
+
+
+def _sequence(name: str, body: Any, s_at: _At, prompts: Mapping[str, PromptSpec], ctx: _Context,
+              failed: set[str]) -> SequenceSpec:
+    kind = default("sequence", "kind")  # a plain list
+    if isinstance(body, LineMap) and body.get("kind") == "traffic":
+        return _traffic(name, body, s_at, ctx)
+    if isinstance(body, LineMap):  # the mapping form: {kind, prompts}
+        f = _fields(body, s_at, "sequence")
+        kind = _given(f, "sequence", "kind", _choice, SEQUENCE_KINDS)
+        body, s_at = f["prompts"]
+    items = _list(body, s_at)
+    if not items:
+        s_at.fail("a sequence needs at least one prompt")
+    ids = []
+    for v, a in items:
+        pid = _str(v, a)
+        if pid in failed:
+            raise _Skipped(pid)
+        if pid not in prompts:
+            a.fail(f"unknown prompt {pid!r}", _closest_hint(pid, [*prompts, *sorted(failed)], "prompts"))
+        ids.append(pid)
+    return SequenceSpec(name, tuple(ids), kind)
 
 
 def _traffic(name: str, body: LineMap, at: _At, ctx: _Context) -> TrafficSequence:
@@ -1032,7 +1229,7 @@ def _turn(value: Any, at: _At, matrix: Matrix, cells: list[tuple[str, str, str]]
 
 # ---------------------------------------------------------------- baseline, budgets, scale
 
-def _baseline_and_budgets(matrix: Matrix, f: dict[str, tuple[Any, _At]]) -> Matrix:
+def _baseline_and_budgets(matrix: Matrix, f: dict[str, tuple[Any, _At]], errors: _Errors) -> Matrix:
     baseline = None
     if "baseline" in f:
         baseline = _str(*f["baseline"])
@@ -1044,8 +1241,15 @@ def _baseline_and_budgets(matrix: Matrix, f: dict[str, tuple[Any, _At]]) -> Matr
         if baseline is None:
             f["budgets"][1].fail("budgets are judged against a baseline configuration, and none is named",
                                  "add `baseline: <configuration>` (e.g. the production defaults)")
-        budgets = tuple(_budget(v, a, matrix) for v, a in _list(*f["budgets"]))
-    scale = _scale(*f["scale"]) if "scale" in f else None
+        found = []
+        for v, a in _list(*f["budgets"]):
+            with errors.item():
+                found.append(_budget(v, a, matrix))
+        budgets = tuple(found)
+    scale = None
+    if "scale" in f:
+        with errors.item():
+            scale = _scale(*f["scale"])
     repeat = _num(f, "matrix", "repeat")
     return replace(matrix, baseline=baseline, budgets=budgets, scale=scale, repeat=repeat)
 

@@ -175,6 +175,9 @@ class Cell:
 @dataclass(frozen=True)
 class Plan:
     cells: tuple[Cell, ...]
+    # `run -k` (plan/select.py: `selection`) and --binary/--model (matrix/overrides.py:
+    # `overrides`); written only when given, so an ordinary plan.json reads as before.
+    notes: Mapping[str, Any] = field(default_factory=dict)
 
     def cell(self, cell_id: str) -> Cell:
         for c in self.cells:
@@ -186,14 +189,15 @@ class Plan:
         return tuple(c for c in self.cells if c.kind is kind)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"plan_version": PLAN_VERSION, "cells": [c.to_dict() for c in self.cells]}
+        return {"plan_version": PLAN_VERSION, "cells": [c.to_dict() for c in self.cells], **self.notes}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         version = data.get("plan_version", PLAN_VERSION)
         if version > PLAN_VERSION:
             raise ValueError(f"plan version {version} is newer than this shadowlab understands ({PLAN_VERSION})")
-        return cls(tuple(Cell.from_dict(c) for c in data["cells"]))
+        return cls(tuple(Cell.from_dict(c) for c in data["cells"]),
+                   {k: data[k] for k in ("selection", "overrides") if k in data})
 
     def describe(self) -> str:
         """A readable table of the cells, for `shadowlab run --dry-run`."""
@@ -331,6 +335,10 @@ def describe(plan: Plan) -> str:
         rows.append((c.id, c.kind.value, c.engine, c.configuration, turns, delta))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = [header, ""]
+    if "selection" in plan.notes:  # a partial run says so before its cells
+        from shadowlab.plan.select import Partial
+
+        lines[1:1] = [Partial.from_dict(plan.notes["selection"]).describe()]
     for r in rows:
         lines.append("  ".join(v.ljust(w) for v, w in zip(r[:-1], widths)) + "  " + r[-1])
     return "\n".join(lines)

@@ -156,7 +156,7 @@ class Assignment:
         return tuple(cell_id for cell_id, owner in self.owners.items() if owner == index)
 
     def part(self, plan: Plan, index: int) -> Plan:
-        return Plan(tuple(c for c in plan.cells if self.owners[c.id] == index))
+        return Plan(tuple(c for c in plan.cells if self.owners[c.id] == index), plan.notes)
 
     def describe(self, plan: Plan, mark: int | None = None) -> str:
         """Which shard owns what, for `shadowlab run --dry-run --shard`."""

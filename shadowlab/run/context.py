@@ -66,6 +66,8 @@ class RunOptions:
     faults: tuple[str, ...] = ()  # --fault: each cell gets its adapter's fault_flags for them
     request_timeout_s: float | None = None  # --request-timeout; None: DEFAULT_REQUEST_TIMEOUT_S
     shard: shard_module.ShardSpec | None = None  # --shard I/N: run only that shard's cells
+    only: tuple[str, ...] = ()  # -k: only these warm cells and their references (plan/select.py)
+    overrides: Any = None  # --binary/--model and their variables (matrix/overrides.py)
     reports_dir: Path = Path("reports")
     model_cache: Path = Path("models")
     progress: Callable[[str], None] | None = None  # default: a line on stderr

@@ -128,8 +128,9 @@ def storage_failure(exc: OSError) -> InfrastructureError:
 def result_options(options: RunOptions) -> dict[str, Any]:
     """The options that change what a run measures, as they take effect: a resume must repeat them."""
     shard = {"shard": str(options.shard)} if options.shard else {}  # a whole run's file stays as it was
+    only = {"only": list(options.only)} if options.only else {}  # likewise
     return {"faults": list(options.faults), "request_timeout_s": request_timeout(options.request_timeout_s),
-            **shard}
+            **shard, **only}
 
 
 def write_run_records(layout: RunLayout, matrix: Matrix, plan: Plan, options: RunOptions) -> None:
@@ -161,7 +162,7 @@ def check_resumed_options(layout: RunLayout, now: dict[str, Any]) -> None:
                           hint="start a new run")
     if then.get("request_timeout_s") is None:  # written before options.json held the timeout in effect
         then = {**then, "request_timeout_s": request_timeout(None)}
-    flags = {"faults": "--fault", "request_timeout_s": "--request-timeout", "shard": "--shard"}
+    flags = {"faults": "--fault", "request_timeout_s": "--request-timeout", "shard": "--shard", "only": "-k"}
     changed = [f"{flag} {_shown(then.get(key))} then, {_shown(now.get(key))} now"
                for key, flag in flags.items() if then.get(key) != now.get(key)]
     if changed:

@@ -9,6 +9,7 @@ materialise); the cells are run from the plan alone.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from shadowlab.engines import get_adapter
 from shadowlab.errors import EngineError, RunDirError
 from shadowlab.matrix import ChatPrompt, Matrix, TrafficSequence
 from shadowlab.plan import Plan
+from shadowlab.plan import select as plan_select
 from shadowlab.plan import shard as shard_module
 from shadowlab.results import records, rundir
 from shadowlab.results.records import CellStatus
@@ -33,8 +35,8 @@ from shadowlab.run.turns import ResponseTooLarge
 
 
 def run(options: RunOptions) -> RunOutcome:
-    matrix = load_matrix(options.matrix_path)
-    plan = build_plan(matrix)
+    matrix, notes = plan_select.prepare(load_matrix(options.matrix_path), options.overrides, options.only)
+    plan = dataclasses.replace(build_plan(matrix), notes=notes)
     say = options.progress or _stderr_line
     matrix_module.check_machine(matrix, cores=len(isolation.usable_cores()), warn=say if options.dry_run else None)
     assignment = shard_module.assign(plan, matrix, options.shard.count) if options.shard else None
@@ -172,7 +174,7 @@ def run_split_controls(ctx: RunContext, plan: Plan, every: bool) -> dict[str, Ce
     written = Plan.from_dict(records.read_json(ctx.layout.plan))
     known = {c.id for c in written.cells}
     cells = (*written.cells, *(c for c in extra if c.id not in known))
-    records.write_json_atomic(ctx.layout.plan, Plan(cells).to_dict())
+    records.write_json_atomic(ctx.layout.plan, dataclasses.replace(written, cells=cells).to_dict())
     ctx.say(f"shadowlab: {len(extra)} split control(s) for restored warm turns")
     return CellScheduler(ctx, Plan(tuple(extra))).run()
 

@@ -244,7 +244,7 @@ def test_a_github_shard_index_off_by_one_is_caught(tmp_path):
 def test_the_github_jobs_install_cpu_torch_with_a_pip_cache():
     """A stock runner would fetch the CUDA build from PyPI; the CPU index has the README's torch."""
     workflow = yaml.safe_load(WORKFLOW.read_text())
-    readme_torch = re.search(r"^pip install (torch==\S+) && pip install -e \. && shadowlab run",
+    readme_torch = re.search(r"^pip install (torch==\S+) && pip install -e '\.\[engine\]' && shadowlab run",
                              (REPO / "README.md").read_text(), re.M)
     assert readme_torch
     install = workflow["env"]["PIP_INSTALL"]

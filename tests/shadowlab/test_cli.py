@@ -137,7 +137,7 @@ def test_ci_runs_both_readme_commands_each_in_a_fresh_venv(repo_root):
 
 def test_readme_run_command_runs_the_case_study(repo_root):
     readme = (repo_root / "README.md").read_text()
-    assert "pip install torch==2.13.0 && pip install -e . && shadowlab run matrices/ckpt.yaml" in readme
+    assert "pip install torch==2.13.0 && pip install -e '.[engine]' && shadowlab run matrices/ckpt.yaml" in readme
 
 
 # ---------------------------------------------------------------- robustness of the CLI itself

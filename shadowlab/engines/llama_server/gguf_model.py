@@ -37,13 +37,16 @@ Their presets are named `<arch>-<preset>` (`lfm2-tiny`), so a matrix's
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from shadowlab.results.records import atomic_path
+
+if TYPE_CHECKING:  # numpy (the llama extra) only where a GGUF is generated: a GGUF path needs none
+    import numpy as np
 
 __all__ = [
     "ARCHS",
@@ -288,6 +291,8 @@ def _rng(seed: int, name: str, arch: str = ARCH) -> np.random.Generator:
     # qwen35 keeps its original stream names (its files' bytes must not change)
     stream = name if arch == ARCH else f"{arch}/{name}"
     digest = hashlib.sha256(f"shadowlab-gguf/{GENERATOR_VERSION}/{seed}/{stream}".encode()).digest()
+    import numpy as np
+
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
 
 
@@ -383,6 +388,8 @@ def _specs(p: GGUFPreset | OtherPreset, n_vocab: int) -> Iterator[tuple[str, tup
 
 
 def _init(rng: np.random.Generator, shape: tuple[int, ...], kind: str, p: GGUFPreset | OtherPreset) -> np.ndarray:
+    import numpy as np
+
     if kind == "small":
         data = 0.1 * rng.standard_normal(shape)
     elif kind == "dt_bias":  # Mamba-2's init: softplus(dt_bias) = dt ~ log U(1e-3, 1e-1)
@@ -531,4 +538,4 @@ def ensure_gguf(preset_name: str, seed: int = 0, cache_dir: str | Path = Path("m
 def parameter_count(preset_name: str, arch: str | None = None) -> int:
     p = preset(preset_name, arch)
     n_vocab = len(vocab()[0])
-    return sum(int(np.prod(shape)) for _, shape, _ in _specs(p, n_vocab))
+    return sum(math.prod(shape) for _, shape, _ in _specs(p, n_vocab))

@@ -68,6 +68,8 @@ class ReferenceAdapter(EngineAdapterBase):
     # Faults come only from a cell's --fault flags: an inherited variable would inject them too.
     controlled_env = (FAULTS_ENV,)
     split_control = "points"  # one request with the warm schedule as `split_points`
+    # What its processes import, in pyproject's `engine` extra: a matrix is refused without them.
+    python_requirements = ("torch", "safetensors", "numpy")
 
     def presets(self) -> tuple[str, ...]:
         return presets()
