@@ -34,7 +34,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 HARNESS, ENGINE = REPO / "shadowlab", REPO / "engine" / "shadowlab_engine"
 PACKAGES = (HARNESS, ENGINE)
-FIRST_PARTY = {"shadowlab", "shadowlab_engine"}
+FIRST_PARTY = {"shadowlab", "shadowlab_engine", "shadowlab_cache"}  # shadowlab_cache: the cache rules both share
 ENGINE_EXTRA = "engine"
 
 # Import names whose distribution is not findable from an installed package's metadata

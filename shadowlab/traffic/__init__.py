@@ -1229,7 +1229,9 @@ def _hash_segments(ids: Any, n: int, fresh: _Blocks, path: Path, line: int,
 
 
 TRACE_KEYS = {"time", "server", "slot", "task", "line", "prompt_tokens", "shared_prefix", "shared_source",
-              "reused", "processed", "outcome", "prefill_ms", "checkpoints", "failures"}
+              "reused", "processed", "outcome", "prefill_ms", "checkpoints", "failures",
+              "shared_with", "shared_exact"}  # the last two: version 2
+TRACE_VERSIONS = (1, 2)
 
 
 def read_trace(path: Path | str) -> Loaded:
@@ -1242,7 +1244,10 @@ CACHE_LOAD_LOOKBACK = 256
 
 
 def stream_trace(path: Path | str) -> Stream:
-    """`shadowlab logs --trace` (docs/trace.md, version 1). Each request is built to share exactly
+    """`shadowlab logs --trace` (docs/trace.md, versions 1 and 2). Version 2's `shared_with`
+    names the task whose prompt the slot's cache held (the slot's previous request, or the saved
+    request a prompt-cache load brought back): the request is built on that task's prompt when it
+    is among the server's last CACHE_LOAD_LOOKBACK. Otherwise, as for version 1: each request is built to share exactly
     its `shared_prefix` (where `shared_source` is `lcp` or `n_past`; else `reused`, a lower bound)
     with the previous request of the same server and slot, and nothing else: the log says nothing
     about content, so a prefix shared with an older request is invisible (the ideal is then the
@@ -1267,6 +1272,7 @@ def _trace_requests(path: Path, skipped: list[str]) -> Iterator[Request]:
     fresh = _Blocks()
     previous: dict[tuple[Any, Any], tuple[Segment, ...]] = {}
     recent: dict[Any, deque[tuple[Segment, ...]]] = {}  # per server, its latest prompts
+    by_task: dict[Any, OrderedDict[int, tuple[Segment, ...]]] = {}  # per server, its latest prompts by task (v2)
     last_time: dict[Any, float] = {}
     count = 0
     for line, doc in docs:
@@ -1287,14 +1293,24 @@ def _trace_requests(path: Path, skipped: list[str]) -> Iterator[Request]:
                       required=False, maximum=MAX_PROMPT_TOKENS) or 0
         reused = _int(doc, "reused", path, line, required=False, maximum=MAX_PROMPT_TOKENS)
         earlier = recent.setdefault(server, deque(maxlen=CACHE_LOAD_LOOKBACK))
+        tasks = by_task.setdefault(server, OrderedDict())
         prev = previous.get(key, ())
-        if _loaded_entry(doc):
+        with_task = doc.get("shared_with")
+        if isinstance(with_task, int) and not isinstance(with_task, bool) and with_task in tasks:
+            prev = tasks[with_task]  # v2: the log says whose prompt the slot's cache held
+        elif _loaded_entry(doc):
             prev = next((p for p in reversed(earlier) if _length(p) >= min(shared, n)), prev)
         keep = truncate(prev, min(shared, n, _length(prev)))
         rest = n - _length(keep)
         segments = keep + ((fresh.new(rest),) if rest > 0 else ())
         previous[key] = segments
         earlier.append(segments)
+        task = doc.get("task")
+        if isinstance(task, int) and not isinstance(task, bool):
+            tasks[task] = segments
+            tasks.move_to_end(task)
+            if len(tasks) > CACHE_LOAD_LOOKBACK:
+                tasks.popitem(last=False)
         yield Request(t, None, segments, 1, (), "trace", reused, None if server is None else str(server))
 
 
@@ -1313,8 +1329,8 @@ def _trace_header(doc: dict, path: Path, line: int) -> None:
     if doc.get("format") != "shadowlab-trace":
         raise TrafficError("not a shadowlab trace: line 1 must be its header", file=str(path), line=line,
                            hint="write one with `shadowlab logs --trace FILE`")
-    if doc.get("version") != 1:
-        raise TrafficError(f"trace version {doc.get('version')!r} is not known (this shadowlab reads 1)",
+    if doc.get("version") not in TRACE_VERSIONS:
+        raise TrafficError(f"trace version {doc.get('version')!r} is not known (this shadowlab reads 1 and 2)",
                            file=str(path), line=line)
 
 

@@ -143,7 +143,7 @@ def test_a_trace_request_shares_exactly_its_stated_prefix_with_its_slot_predeces
 
 
 @pytest.mark.parametrize("lines, message", [
-    (['{"format": "shadowlab-trace", "version": 2}\n'], "version 2 is not known"),
+    (['{"format": "shadowlab-trace", "version": 3}\n'], "version 3 is not known"),
     (['{"timestamp": 1}\n'], "not a shadowlab trace"),
     ([TRACE_HEADER, trace_line(5.0, 0, 10, 0), trace_line(4.0, 0, 10, 0)], "before the previous"),
 ])
@@ -206,3 +206,41 @@ def test_user_delimiter_must_be_a_bool_and_a_long_delimiter_is_refused():
         traffic.shape_from_dict({"user_delimiter": "yes"}, "m.yaml")
     with pytest.raises(TrafficError, match="delimiter is 9 tokens"):
         traffic.Materialiser(range(32, 127), 0, delimiter=range(300, 309))
+
+
+def _v2_line(task, prompt, shared, shared_with, reused=0) -> str:
+    return json.dumps({"time": float(task), "server": "s", "slot": 0, "task": task, "prompt_tokens": prompt,
+                       "shared_prefix": shared, "shared_source": "lcp", "shared_with": shared_with,
+                       "shared_exact": True, "reused": reused, "processed": prompt - reused}) + "\n"
+
+
+@pytest.mark.parametrize("names_the_task", [True, False], ids=["v2-shared-with", "slot-previous"])
+def test_a_v2_trace_shares_the_prefix_with_the_task_it_names(tmp_path, names_the_task):
+    # A (1000) → B (100, shares nothing) → A again sharing 990 with task 0: its slot's previous
+    # request is B, but the log says the cache held A's prompt (a prompt-cache load).
+    path = tmp_path / "t.jsonl"
+    header = TRACE_HEADER.replace('"version": 1', '"version": 2')
+    third = _v2_line(2, 1000, 990, 0 if names_the_task else 1)
+    path.write_text(header + _v2_line(0, 1000, 0, None) + _v2_line(1, 100, 0, 0) + third)
+    a, b, again = traffic.read_trace(path).requests
+    assert sum(s.length for s in again.segments) == 1000
+    if names_the_task:  # built on A's prompt: its first 990 tokens are A's
+        assert (again.segments[0].block, again.segments[0].length) == (a.segments[0].block, 990)
+    else:  # the log names B (only 100 long): built on B's prompt, A's prefix is invisible
+        assert again.segments[0].block == b.segments[0].block != a.segments[0].block
+
+
+def test_the_real_cram_capture_never_gets_an_ideal_below_the_engines_reuse(tmp_path):
+    from pathlib import Path
+    import subprocess
+    import sys
+
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "llama-server" / "cram8192-A-B-A.log"
+    trace = tmp_path / "cram.trace"
+    subprocess.run([sys.executable, "-m", "shadowlab", "logs", "--trace", str(trace), str(log)], check=True,
+                   capture_output=True)
+    out = subprocess.run([sys.executable, "-m", "shadowlab", "simulate", "--policy", "llama-cram", "--json",
+                          str(trace)], check=True, capture_output=True, text=True).stdout
+    (policy,) = json.loads(out)["policies"]
+    assert policy["reused_tokens"] >= 4556  # what llama-server reused from its RAM cache
+    assert policy["ideal_tokens"] >= policy["reused_tokens"]
