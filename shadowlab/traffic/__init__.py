@@ -191,7 +191,7 @@ class Ideals:
 
     def __init__(self) -> None:
         self._reach: dict[int, int] = {}
-        self._last: dict[str, tuple[Segment, ...]] = {}
+        self._last: dict[str, array] = {}
         self._index = 0
         self.raised = 0  # requests whose ideal the engine's own reuse raised
 
@@ -205,9 +205,11 @@ class Ideals:
         served = r.segments + ((Segment(output_block(index), 0, r.output_length - 1),) if r.output_length > 1 else ())
         ideal = self._add(served)
         prev = self._last.get(r.conversation) if r.conversation is not None else None
-        consecutive = common_prefix(prev, r.segments) if prev is not None else 0
+        consecutive = _common_canonical(prev, r.segments) if prev is not None else 0
         if r.conversation is not None:
-            self._last[r.conversation] = served
+            # A conversation's last prompt, as flat (block, start, length) triples: 24 bytes a
+            # segment, where the Segment objects would keep ~130 (every conversation ever seen is kept).
+            self._last[r.conversation] = array("q", [x for seg in _canonical(served) for x in seg])
         cap = r.prompt_tokens - 1
         ideal = min(ideal, cap)
         if r.reported_reuse is not None and r.reported_reuse > ideal:
@@ -228,6 +230,21 @@ class Ideals:
                 reach[key] = length
             prefix = hash((prefix, block, start, length))
         return shared
+
+
+def _common_canonical(prev: array, segments: Sequence[Segment]) -> int:
+    """`common_prefix` of a prompt kept as canonical triples and a prompt's segments: both cut
+    alike where their tokens are equal, so they share whole segments, then part of the first
+    that differs in length only."""
+    shared, i = 0, 0
+    for block, start, length in _canonical(segments):
+        if i + 2 >= len(prev) or prev[i] != block or prev[i + 1] != start:
+            break
+        shared += min(length, prev[i + 2])
+        if length != prev[i + 2]:
+            break
+        i += 3
+    return shared
 
 
 def _canonical(segments: Sequence[Segment]) -> Iterator[tuple[int, int, int]]:
