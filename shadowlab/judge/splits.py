@@ -23,14 +23,20 @@ answer ("undetermined"), never a guess.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from shadowlab_engine.checkpoints import batch_ends
 
 from shadowlab.logs.parse import Event
+from shadowlab.results import records
 
-__all__ = ["BATCHING_FAMILY", "Schedule", "request_sequence", "unknown_prefix", "warm_schedule"]
+__all__ = ["BATCHING_FAMILY", "DEFAULT_BATCH", "DEFAULT_UBATCH", "Schedule", "batch_sizes", "cell_id",
+           "no_control_reason", "request_sequence", "turn_schedule", "unknown_prefix", "warm_schedule"]
+
+DEFAULT_BATCH, DEFAULT_UBATCH = 2048, 512  # llama-server's and the reference engine's -b / -ub
+_FLAGS = {"-b": "b", "--batch-size": "b", "-ub": "ub", "--ubatch-size": "ub"}
 
 
 @dataclass(frozen=True)
@@ -102,3 +108,61 @@ def request_sequence(schedule: Schedule, family: str) -> tuple[tuple[int, ...] |
             "sequence reproduces the warm batch schedule known to be exact")
     breaks = {b for b in schedule.prefix_breaks if b < r} | {r} | set(schedule.suffix_breaks)
     return (*sorted(b for b in breaks if 0 < b < schedule.n_prompt), schedule.n_prompt), ""
+
+
+# ---------------------------------------------------------------- a warm cell's split controls
+
+
+def cell_id(warm_id: str, index: int) -> str:
+    return f"{warm_id}.split.{index}"
+
+
+def batch_sizes(command: Sequence[str]) -> tuple[int, int]:
+    """(-b, -ub) as the engine was started (the last occurrence wins, as in llama-server)."""
+    found = {"b": DEFAULT_BATCH, "ub": DEFAULT_UBATCH}
+    for flag, value in zip(command, command[1:]):
+        if flag in _FLAGS and value.isdigit():
+            found[_FLAGS[flag]] = int(value)
+    return found["b"], found["ub"]
+
+
+def turn_schedule(meta: records.CellMeta, events: Sequence[Event], index: int) -> Schedule | None:
+    """The batch schedule of warm turn `index`, None when it restored nothing. The prefix is the
+    earlier turn whose task created the restored checkpoint (else the previous turn), computed
+    from 0 as that turn logged it; `prefix_reused` says when it was not (`unknown_prefix`)."""
+    turns = {t.index: t for t in meta.turns}
+    warm, earlier = turns.get(index), turns.get(index - 1)
+    if warm is None or earlier is None or not warm.task_ids or not earlier.task_ids:
+        return None
+    warm_task = warm.task_ids[-1]
+    restored = [e for e in events if e.kind == "restored" and e.task == warm_task]
+    if not restored:
+        return None
+    creators = {e.task for e in events if e.kind == "created" and e.n_tokens == restored[-1].n_tokens}
+    prefix = next((turns[j] for j in range(index - 1, -1, -1)
+                   if j in turns and turns[j].task_ids and turns[j].task_ids[-1] in creators), earlier)
+    if prefix.prompt_tokens is None or warm.prompt_tokens is None:
+        return None
+    _, n_ubatch = batch_sizes(meta.command)
+    schedule = warm_schedule(events, prefix.task_ids[-1], warm_task, prefix.prompt_tokens,
+                                    warm.prompt_tokens, n_ubatch)
+    # A fresh process's first turn computed from 0 whatever it reported; a later one may not have.
+    reused = 0 if prefix.index == 0 else prefix.reused_tokens
+    return dataclasses.replace(schedule, prefix_reused=reused) if schedule is not None and reused != 0 else schedule
+
+
+def no_control_reason(meta: records.CellMeta, schedule: Schedule | None, endpoint: str) -> str:
+    """Why this restored turn cannot have a split control; "" when it can (the reference engine
+    with its split points, llama-server with a request sequence)."""
+    if schedule is None:
+        return "the warm turn's log shows no restore to replay (or no task ids / prompt lengths)"
+    if endpoint != "completion":
+        return ("a chat turn is rendered and tokenized by the engine, so neither split points nor a "
+                "request sequence of token prefixes reproduces its batches")
+    kind = meta.engine.kind if meta.engine else "?"
+    if kind == "reference":
+        return unknown_prefix(schedule)
+    if kind != "llama-server":
+        return f"a {kind} engine takes no split points and its batch placement is unknown"
+    _, why = request_sequence(schedule, meta.engine.log_family)
+    return why

@@ -37,12 +37,10 @@ from shadowlab.judge import gate as gate_mod
 from shadowlab.escape import visible, xml_text
 from shadowlab.judge.expectations import CheckResult, CheckStatus
 from shadowlab.judge.gate import GateResult, RunInputs
-from shadowlab.results.records import CellMeta, write_bytes_atomic
+from shadowlab.results.records import CellMeta, RunLayout, write_bytes_atomic
 from shadowlab.judge.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outcome, RunVerdict, TurnVerdict
 
-HTML_NAME = "report.html"
-MARKDOWN_NAME = "report.md"
-JUNIT_NAME = "junit.xml"
+HTML_NAME, MARKDOWN_NAME, JUNIT_NAME = RunLayout.REPORT_HTML, RunLayout.REPORT_MD, RunLayout.JUNIT
 CELL_ERRORS = ("ran", "plausible")  # checks that make a cell's own junit case an <error>
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shadowlab.judge import budgets
-from shadowlab.compare import NO_BAND, Delta
+from shadowlab.judge.metrics import NO_BAND, Delta
 from shadowlab.judge.expectations import CheckResult, CheckStatus
 from shadowlab.judge.gate import GateResult, RunInputs
 

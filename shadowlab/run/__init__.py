@@ -353,14 +353,12 @@ def check_resumed_identity(ctx: RunContext) -> None:
         before = first.get(name)
         if before is None:
             continue
-        for what, old, new in (("binary", before.binary_sha256, engine.identity.binary_sha256),
-                               ("model", before.model_sha256, engine.identity.model_sha256)):
-            if old != new:
-                raise RunDirError(
-                    f"engine {name!r}: the {what} changed since this run started "
-                    f"(sha256 {old[:12] or 'none'} then, {new[:12] or 'none'} now); "
-                    "its cells would not be comparable",
-                    path=str(ctx.layout.root), hint="resume with the same engine and model, or start a new run")
+        for what, old, new in records.EngineBuild.of(before).changes(records.EngineBuild.of(engine.identity)):
+            raise RunDirError(
+                f"engine {name!r}: the {what} changed since this run started "
+                f"(sha256 {old[:12] or 'none'} then, {new[:12] or 'none'} now); "
+                "its cells would not be comparable",
+                path=str(ctx.layout.root), hint="resume with the same engine and model, or start a new run")
 
 
 def write_shard_record(ctx: RunContext, whole: Plan, assignment: shard_module.Assignment) -> None:
@@ -387,7 +385,7 @@ def materialize_prompts(ctx: RunContext) -> None:
         if not traffic and all(isinstance(spec, ChatPrompt) for spec in ctx.matrix.prompts.values()):
             prompts.save({}, path)  # chat only: messages are sent as text, nothing to tokenize
             continue
-        log_path = ctx.layout.prompts_dir / f"{name}.engine.log"
+        log_path = ctx.layout.prompts_log(name)
         try:
             with ctx.cores(1) as cores, ctx.serving(engine, cores, cell_flags=(), cell_env={},
                                                    log_path=log_path) as live:
@@ -405,7 +403,7 @@ def materialize_prompts(ctx: RunContext) -> None:
             ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
             continue
         finally:
-            shutil.rmtree(log_path.parent / "scratch", ignore_errors=True)
+            shutil.rmtree(log_path.parent / RunLayout.SCRATCH, ignore_errors=True)
         prompts.save(engine.prompts, path)
 
 
@@ -537,7 +535,7 @@ class RunContext:
                 cell_flags: Sequence[str], cell_env: Mapping[str, str],
                 log_path: Path, scratch: Path | None = None) -> Iterator[LiveEngine]:
         live = start_engine(self, engine, cores, cell_flags=cell_flags, cell_env=cell_env,
-                            log_path=log_path, scratch=scratch or log_path.parent / "scratch")
+                            log_path=log_path, scratch=scratch or log_path.parent / RunLayout.SCRATCH)
         try:
             yield live
         finally:
@@ -870,7 +868,7 @@ def empty_meta(ctx: RunContext, cell: Cell) -> CellMeta:
     return CellMeta(
         schema_version=records.SCHEMA_VERSION, run_id=ctx.layout.run_id, cell_id=cell.id,
         cell=cell.to_dict(), status=CellStatus.FAILED, reason=None, log_tail=None, command=[],
-        env_delta={}, scratch_dir="scratch", cores=None, gpu=None, port=None, port_attempts=0,
+        env_delta={}, scratch_dir=RunLayout.SCRATCH, cores=None, gpu=None, port=None, port_attempts=0,
         pid=None, engine=None, started_at=None, health_ms=None, startup_ms=None,
         elapsed_ms=None, stop=None, turns=[],
     )

@@ -9,17 +9,18 @@ after the warm cells, from the warm and cold records (a mismatch can only be see
 `build_plan` never does: a healthy run gets none and its plan.json is unchanged. The plan is a
 pure function of the records, so `--resume` plans the same cells again and keeps those that ran.
 
-The verdicts ask the same questions (`turn_schedule`, `no_control_reason`) of the same records,
-so the reason a turn has no split control is computed in one place.
+The verdicts ask the same questions (`turn_schedule`, `no_control_reason`: judge/splits.py) of
+the same records, so the reason a turn has no split control is computed in one place.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 from shadowlab.judge import identity, splits
+from shadowlab.judge.splits import (  # the judge's questions, asked here of the same records
+    cell_id, no_control_reason, turn_schedule)
 from shadowlab.logs import parse as logparse
 from shadowlab.results import records
 from shadowlab.matrix import Matrix
@@ -28,15 +29,9 @@ from shadowlab.plan import Cell, CellKind, Plan, Turn
 __all__ = ["NO_CHECKPOINTS", "by_requests", "cell_id", "no_control_reason", "plan_cells", "request_fields",
            "turn_schedule"]
 
-DEFAULT_BATCH, DEFAULT_UBATCH = 2048, 512  # llama-server's and the reference engine's -b / -ub
-_FLAGS = {"-b": "b", "--batch-size": "b", "-ub": "ub", "--ubatch-size": "ub"}
 # Appended to a llama-server split control's flags (the last occurrence wins): no request breaks
 # early for a checkpoint of its own, so each batch break is one request (splits.py).
 NO_CHECKPOINTS = ("--ctx-checkpoints", "0")
-
-
-def cell_id(warm_id: str, index: int) -> str:
-    return f"{warm_id}.split.{index}"
 
 
 def by_requests(kind: str) -> bool:
@@ -53,57 +48,6 @@ def request_fields(kind: str, split_points: Sequence[int]) -> dict[str, object]:
     return {"split_points": list(split_points), "cache_prompt": False}
 
 
-def batch_sizes(command: Sequence[str]) -> tuple[int, int]:
-    """(-b, -ub) as the engine was started (the last occurrence wins, as in llama-server)."""
-    found = {"b": DEFAULT_BATCH, "ub": DEFAULT_UBATCH}
-    for flag, value in zip(command, command[1:]):
-        if flag in _FLAGS and value.isdigit():
-            found[_FLAGS[flag]] = int(value)
-    return found["b"], found["ub"]
-
-
-def turn_schedule(meta: records.CellMeta, events: Sequence[logparse.Event], index: int) -> splits.Schedule | None:
-    """The batch schedule of warm turn `index`, None when it restored nothing. The prefix is the
-    earlier turn whose task created the restored checkpoint (else the previous turn), computed
-    from 0 as that turn logged it; `prefix_reused` says when it was not (`splits.unknown_prefix`)."""
-    turns = {t.index: t for t in meta.turns}
-    warm, earlier = turns.get(index), turns.get(index - 1)
-    if warm is None or earlier is None or not warm.task_ids or not earlier.task_ids:
-        return None
-    warm_task = warm.task_ids[-1]
-    restored = [e for e in events if e.kind == "restored" and e.task == warm_task]
-    if not restored:
-        return None
-    creators = {e.task for e in events if e.kind == "created" and e.n_tokens == restored[-1].n_tokens}
-    prefix = next((turns[j] for j in range(index - 1, -1, -1)
-                   if j in turns and turns[j].task_ids and turns[j].task_ids[-1] in creators), earlier)
-    if prefix.prompt_tokens is None or warm.prompt_tokens is None:
-        return None
-    _, n_ubatch = batch_sizes(meta.command)
-    schedule = splits.warm_schedule(events, prefix.task_ids[-1], warm_task, prefix.prompt_tokens,
-                                    warm.prompt_tokens, n_ubatch)
-    # A fresh process's first turn computed from 0 whatever it reported; a later one may not have.
-    reused = 0 if prefix.index == 0 else prefix.reused_tokens
-    return dataclasses.replace(schedule, prefix_reused=reused) if schedule is not None and reused != 0 else schedule
-
-
-def no_control_reason(meta: records.CellMeta, schedule: splits.Schedule | None, endpoint: str) -> str:
-    """Why this restored turn cannot have a split control; "" when it can (the reference engine
-    with its split points, llama-server with a request sequence)."""
-    if schedule is None:
-        return "the warm turn's log shows no restore to replay (or no task ids / prompt lengths)"
-    if endpoint != "completion":
-        return ("a chat turn is rendered and tokenized by the engine, so neither split points nor a "
-                "request sequence of token prefixes reproduces its batches")
-    kind = meta.engine.kind if meta.engine else "?"
-    if kind == "reference":
-        return splits.unknown_prefix(schedule)
-    if kind != "llama-server":
-        return f"a {kind} engine takes no split points and its batch placement is unknown"
-    _, why = splits.request_sequence(schedule, meta.engine.log_family)
-    return why
-
-
 def plan_cells(root: Path, matrix: Matrix, plan: Plan) -> list[Cell]:
     """The split-control cells the finished warm cells call for, in plan order."""
     every = matrix.identity.split_controls == "all"
@@ -112,7 +56,7 @@ def plan_cells(root: Path, matrix: Matrix, plan: Plan) -> list[Cell]:
         meta = _ok_meta(root, cell.id)
         if meta is None or meta.engine is None or meta.engine.log_family == "none":
             continue
-        log = root / "cells" / cell.id / "engine.log"
+        log = records.RunLayout(root).engine_log(cell.id)
         events = logparse.parse(log, meta.engine.log_family).events if log.is_file() else ()
         for turn in cell.turns[1:]:
             if turn.cold_cell is None or turn.reference != "cold":
@@ -143,7 +87,7 @@ def _control_cell(warm: Cell, turn: Turn, schedule: splits.Schedule, engine: rec
 
 def _ok_meta(root: Path, cid: str) -> records.CellMeta | None:
     try:
-        meta = records.read_meta(root / "cells" / cid / "meta.json")
+        meta = records.read_meta(records.RunLayout(root).meta(cid))
     except (OSError, ValueError, TypeError, records.RunDirError):
         return None
     return meta if meta.status is records.CellStatus.OK else None
