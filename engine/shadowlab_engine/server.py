@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -220,7 +219,7 @@ class Engine:
         path = Path(self.options.model_path)
         self.log.main(INFO, f"loading model '{path}'")
         self.model = HybridModel.load(path, device=self.options.device)
-        self.model_sha256 = getattr(self.model, "weights_sha256", "") or _sha256(path)
+        self.model_sha256 = getattr(self.model, "weights_sha256", "") or _model_sha256(path)
         self.tokenizer = tokenizer
         self.device = _device_name(self.model.device)
         cfg = self.options.cache
@@ -592,14 +591,6 @@ def _message_text(content: Any, index: int) -> str:
     raise RequestError(400, f"messages[{index}].content must be a string")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _device_name(device: Any) -> str:
     import torch
 
@@ -821,3 +812,9 @@ def serve(options: ServerOptions, log: EngineLog) -> int:
     finally:
         httpd.server_close()
     return 0
+
+
+def _model_sha256(path: Path) -> str:
+    from .modelfile import sha256_file  # the engine's one file hash
+
+    return sha256_file(path)

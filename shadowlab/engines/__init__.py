@@ -24,7 +24,6 @@ outside `engines/` names a kind, a family or a kind's flag (tests/shadowlab/test
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import math
 import re
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
+
+from shadowlab.results.files import sha256_file  # re-exported: the adapters' one file hash
 
 __all__ = [
     "DEFAULT_LEVEL_FAMILIES",
@@ -524,14 +525,6 @@ def token_ids(value: Any) -> list[int]:
     if bad:
         raise ValueError(f"/tokenize answered {len(bad)} value(s) that are not token ids, e.g. {bad[0]!r:.40}")
     return list(value)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # -- registry -------------------------------------------------------------------------

@@ -3,9 +3,10 @@
     costs(run, verdict) -> tuple[Cost, ...]        every configuration against the matrix's baseline
     checks(run, verdict) -> list[CheckResult]      the gate checks of the matrix's `budgets`
 
-The figures are `shadowlab.compare`'s (one source of truth): each configuration is compared with
-`baseline` in the same run, cell by cell, and a `Cost` is one cell row of that comparison per
-turn, extrapolated to the matrix's `scale`:
+The figures are `shadowlab/judge/metrics.py`'s (one source of truth, shared with `shadowlab
+compare`, which the gate never imports): each configuration is compared with `baseline` in the
+same run, cell by cell, and a `Cost` is one cell row of that comparison per turn, extrapolated to
+the matrix's `scale`:
 
 - checkpoints created per turn at scale = the baseline's + the candidate's extra × the prompt
   length factor (the extra ones are mid-prompt, one per batch: they grow with the prompt; the
@@ -20,7 +21,7 @@ turn, extrapolated to the matrix's `scale`:
 Without `scale` every figure is as measured. A budget fails when a figure breaks its limit and
 names the figures that condemn it; a figure that cannot be known (no engine.log) fails too. A
 cell whose engine (or whose baseline's) reported impossible figures is not judged (ERROR, saying
-so): compare leaves such cells out, and no cost of them is a figure.
+so): the metrics leave such cells out, and no cost of them is a figure.
 Pure: the loaded run and its verdicts in, results out.
 """
 
@@ -29,8 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shadowlab import compare
-from shadowlab.judge import plausibility
+from shadowlab.judge import metrics, plausibility
 from shadowlab.results import rundir
 from shadowlab.errors import CompareRefused
 from shadowlab.judge.expectations import CheckResult, CheckStatus
@@ -58,9 +58,9 @@ class Cost:
     baseline_ms_at_scale: float | None
     saved_tokens: float | None  # per turn, at scale (0 where the difference is inside the noise)
     saved_ms: float | None
-    reused: compare.Delta  # the comparison's own judgements, for the decision record
-    prefill: compare.Delta
-    recovered: compare.Delta  # share of the ideal: known on traffic cells only
+    reused: metrics.Delta  # the comparison's own judgements, for the decision record
+    prefill: metrics.Delta
+    recovered: metrics.Delta  # share of the ideal: known on traffic cells only
 
     @property
     def spent_ms(self) -> float | None:
@@ -98,14 +98,14 @@ def costs(run: rundir.RunDir, verdict: RunVerdict) -> tuple[Cost, ...]:
     out: list[Cost] = []
     for configuration in matrix.configurations:
         try:
-            result = compare.compare_configurations(run, verdict, matrix.baseline, configuration)
+            result = metrics.compare_configurations(run, verdict, matrix.baseline, configuration)
         except CompareRefused:
             continue  # no finished warm cell on one side: the budget check says so
         out += [cost_of(row, configuration, matrix) for row in result.rows if row.scope == "cell"]
     return tuple(out)
 
 
-def cost_of(row: compare.Row, configuration: str, matrix: Matrix) -> Cost:
+def cost_of(row: metrics.Row, configuration: str, matrix: Matrix) -> Cost:
     scale = matrix.scale or Scale()
     factor = scale.prompt_length_factor
     created, base_created = row.delta("created").candidate, row.delta("created").baseline
@@ -128,7 +128,7 @@ def _times(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a * b
 
 
-def _per_checkpoint(row: compare.Row, metric: str, side: str, scale: Scale) -> float | None:
+def _per_checkpoint(row: metrics.Row, metric: str, side: str, scale: Scale) -> float | None:
     """One checkpoint's MiB (create ms) at scale: given, else the side's measured mean × factor."""
     explicit, factor = {"checkpoint_mib": (scale.checkpoint_mib, scale.checkpoint_mib_factor),
                         "create_ms": (scale.checkpoint_ms, scale.checkpoint_ms_factor)}[metric]
@@ -140,7 +140,7 @@ def _per_checkpoint(row: compare.Row, metric: str, side: str, scale: Scale) -> f
     return (total / created if created else 0.0) * (1.0 if factor is None else factor)
 
 
-def _saved_tokens(row: compare.Row) -> float | None:
+def _saved_tokens(row: metrics.Row) -> float | None:
     """Prompt tokens per turn the candidate did not process and the baseline did; a difference
     the comparison does not call a gain or a loss (inside the noise, or none) saves nothing."""
     processed = row.delta("processed_tokens")
@@ -149,7 +149,7 @@ def _saved_tokens(row: compare.Row) -> float | None:
     return -processed.delta / row.turns if processed.judgement in ("gain", "loss") else 0.0
 
 
-def _ms_per_token(row: compare.Row, scale: Scale) -> float | None:
+def _ms_per_token(row: metrics.Row, scale: Scale) -> float | None:
     if scale.prefill_ms_per_token is not None:
         return scale.prefill_ms_per_token
     ms, tokens = row.delta("prefill_ms").baseline, row.delta("processed_tokens").baseline

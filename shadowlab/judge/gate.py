@@ -43,7 +43,7 @@ from typing import Any, TextIO
 from shadowlab.judge import budgets, plausibility, verdicts
 from shadowlab.present import pct, signed
 from shadowlab.results import rundir
-from shadowlab.errors import RunDirError, ShadowlabError
+from shadowlab.errors import ShadowlabError
 from shadowlab.exitcodes import (
     EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_USAGE, GATE_HELP, write_traceback,
 )

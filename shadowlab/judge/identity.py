@@ -25,35 +25,9 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shadowlab.results.verdict_schema import IdentityCheck, IdentityStatus  # the verdict schema's
+
 __all__ = ["Difference", "IdentityCheck", "IdentityStatus", "Output", "Triage", "TriageClass", "compare", "compare_control", "describe", "difference", "first_difference", "mark_inconclusive", "missing_reference", "failed", "triage"]
-
-
-class IdentityStatus(str, enum.Enum):
-    """A warm turn's output compared with the cold run of the same prompt."""
-
-    IDENTICAL = "identical"  # same bytes and token ids, and the turn reused cache: evidence
-    IDENTICAL_NO_REUSE = "identical_no_reuse"  # same, but the turn re-prefilled: proves nothing
-    MISMATCH = "mismatch"  # outputs differ (first differing token and byte recorded)
-    NO_REFERENCE = "no_reference"  # no cold cell for this engine/configuration/prompt
-    ERROR = "error"  # the warm turn or its reference failed
-
-
-@dataclass(frozen=True)
-class IdentityCheck:
-    """Warm-vs-cold (or control-vs-cold) comparison of one output."""
-
-    status: IdentityStatus
-    reference_cell: str | None = None  # the cold cell compared against
-    reference_turn: int | None = None
-    reused_tokens: int | None = None  # what the compared turn reused (evidence only when > 0)
-    first_diff_token: int | None = None  # index of the first differing completion token
-    first_diff_byte: int | None = None  # byte offset of the first differing UTF-8 byte of text
-    text: str | None = None  # this output
-    reference_text: str | None = None  # the cold output
-    tokens: tuple[int, ...] | None = None
-    reference_tokens: tuple[int, ...] | None = None
-    inconclusive: bool = False  # a cold-vs-cold control of the same engine mismatched
-    detail: str = ""  # one readable sentence
 
 
 def first_difference(a: Sequence[object] | bytes, b: Sequence[object] | bytes) -> int | None:

@@ -30,7 +30,7 @@ Rules (each names the figure, its source and the bound it breaks):
 - checkpoints of this turn have non-negative positions with pos_min <= pos_max, and those it
   created lie within its prompt (checkpoints are taken while the prompt is processed).
 
-The rules read a `TurnVerdict` (shadowlab/judge/verdicts.py) and the turn's raw API `timings`; they
+The rules read a `TurnVerdict` (shadowlab/results/verdict_schema.py) and the turn's raw API `timings`; they
 need nothing else, so a verdicts.json of an older schema is re-judged the same way on read.
 """
 
@@ -38,10 +38,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from shadowlab.judge.verdicts import CellVerdict, CheckpointRef, TurnVerdict
+from shadowlab.results.verdict_schema import CellVerdict, CheckpointRef, TurnVerdict
 
 _API_COUNTS = ("cache_n", "prompt_n")
 _API_TIMINGS = ("prompt_ms",)

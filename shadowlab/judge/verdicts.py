@@ -46,247 +46,27 @@ such a cell as an infrastructure failure, since its engine cannot be believed.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shadowlab.judge import identity, plausibility
+from shadowlab.judge import attribution, identity, plausibility  # attribution: where split controls are planned
 from shadowlab.logs import lifecycle
-from shadowlab.judge.identity import IdentityCheck, IdentityStatus  # part of the verdict schema
-from shadowlab.run.prompts import common_prefix
-from shadowlab.results.records import from_jsonable as _from_json  # the one JSON dataclass codec
-from shadowlab.results.records import to_jsonable as _to_json
+from shadowlab.results import records
+from shadowlab.results.records import common_prefix
+from shadowlab.results.verdict_schema import (  # the verdict schema, re-exported where callers find it
+    VERDICTS, VERDICTS_SCHEMA_VERSION, CellVerdict, CheckpointRef, IdentityCheck, IdentityStatus, Outcome,
+    RunVerdict, TriageVerdict, TurnVerdict)
 
 if typing.TYPE_CHECKING:
     from shadowlab.results.rundir import RunDir
 
-VERDICTS_SCHEMA_VERSION = 4  # 2: TurnVerdict.cascade_checked; 3: implausible, divergence_lower_bound;
-# 4: TurnVerdict.triage (issue 16; an older file has none: None)
-# (older files are upgraded on read)
 
-
-class Outcome(str, enum.Enum):
-    """What the engine did with its cache for one turn (DESIGN.md §5)."""
-
-    COLD = "cold"  # first turn of a fresh slot: nothing to reuse
-    EXTENDED = "extended"  # the new prompt extended the cache: reused without a restore
-    RESTORED = "restored"  # a context checkpoint was restored below the divergence point
-    FORCED = "forced"  # partial match, no usable checkpoint: the forcing line, full re-prefill
-    SILENT_RESET = "silent_reset"  # zero overlap: full re-prefill and no forcing line
-    ERROR = "error"  # the turn failed (HTTP error, timeout, engine died)
-
-
-@dataclass(frozen=True)
-class CheckpointRef:
-    """One context checkpoint as seen in the log (positions are token positions)."""
-
-    pos_min: int
-    pos_max: int
-    n_tokens: int  # tokens it covers; pos_max + 1 where the log does not say (hybrid models)
-    size_mib: float | None = None
-    took_ms: float | None = None
-    created_turn: int | None = None  # turn index of the cell that created it (None: unknown)
-    task: int | None = None  # task id of the line
-    line: int | None = None  # 1-based line number in engine.log
-
-
-@dataclass(frozen=True)
-class TriageVerdict:
-    """Why a warm turn differs from cold (identity.triage, DESIGN §5), as verdicts.json keeps it."""
-
-    cls: str  # identity.TriageClass value
-    detail: str  # one readable sentence: the class and its evidence
-    split_control_cell: str | None = None  # the split control compared (None: none ran; detail says why)
-    warm_vs_cold: str | None = None  # where warm and cold part (token index and ids, or byte)
-    warm_vs_split: str | None = None  # where warm and its split control part; None: equal or none
-    cold_vs_control: str | None = None  # where cold and a cold-vs-cold control part; None: equal or none
-
-
-@dataclass(frozen=True)
-class TurnVerdict:
-    """Everything shadowlab concludes about one turn of one cell."""
-
-    index: int
-    prompt_id: str
-    outcome: Outcome
-    conversation: str | None = None  # the turn record's: warm turns' conversation, else None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None  # slot cache length at turn start (records: prompt + completion)
-    divergence_point: int | None = None  # LCP with the slot cache (records); None: unknown
-    # The previous completion came back without token ids: the LCP may run on into it, so
-    # divergence_point is only a lower bound (a re-entry above it is then no contradiction).
-    divergence_lower_bound: bool = False
-    re_entry_point: int | None = None  # where prefill restarted
-    re_entry_source: str | None = None  # "restore" | "cache_trim" | "timings"
-    reused_tokens: int | None = None  # the figure used downstream (API when present, else log)
-    processed_tokens: int | None = None
-    reused_api: int | None = None
-    processed_api: int | None = None
-    reused_log: int | None = None
-    processed_log: int | None = None
-    disagreements: tuple[str, ...] = ()  # API vs log conflicts, a restore past its checkpoint
-    # Figures no engine can truthfully report (shadowlab/judge/plausibility.py): the cell's engine
-    # cannot be believed, an infrastructure failure for the gate.
-    implausible: tuple[str, ...] = ()
-    saved_fraction: float | None = None  # reused / prompt_tokens
-    prefill_ms: float | None = None
-    forcing_line: bool = False  # the log printed the forcing line for this turn
-    restored: CheckpointRef | None = None
-    restore_ms: float | None = None
-    restore_mib: float | None = None
-    alive_at_start: tuple[CheckpointRef, ...] = ()  # checkpoints alive when the turn began
-    alive_below_divergence: tuple[CheckpointRef, ...] = ()  # usable: pos_max < divergence point
-    alive_above_divergence: tuple[CheckpointRef, ...] = ()  # must be erased by the cascade
-    created: tuple[CheckpointRef, ...] = ()  # created during this turn
-    erased_cascade: tuple[CheckpointRef, ...] = ()  # `erased invalidated` during this turn
-    erased_other: tuple[CheckpointRef, ...] = ()  # `erasing old` / too close / superseded
-    cascade_missed: tuple[CheckpointRef, ...] = ()  # alive above re-entry yet not erased
-    # cascade_missed was judged: the log was parsed, the re-entry point is known, and the turn is
-    # neither the first of a fresh slot nor failed. False: an empty cascade_missed proves nothing.
-    cascade_checked: bool = False
-    create_ms: float | None = None  # sum over `created`
-    create_mib: float | None = None
-    task_ids: tuple[int, ...] = ()
-    log_complete: bool | None = None  # the turn's `prompt eval time` line was seen
-    identity: IdentityCheck | None = None
-    triage: TriageVerdict | None = None  # a warm mismatch: why (schema 4; older files: None)
-    error: str | None = None
-    notes: tuple[str, ...] = ()
-    # Traffic turns (optional in schema 3): the longest prefix shared with any earlier request,
-    # and with the previous request of the same conversation (shadowlab.traffic.ideals).
-    ideal_tokens: int | None = None
-    consecutive_ideal_tokens: int | None = None
-    # Requests sent concurrently: where the engine served this turn among the cell's (from 0,
-    # its task's first line); None when the turns were sent one after another, in order.
-    processing_rank: int | None = None
-
-
-@dataclass(frozen=True)
-class CellVerdict:
-    """One cell (one fresh engine process) and its turns."""
-
-    cell_id: str
-    kind: str  # "warm" | "cold" | "control"
-    engine: str
-    configuration: str
-    sequence: str
-    status: str  # records.CellStatus value
-    reason: str | None = None
-    log_family: str = "none"
-    reuse_source: str = "api+log"  # "api+log" or "api" (engine has no parsable log)
-    turns: tuple[TurnVerdict, ...] = ()
-    control: IdentityCheck | None = None  # control cells: this output vs the cold cell's
-    unknown_lines: int = 0
-    unknown_samples: tuple[str, ...] = ()
-    event_counts: dict[str, int] = field(default_factory=dict)
-    unattributed_events: int = 0  # events outside every turn's span (start-up, shutdown)
-    notes: tuple[str, ...] = ()  # e.g. a matrix log pattern that could not be used
-
-    def count(self, outcome: Outcome) -> int:
-        return sum(1 for t in self.turns if t.outcome is outcome)
-
-    @property
-    def log_missing(self) -> bool:
-        """The engine writes a log shadowlab reads (a log family), yet none was read: every
-        log-derived figure (checkpoints, cascade, forcing lines) is unknown, not absent."""
-        return self.log_family != "none" and self.reuse_source != "api+log"
-
-    @property
-    def engine_log(self) -> str:
-        """The cell's engine.log, as a run directory names it (records.RunLayout)."""
-        return f"cells/{self.cell_id}/engine.log"
-
-
-@dataclass(frozen=True)
-class RunVerdict:
-    """The whole run: what report.py renders and gate.py judges."""
-
-    run_id: str
-    cells: tuple[CellVerdict, ...] = ()
-    controls: tuple[IdentityCheck, ...] = ()  # every control cell vs its cold cell
-    nondeterministic_engines: tuple[str, ...] = ()  # engines whose control mismatched
-    schema_version: int = VERDICTS_SCHEMA_VERSION
-
-    def cell(self, cell_id: str) -> CellVerdict:
-        for c in self.cells:
-            if c.cell_id == cell_id:
-                return c
-        raise KeyError(cell_id)
-
-    def to_dict(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunVerdict":
-        version = data.get("schema_version")
-        if not isinstance(version, int) or version > VERDICTS_SCHEMA_VERSION:
-            raise ValueError(
-                f"verdicts.json schema_version {version!r} is not one this shadowlab reads "
-                f"(<= {VERDICTS_SCHEMA_VERSION})"
-            )
-        if version == 1:
-            data = _upgrade_v1(data)
-        if version <= 2:
-            data = _upgrade_v2(data)
-        # v3 -> v4: TurnVerdict.triage did not exist; a missing field reads as None (no triage)
-        run = _from_json(cls, _implied_conversations(data))
-        return _judge_plausibility(run)
-
-
-def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """verdicts.json v1 -> v2: `TurnVerdict.cascade_checked` did not exist. It is derived the way
-    `compute` sets it: the cell has a log, the re-entry point is known, and the turn is neither
-    the first of its slot (cold) nor failed. (compute also needs the log to have parsed; a v1
-    file does not say, so a cell with a log family counts as parsed.)"""
-    cells = []
-    for cell in data.get("cells", []):
-        has_log = cell.get("log_family", "none") != "none"
-        turns = [
-            {"cascade_checked": has_log and turn.get("re_entry_point") is not None
-             and turn.get("outcome") not in (Outcome.COLD.value, Outcome.ERROR.value), **turn}
-            for turn in cell.get("turns", [])
-        ]
-        cells.append({**cell, "turns": turns})
-    return {**data, "cells": cells, "schema_version": 2}
-
-
-_LOWER_BOUND_NOTE = "is a lower bound"  # compute's note, written exactly when the flag is set
-
-
-def _upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
-    """verdicts.json v2 -> v3: `TurnVerdict.divergence_lower_bound` did not exist; compute wrote
-    a note saying so exactly when it holds. `implausible` is filled after loading, by the same
-    rules compute applies (`_judge_plausibility`), from the turn's own figures: the raw API
-    timings are not in verdicts.json, so only their rule cannot be re-applied."""
-    cells = []
-    for cell in data.get("cells", []):
-        turns = [
-            {"divergence_lower_bound": any(_LOWER_BOUND_NOTE in str(n) for n in turn.get("notes", ())), **turn}
-            for turn in cell.get("turns", [])
-        ]
-        cells.append({**cell, "turns": turns})
-    return {**data, "cells": cells, "schema_version": 3}
-
-
-def _implied_conversations(data: dict[str, Any]) -> dict[str, Any]:
-    """A verdicts.json written before turns carried `conversation` (optional in schema 3, so no
-    new version): a warm cell's turns belong to its sequence (before sequences had kinds every warm
-    cell was one ordered conversation), a cold or control turn to none. Other shapes are left for
-    the checked read to report."""
-    cells = data.get("cells")
-    if not isinstance(cells, list):
-        return data
-    out = []
-    for cell in cells:
-        if isinstance(cell, dict) and isinstance(cell.get("turns"), list):
-            implied = cell.get("sequence") if cell.get("kind") == "warm" else None
-            cell = {**cell, "turns": [{"conversation": implied, **t} if isinstance(t, dict) else t
-                                      for t in cell["turns"]]}
-        out.append(cell)
-    return {**data, "cells": out}
+def loaded(data: dict[str, Any], *, source: str = records.RunLayout.VERDICTS) -> RunVerdict:
+    """A verdicts.json object as the judge reads it: upgraded (RunVerdict.from_dict) and re-judged
+    by the plausibility rules, whatever its version."""
+    return _judge_plausibility(RunVerdict.from_dict(data, source=source))
 
 
 def _judge_plausibility(run: "RunVerdict") -> "RunVerdict":
@@ -301,22 +81,13 @@ def _judge_plausibility(run: "RunVerdict") -> "RunVerdict":
     return dataclasses.replace(run, cells=tuple(cells), schema_version=VERDICTS_SCHEMA_VERSION)
 
 
-def _add_json_methods(cls: type) -> None:
-    cls.to_dict = lambda self: _to_json(self)  # type: ignore[attr-defined]
-    cls.from_dict = classmethod(lambda c, data: _from_json(c, data))  # type: ignore[attr-defined]
-
-
-for _cls in (CheckpointRef, IdentityCheck, TriageVerdict, TurnVerdict, CellVerdict):
-    _add_json_methods(_cls)
-
-
 # ---------------------------------------------------------------- compute
 
 
 def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
     """The verdicts of a loaded run directory (a path is loaded first, matrix optional); writes
     verdicts.json unless ``write`` is false."""
-    from shadowlab.results import records, rundir
+    from shadowlab.results import rundir
 
     if not isinstance(run, rundir.RunDir):
         run = rundir.load(run, need_matrix=False)
@@ -333,7 +104,7 @@ def compute(run: "RunDir | str | Path", *, write: bool = True) -> RunVerdict:
     )
     if write:
         with records.storage_errors(records.DERIVED_WRITE_HINT):  # a full disk: exit 3, naming the file
-            records.write_json_atomic(run.root / rundir.VERDICTS_NAME, verdict.to_dict())
+            records.write_json_atomic(run.layout.verdicts, verdict.to_dict())
     return verdict
 
 
@@ -373,7 +144,7 @@ def read(run_dir: str | Path) -> RunVerdict:
     """verdicts.json of a run directory (bounded read, RunDirError when it is not an object)."""
     from shadowlab.results import rundir
 
-    return RunVerdict.from_dict(rundir.read_saved_verdicts(run_dir))
+    return loaded(rundir.read_saved_verdicts(run_dir), source=str(records.RunLayout(Path(run_dir)).verdicts))
 
 
 def _extra_patterns(run: "RunDir") -> dict[str, tuple[tuple[Any, ...], tuple[str, ...]]]:
@@ -441,34 +212,6 @@ def _cell_verdict(run: "RunDir", meta: Any, patterns: dict) -> CellVerdict:
     )
 
 
-class _Ring:
-    """lifecycle.Ring (the one replay of created / erased / prompt-cache events) seen as
-    CheckpointRefs: remembers the turn that created each checkpoint, and keeps every note."""
-
-    def __init__(self) -> None:
-        self.ring = lifecycle.Ring(max_notes=None)
-        self.made_in: dict[int, int | None] = {}  # created event's byte offset -> turn
-
-    @property
-    def notes(self) -> list[str]:
-        return self.ring.notes
-
-    @property
-    def alive(self) -> tuple[CheckpointRef, ...]:
-        return tuple(_ref(ev, self.made_in.get(ev.offset)) for ev in self.ring.alive.values())
-
-    def apply(self, ev: Any, turn: int | None) -> CheckpointRef | None:
-        """Apply one event; return the checkpoint it erased (if any)."""
-        if ev.kind == "created":
-            self.made_in[ev.offset] = turn
-        gone = self.ring.apply(ev)
-        if gone is None:
-            return None
-        if gone is ev:  # an erase of a checkpoint never seen created: the erase line's own figures
-            return _ref(ev, None) if hasattr(ev, "pos_max") else None
-        return _ref(gone, self.made_in.get(gone.offset))
-
-
 def _ref(ev: Any, turn: int | None) -> CheckpointRef:
     return CheckpointRef(
         pos_min=ev.pos_min,
@@ -503,23 +246,6 @@ def _slot_cache_for_turn(
     return cache, notes
 
 
-def _save_owners(events: list[Any]) -> dict[int, int | None]:
-    """Index of each prompt-cache save that a slot clear names (lifecycle.save_of_clear, the
-    same rule as lifecycle.Replay's) -> the slot it was of."""
-    owners: dict[int, int | None] = {}
-    last: int | None = None
-    for i, ev in enumerate(events):
-        if ev.kind == "cache_saved" and ev.slot is None:
-            last = i
-        elif ev.kind == "cache_loaded":
-            last = None
-        elif ev.kind == lifecycle.CLEARED:
-            if last is not None and lifecycle.save_of_clear(events[last], ev):
-                owners[last] = ev.slot
-            last = None
-    return owners
-
-
 def _turn_ok(t: Any) -> bool:
     return t.error is None and t.completion is not None and (t.http_status is None or 200 <= t.http_status < 300)
 
@@ -552,64 +278,35 @@ def _turn_verdicts(
     meta: Any, parsed: Any, engine_prompts: dict[str, list[int]], cell_notes: list[str] | None = None,
     marks: Any = None,
 ) -> list[TurnVerdict]:
-    """Per-turn verdicts of one cell. State is kept per slot (checkpoint ring and cached tokens):
-    with several slots a turn may land on another slot than the previous turn."""
+    """Per-turn verdicts of one cell. The checkpoint rings are lifecycle.Replay.turns' (the one
+    replay); what needs the records is kept here per slot: the tokens each slot holds (prompt +
+    completion of its last turn) and the prompt-cache entries' tokens. With several slots a turn
+    may land on another slot than the previous turn."""
     assigned = _assign_events(meta, parsed, cell_notes, marks) if parsed is not None else []
     intruded, unknown_from = _loads_into_busy_slots(meta, parsed, marks, cell_notes)
-    rings: dict[int | None, _Ring] = {}
+    order, rank = _processing_order(meta, assigned)
+    starts = {t.index: t.log_offsets[0] if t.log_offsets else None for t in order}
+    states = {s.index: s for s in lifecycle.Replay.turns(assigned, [t.index for t in order], starts)}
     caches: dict[int | None, list[int] | None] = {}  # tokens each slot holds (records); None: unknown
     # Slots whose last completion came back as text without token ids (ik_llama.cpp's /completion):
     # the cache is known only up to the end of that prompt.
     open_tail: dict[int | None, bool] = {}
     saved_tokens: dict[int | None, list[int] | None] = {}  # prompt-cache entries: n_tokens -> tokens
-    last_slot: int | None = next((ev.slot for ev, _ in assigned if ev.slot is not None), None)
-    turn_slots: dict[int, int | None] = {}
-    out = []
-    applied: set[int] = set()
-    owners = _save_owners([ev for ev, _ in assigned])
-    placed: set[int] = set()  # offsets of the saves owners gave to the slot cleared after them
-
-    def apply(i: int, ev: Any, turn: int | None) -> tuple[_Ring, CheckpointRef | None]:
-        slot = ev.slot if ev.slot is not None else turn_slots.get(turn, last_slot) if turn is not None else last_slot
-        if i in owners:  # an idle slot's save: its tokens and checkpoints, not this turn's slot's
-            slot = owners[i]
-            saved_tokens[ev.n_tokens] = caches.get(slot)
-            placed.add(ev.offset)
-        elif ev.kind == lifecycle.CLEARED and slot in caches:
-            caches[slot] = []  # emptied by the server; a slot no turn used stays fresh
-        ring = rings.setdefault(slot, _Ring())
-        applied.add(i)
-        return ring, ring.apply(ev, turn)
-
-    order, rank = _processing_order(meta, assigned)
+    placed: set[int] = set()  # offsets of the saves that a clear gave to the slot it emptied
     concurrent = _concurrent(meta)
+    out = []
     for t in order:
-        mine = [ev for ev, turn in assigned if turn == t.index]
-        slot = lifecycle.turn_slot(mine, last_slot)
-        turn_slots[t.index] = slot
+        state = states[t.index]
+        slot, mine = state.slot, list(state.events)
+        for step in state.applied:  # what the replay did to the slots, as the records see it
+            if step.owned_save:  # an idle slot's save: that slot's tokens
+                saved_tokens[step.event.n_tokens] = caches.get(step.slot)
+                placed.add(step.event.offset)
+            elif step.event.kind == lifecycle.CLEARED and step.slot in caches:
+                caches[step.slot] = []  # emptied by the server; a slot no turn used stays fresh
         start = t.log_offsets[0] if t.log_offsets else min((ev.offset for ev in mine), default=None)
-        # Alive at turn start: replay earlier turns' events and unattributed lines before it.
-        for i, (ev, turn) in enumerate(assigned):
-            earlier = turn is not None and rank.get(turn, turn) < rank[t.index]
-            before = turn is None and start is not None and ev.offset < start
-            if i not in applied and (earlier or before):
-                apply(i, ev, turn)
-        ring = rings.setdefault(slot, _Ring())
-        notes_before = len(ring.notes)
-        # Slot selection and the prompt-cache save/load come before the restore decision: the
-        # checkpoints the decision can use are those alive after them. Retention prints its
-        # save/load after `new prompt` (which changes no ring), -cram before it.
-        own = [(i, ev) for i, (ev, turn) in enumerate(assigned) if turn == t.index]
-        lead = 0
-        while lead < len(own) and (own[lead][1].kind in lifecycle.HELD_KINDS or own[lead][1].kind == "new_prompt"):
-            apply(own[lead][0], own[lead][1], t.index)
-            lead += 1
-        alive = ring.alive
-        erased_by_turn: list[tuple[str, CheckpointRef]] = []
-        for i, ev in own[lead:]:
-            _, removed = apply(i, ev, t.index)
-            if removed is not None:
-                erased_by_turn.append((ev.kind, removed))
+        alive = tuple(_ref(c, turn) for c, turn in state.alive)
+        erased_by_turn = [(kind, _ref(c, turn)) for kind, c, turn in state.erased if hasattr(c, "pos_max")]
         fresh = rank[t.index] == 0 or (parsed is not None and slot not in caches)
         cache = [] if fresh else caches.get(slot)
         turn_cache, cache_note = _slot_cache_for_turn(mine, cache, saved_tokens, placed)
@@ -623,7 +320,7 @@ def _turn_verdicts(
             why = intruded.get(t.index) or [f"slot {slot}'s checkpoints are unknown since line {since[1]} "
                                             "(a prompt-cache load into it while it was busy): cascade not judged"]
             tv = dataclasses.replace(tv, cascade_checked=False, cascade_missed=(), notes=tv.notes + tuple(why))
-        extra_notes = tuple(ring.notes[notes_before:]) + cache_note
+        extra_notes = state.notes + cache_note
         if fresh and rank[t.index] > 0:
             extra_notes += (f"ran on slot {slot}, which no earlier turn of this cell used",)
         if extra_notes:
@@ -632,7 +329,6 @@ def _turn_verdicts(
         # What the slot holds afterwards: this prompt and its completion; unknown after a failure.
         caches[slot] = list(prompt_ids) + list(t.completion.tokens or []) if _turn_ok(t) and prompt_ids is not None else None
         open_tail[slot] = _turn_ok(t) and bool(t.completion.text) and not t.completion.tokens
-        last_slot = slot
     return sorted(out, key=lambda tv: tv.index)
 
 
@@ -983,14 +679,12 @@ def _mismatch(turn: TurnVerdict) -> bool:
 
 def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, metas: Any,
                  control: IdentityCheck | None) -> TriageVerdict:
-    from shadowlab.judge import attribution as split_controls  # split controls are planned there
-
     check = turn.identity
     warm_record = next((t for t in meta.turns if t.index == turn.index), None)
     cold_record = _reference_record(metas.get(check.reference_cell), warm_record)
     warm = identity.Output(check.text or "", check.tokens, _logprobs(warm_record))
     cold = identity.Output(check.reference_text or "", check.reference_tokens, _logprobs(cold_record))
-    split_id = split_controls.cell_id(cell.cell_id, turn.index)
+    split_id = attribution.cell_id(cell.cell_id, turn.index)
     split_meta = metas.get(split_id)
     split_out, why = None, ""
     # The control's output is its last turn (llama-server's: the last request of its sequence).
@@ -1001,8 +695,8 @@ def _triage_turn(cell: CellVerdict, turn: TurnVerdict, meta: Any, events: Any, m
         why = f"split control {split_id} did not run ({split_meta.reason or split_meta.status.value})"
     else:
         planned = next((pt for pt in (meta.cell or {}).get("turns", []) if pt.get("index") == turn.index), {})
-        schedule = split_controls.turn_schedule(meta, events, turn.index)
-        why = (split_controls.no_control_reason(meta, schedule, planned.get("endpoint", "completion"))
+        schedule = attribution.turn_schedule(meta, events, turn.index)
+        why = (attribution.no_control_reason(meta, schedule, planned.get("endpoint", "completion"))
                or f"split control {split_id} has no record (not run)")
     pair = None
     if control is not None and control.status in (IdentityStatus.IDENTICAL, IdentityStatus.MISMATCH):
@@ -1055,17 +749,16 @@ def judge(run: Any, *, write: bool = False) -> RunVerdict:
     """A loaded run's verdict: recomputed from the cell records when they are there, else read
     from its verdicts.json (a run directory reduced to its records). Gate and compare both ask
     this, so a verdict is derived the same way wherever it is needed."""
-    from shadowlab.results import rundir
     from shadowlab.errors import RunDirError
 
     if run.has_cells:
         return compute(run, write=write)
     if run.saved_verdicts is not None:
+        source = str(run.layout.verdicts)
         try:
-            return RunVerdict.from_dict(dict(run.saved_verdicts))
+            return loaded(dict(run.saved_verdicts), source=source)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise RunDirError(f"verdicts.json cannot be read: {type(exc).__name__}: {exc}",
-                              path=str(run.root / rundir.VERDICTS_NAME)) from None
+            raise RunDirError(f"verdicts.json cannot be read: {type(exc).__name__}: {exc}", path=source) from None
     if run.planned:
         # Planned, yet not one cell left a record (e.g. the engine could not be prepared):
         # every planned cell is then judged "never ran", an infrastructure failure.

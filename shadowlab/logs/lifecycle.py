@@ -10,7 +10,9 @@
 
 The pieces are public and shared with ``verdicts.py`` (one replay; docs/DESIGN.md §7):
 ``Ring``, ``re_entry_point``, ``cascade_missed``, ``attribute_by_span`` (a run directory's turns
-own byte spans of the log), ``turn_slot`` and ``HELD_KINDS``.
+own byte spans of the log), ``turn_slot`` and ``HELD_KINDS``; and ``Replay.turns``, the same
+rings replayed turn by turn for a run directory's cell, whose events are attributed to its turns
+(by byte span, or by task for turns sent concurrently).
 
 No run directory and no prompt tokens are needed: everything comes from the lines llama-server
 (b11434 and older upstream), ik_llama.cpp and the reference engine print. The words are
@@ -85,7 +87,7 @@ The three failure conditions of the case study, as flags on a request that is no
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -542,6 +544,76 @@ class Replay:
             return against, "n_past"
         return re_entry, ("re_entry" if re_entry is not None else None)
 
+    # ------------------------------------------------------------------ turn by turn
+
+    @classmethod
+    def turns(cls, assigned: Sequence[tuple[Any, int | None]], order: Sequence[int],
+              starts: Mapping[int, int | None]) -> list[TurnState]:
+        """The rings of a run directory's cell replayed turn by turn: ``assigned`` is every event
+        of its log with the turn it belongs to (``attribute_by_span``, or the judge's attribution
+        by task; None: no turn's), ``order`` the turns in the order the engine served them,
+        ``starts`` each turn's first byte in the log (None: its first event's).
+
+        Before a turn, every event of a turn served earlier and every unattributed event before
+        its start is applied (each once, in log order); then the turn's own slot selection,
+        prompt-cache lines and ``new prompt`` (they precede the restore decision); what is alive
+        then is the turn's ``alive``; its other lines follow, and what they erase is ``erased``.
+        An event names its slot; one that does not (the ``srv`` prompt-cache lines) goes to the
+        slot of its turn, else to the slot of the last turn replayed, and a save that a slot
+        clear names (``save_owners``) to the slot it was of. Rings keep every note."""
+        rank = {index: k for k, index in enumerate(order)}
+        rings: dict[int | None, Ring] = {}
+        made_in: dict[int, int | None] = {}  # a created event's offset -> the turn that created it
+        owners = save_owners([ev for ev, _ in assigned])
+        turn_slots: dict[int, int | None] = {}
+        last_slot = next((ev.slot for ev, _ in assigned if ev.slot is not None), None)
+        done: set[int] = set()
+        out: list[TurnState] = []
+
+        def apply(i: int, ev: Any, turn: int | None, log: list[Applied]) -> Applied:
+            slot = ev.slot if ev.slot is not None else turn_slots.get(turn, last_slot) if turn is not None else last_slot
+            if i in owners:  # an idle slot's save: its content, not the slot of the next request
+                slot = owners[i]
+            if ev.kind == "created":
+                made_in[ev.offset] = turn
+            gone = rings.setdefault(slot, Ring(max_notes=None)).apply(ev)
+            done.add(i)
+            step = Applied(ev, turn, slot, i in owners,
+                           None if gone is None else (gone, None if gone is ev else made_in.get(gone.offset)))
+            log.append(step)
+            return step
+
+        for index in order:
+            mine = [ev for ev, turn in assigned if turn == index]
+            slot = turn_slot(mine, last_slot)
+            turn_slots[index] = slot
+            start = starts.get(index)
+            if start is None:
+                start = min((ev.offset for ev in mine), default=None)
+            log: list[Applied] = []
+            for i, (ev, turn) in enumerate(assigned):
+                earlier = turn is not None and rank.get(turn, turn) < rank[index]
+                before = turn is None and start is not None and ev.offset < start
+                if i not in done and (earlier or before):
+                    apply(i, ev, turn, log)
+            ring = rings.setdefault(slot, Ring(max_notes=None))
+            notes_before = len(ring.notes)
+            own = [(i, ev) for i, (ev, turn) in enumerate(assigned) if turn == index]
+            lead = 0
+            while lead < len(own) and (own[lead][1].kind in HELD_KINDS or own[lead][1].kind == "new_prompt"):
+                apply(own[lead][0], own[lead][1], index, log)
+                lead += 1
+            alive = tuple((c, made_in.get(c.offset)) for c in ring.alive.values())
+            erased = []
+            for i, ev in own[lead:]:
+                step = apply(i, ev, index, log)
+                if step.erased is not None:
+                    erased.append((ev.kind, *step.erased))
+            out.append(TurnState(index, slot, tuple(mine), alive, tuple(erased), tuple(log),
+                                 tuple(ring.notes[notes_before:])))
+            last_slot = slot
+        return out
+
 
 def save_of_clear(save: Any | None, clear: Any) -> bool:
     """Whether ``save`` (the last prompt-cache save before this clear, with no other save, load
@@ -620,6 +692,51 @@ def turn_slot(events: Iterable[Any], fallback: int | None) -> int | None:
         if ev.slot is not None and ev.kind in SLOT_EVIDENCE:
             return ev.slot
     return fallback
+
+
+class Applied(NamedTuple):
+    """One event as ``Replay.turns`` applied it: to which slot's ring, whether it was a prompt-cache
+    save that a slot clear names (that slot's content), and what it erased (the checkpoint, or the
+    erase event itself when the checkpoint was never seen created, with the turn that created it)."""
+
+    event: Any
+    turn: int | None
+    slot: int | None
+    owned_save: bool
+    erased: tuple[Any, int | None] | None
+
+
+class TurnState(NamedTuple):
+    """One turn as ``Replay.turns`` replayed it: its slot and own events (log order), the
+    checkpoints alive at its restore decision (each with the turn that created it), what its own
+    later lines erased (kind, checkpoint, creating turn), every event applied since the turn
+    before it (earlier turns', unattributed ones, its own), and the ring's notes of the turn."""
+
+    index: int
+    slot: int | None
+    events: tuple[Any, ...]
+    alive: tuple[tuple[Any, int | None], ...]
+    erased: tuple[tuple[str, Any, int | None], ...]
+    applied: tuple[Applied, ...]
+    notes: tuple[str, ...]
+
+
+def save_owners(events: Sequence[Any]) -> dict[int, int | None]:
+    """Index of each prompt-cache save that a slot clear names (``save_of_clear``: the last save
+    before the clear, with no other save, load or clear between them) -> the slot it was of. The
+    rule ``Replay`` applies as it streams, for a replay that takes the events in another order."""
+    owners: dict[int, int | None] = {}
+    last: int | None = None
+    for i, ev in enumerate(events):
+        if ev.kind == "cache_saved" and ev.slot is None:
+            last = i
+        elif ev.kind == "cache_loaded":
+            last = None
+        elif ev.kind == CLEARED:
+            if last is not None and save_of_clear(events[last], ev):
+                owners[last] = ev.slot
+            last = None
+    return owners
 
 
 def _among(c: Any, items: list[Any]) -> bool:

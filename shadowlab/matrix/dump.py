@@ -1,20 +1,18 @@
 """Back to YAML-ready data: the run directory's resolved matrix.yaml, which `load` reads back.
 
-Imports no spec class at run time (specs.py imports this module for `Matrix.to_dict`): each
-prompt is dumped by its `kind`.
+Imports no spec class, not even for type hints (specs.py imports this module for
+`Matrix.to_dict`, and the import graph is one way, tests/test_import_cycles.py): each spec is
+read by its attributes (a prompt by its `kind`), whichever class it is.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from shadowlab.matrix.schema import BUDGET_KEYS, CHECK_KEYS
 
-if TYPE_CHECKING:
-    from shadowlab.matrix.specs import EngineSpec, Expectation, Matrix, Selection
 
-
-def matrix_to_dict(m: Matrix) -> dict[str, Any]:
+def matrix_to_dict(m: Any) -> dict[str, Any]:  # a specs.Matrix
     return {
         "version": m.version,
         "name": m.name,
@@ -47,7 +45,7 @@ def _identity_to_dict(identity: Any) -> dict[str, Any]:
     return out
 
 
-def _comparison_to_dict(m: Matrix) -> dict[str, Any]:
+def _comparison_to_dict(m: Any) -> dict[str, Any]:  # a specs.Matrix
     """baseline, budgets, scale: written only when set (a resume compares matrix.yaml
     as text, so a matrix without them dumps as before)."""
     out: dict[str, Any] = {}
@@ -73,7 +71,7 @@ def _configuration_to_dict(c: Any) -> dict[str, Any]:
     return out
 
 
-def _engine_to_dict(e: EngineSpec) -> dict[str, Any]:
+def _engine_to_dict(e: Any) -> dict[str, Any]:  # a specs.EngineSpec
     out: dict[str, Any] = {"kind": e.kind}
     if e.model is not None:
         if e.model.source == "path":
@@ -148,11 +146,11 @@ def _traffic_to_dict(s: Any) -> dict[str, Any]:
     return out
 
 
-def _selection_to_dict(s: Selection) -> dict[str, str]:
+def _selection_to_dict(s: Any) -> dict[str, str]:  # a specs.Selection
     return {"engine": s.engine, "configuration": s.configuration, "sequence": s.sequence}
 
 
-def _expectation_to_dict(x: Expectation) -> dict[str, Any]:
+def _expectation_to_dict(x: Any) -> dict[str, Any]:  # a specs.Expectation
     out: dict[str, Any] = _selection_to_dict(x.selection)
     if x.turn is not None:
         out["turn"] = x.turn

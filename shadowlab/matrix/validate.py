@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import fnmatch
-import functools
 import hashlib
 import importlib.util
 import re

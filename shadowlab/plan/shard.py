@@ -14,18 +14,17 @@ a start-up constant per fresh process) with LPT: largest first, each to the leas
 
 from __future__ import annotations
 
-import hashlib
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shadowlab.results import records
+from shadowlab.results import records, versions
 from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.matrix import ChatPrompt, Matrix
 from shadowlab.plan import Cell, Plan
 
-SHARD_VERSION = 1
+SHARD_VERSION = versions.SHARD.current
 STARTUP_TOKENS = 512  # a fresh engine process's start-up, in prompt-token equivalents
 CHARS_PER_TOKEN = 4  # a chat prompt's length is not known before its engine tokenizes it
 TOKENS_PER_MESSAGE = 8  # ChatML's role markers and newlines
@@ -219,12 +218,8 @@ class ShardRecord:
     @classmethod
     def from_dict(cls, data: Any, *, source: str) -> ShardRecord:
         """A shard.json from another machine: every field checked, a bad one named."""
-        if not isinstance(data, dict):
-            raise RunDirError("not a JSON object", path=source)
-        version = data.get("shard_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version > SHARD_VERSION:
-            raise RunDirError(f"shard_version {version!r}: this shadowlab reads shard.json up to "
-                              f"version {SHARD_VERSION}", path=source, hint="merge with a newer shadowlab")
+        data = versions.SHARD.read(data, source=source)  # the run directory's one version chain
+        version = data[versions.SHARD.key]
         ints = {k: _field(data, k, int, source) for k in ("index", "count")}
         texts = {k: _field(data, k, str, source) for k in ("matrix_name", "matrix_sha256", "plan_sha256", "host")}
         cells = _field(data, "cells", list, source)
@@ -272,7 +267,7 @@ def record_for(spec: ShardSpec, assignment: Assignment, plan: Plan, matrix: Matr
 
 def matrix_sha256(matrix_yaml: bytes) -> str:
     """What identifies a matrix across machines: the bytes of a run's resolved matrix.yaml."""
-    return hashlib.sha256(matrix_yaml).hexdigest()
+    return records.sha256_bytes(matrix_yaml)
 
 
 def check_resumed(then: ShardRecord, now: ShardRecord, path: str) -> None:
@@ -293,10 +288,8 @@ def check_resumed(then: ShardRecord, now: ShardRecord, path: str) -> None:
 
 
 def describe_identity(identity: Mapping[str, str] | None) -> str:
-    if identity is None:
-        return "not prepared"
-    return (f"binary {str(identity.get('binary_sha256'))[:12]}, "
-            f"model {str(identity.get('model_sha256'))[:12]}")
+    build = records.EngineBuild.of(dict(identity) if identity is not None else None)
+    return "not prepared" if build is None else build.describe()
 
 
 __all__ = ["Assignment", "CI_SOURCES", "SHARD_VERSION", "ShardRecord", "ShardSpec", "ShardUsageError",

@@ -36,13 +36,13 @@ from shadowlab.judge import gate as gate_mod
 from shadowlab.escape import visible, xml_text
 from shadowlab.judge.expectations import CheckResult, CheckStatus
 from shadowlab.judge.gate import GateResult, RunInputs
-from shadowlab.results.records import CellMeta, write_bytes_atomic
+from shadowlab.results.records import CellMeta, RunLayout, write_bytes_atomic
 from shadowlab.judge.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outcome, RunVerdict, TurnVerdict
 
-HTML_NAME = "report.html"
-MARKDOWN_NAME = "report.md"
-JUNIT_NAME = "junit.xml"
-CELL_CHECK = "ran"  # the check that is a cell's own junit case (one per cell), not a case of `checks`
+HTML_NAME, MARKDOWN_NAME, JUNIT_NAME = RunLayout.REPORT_HTML, RunLayout.REPORT_MD, RunLayout.JUNIT
+# Checks whose failure is the cell's own junit case's <error> (one per cell, the first that
+# failed): a cell that did not run, or one whose engine reported impossible figures.
+CELL_ERRORS = ("ran", "plausible")
 
 
 @dataclass(frozen=True)
@@ -730,36 +730,38 @@ def _md_grid_cell(cell: CellVerdict | None) -> str:
 def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
     """<testsuites> with a `cells` suite (one case per cell) and a `checks` suite (one per check).
 
-    Each failed check is counted once, where it belongs: a cell that did not run (`ran`, one per
-    cell) is its cell's <error>; every other check, `plausible` included, is its own case in
-    `checks`. So failures + errors is the gate's count of failed checks. Checks `--gate-candidate`
+    Each failed check is counted once, where it belongs: a cell that did not run (`ran`) or whose
+    engine reported impossible figures (`plausible`) is its cell's <error> (the first of the two
+    to fail; a second stays in `checks`); every other check is its own case in `checks`. So
+    failures + errors is the gate's count of failed checks. Checks `--gate-candidate`
     leaves out are <skipped>, their status in the message."""
     root = ET.Element("testsuites", name=xml_text(f"shadowlab {inputs.matrix.name}"))
     if result.unverified:
         props = ET.SubElement(root, "properties")
         ET.SubElement(props, "property", name="shadowlab.unverified", value=xml_text(result.unverified))
     cells = ET.SubElement(root, "testsuite", name="cells")
-    by_cell: dict[str, list[CheckResult]] = {}
+    cell_error: dict[str, CheckResult] = {}  # the cell's one <error>: the first of CELL_ERRORS failed
     for c in result.checks:
-        if c.cell_id and c.check == CELL_CHECK:
-            by_cell.setdefault(c.cell_id, []).append(c)  # one per cell
-    skipped_cells = {c.cell_id: c for c in result.not_gated if c.cell_id and c.check == CELL_CHECK and c.status.failed}
+        if c.cell_id and c.check in CELL_ERRORS and c.status.failed:
+            cell_error.setdefault(c.cell_id, c)
+    own = {id(c) for c in cell_error.values()}
+    skipped_cells = {c.cell_id: c for c in result.not_gated if c.cell_id and c.check in CELL_ERRORS and c.status.failed}
     cell_ids = list(dict.fromkeys([*inputs.planned, *(c.cell_id for c in inputs.verdict.cells)]))
     known = {c.cell_id: c for c in inputs.verdict.cells}
     for cell_id in cell_ids:
         case = ET.SubElement(cells, "testcase", classname=xml_text(f"shadowlab.cells.{_kind(known, cell_id)}"),
                              name=xml_text(cell_id))
-        errors = [c for c in by_cell.get(cell_id, []) if c.status.failed]
-        if errors:
-            _fail(case, "error", errors[0].message, "\n".join(f"{c.check}: {c.message}" for c in errors))
+        error = cell_error.get(cell_id)
+        if error is not None:
+            _fail(case, "error", error.message, f"{error.check}: {error.message}")
         elif cell_id in skipped_cells:
             ET.SubElement(case, "skipped", message=xml_text(_not_gated(result, skipped_cells[cell_id])))
         if cell_id in known:
             ET.SubElement(case, "system-out").text = xml_text(_cell_summary(known[cell_id]))
     checks = ET.SubElement(root, "testsuite", name="checks")
     for c in (*result.checks, *result.not_gated):
-        if c.check == CELL_CHECK:
-            continue  # it is the cell's own test case
+        if c.check in CELL_ERRORS and (id(c) in own or not c.status.failed or c in result.not_gated):
+            continue  # it is the cell's own test case (a second failure of one cell stays here)
         case = ET.SubElement(checks, "testcase", classname=xml_text(f"shadowlab.checks.{c.check}"),
                              name=xml_text(f"{c.subject} [{c.source}]"))
         if c in result.not_gated:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from shadowlab.judge import budgets
 from shadowlab.present import pct
-from shadowlab.compare import NO_BAND, Delta
+from shadowlab.judge.metrics import NO_BAND, Delta
 from shadowlab.judge.expectations import CheckResult, CheckStatus
 from shadowlab.judge.gate import GateResult, RunInputs
 

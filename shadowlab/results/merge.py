@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shadowlab.results import records, rundir
 from shadowlab.errors import RunDirError
-from shadowlab.results.records import CellStatus, RunLayout
-from shadowlab.run import storage_errors
 from shadowlab.plan.shard import ShardRecord, describe_identity, matrix_sha256
+from shadowlab.results import records, rundir, versions
+from shadowlab.results.layout import RunLayout
+from shadowlab.results.records import CellStatus, EngineBuild
 
-MERGE_VERSION = 1
+MERGE_VERSION = versions.MERGE.current
+WRITE_HINT = "free space or choose a writable --out, then merge again"
 RESULT_OPTIONS_OF_A_PART = ("shard",)  # options.json keys a part adds to a whole run's
 
 
@@ -54,7 +55,7 @@ def merge(part_dirs: Sequence[Path], out: Path) -> MergeOutcome:
     check_same_experiment(parts)
     check_shards(parts)
     check_recorded(parts)
-    with storage_errors():
+    with records.storage_errors(WRITE_HINT):
         write_merged(parts, out)
     return MergeOutcome(out, parts, len(parts[0].shard.owners))
 
@@ -89,11 +90,10 @@ def _check_meta_engines(part: Part) -> None:
         claim = part.shard.engines.get(meta.engine.name) if meta.engine is not None else None
         if meta.engine is None or claim is None:
             continue
-        if (meta.engine.binary_sha256, meta.engine.model_sha256) != (claim.get("binary_sha256"),
-                                                                     claim.get("model_sha256")):
-            raise RunDirError(f"cell {cell_id} was run by engine {meta.engine.name!r} binary "
-                              f"{meta.engine.binary_sha256[:12]}, model {meta.engine.model_sha256[:12]}; "
-                              f"its shard.json says {describe_identity(claim)}", path=str(part.root))
+        build, claimed = EngineBuild.of(meta.engine), EngineBuild.of(claim)
+        if build != claimed:
+            raise RunDirError(f"cell {cell_id} was run by engine {meta.engine.name!r} {build.describe()}; "
+                              f"its shard.json says {claimed.describe()}", path=str(part.root))
 
 
 def check_same_experiment(parts: Sequence[Part]) -> None:
@@ -200,8 +200,8 @@ def _write(parts: Sequence[Part], layout: RunLayout, run_id: str) -> None:
             _copy_tree(part.run.layout.cell_dir(cell_id), layout.cell_dir(cell_id))
             meta.run_id = run_id  # the record now belongs to the merged run
             records.write_meta(layout, meta)
-    records.write_json_atomic(layout.root / rundir.MERGE_NAME, {
-        "merge_version": MERGE_VERSION, "matrix_sha256": first.shard.matrix_sha256,
+    records.write_json_atomic(layout.merge, {
+        versions.MERGE.key: MERGE_VERSION, "matrix_sha256": first.shard.matrix_sha256,
         "plan_sha256": first.shard.plan_sha256, "count": first.shard.count,
         "parts": [{"index": p.shard.index, "path": str(p.root.resolve()), "host": p.shard.host,
                    "cells": list(p.shard.cells)} for p in sorted(parts, key=lambda p: p.shard.index)]})

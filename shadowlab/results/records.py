@@ -1,4 +1,4 @@
-"""The run directory and the per-cell record (``meta.json``): defined once, here.
+"""The per-cell record (``meta.json``): its schema, defined once, here, and documented from it.
 
 Layout of one run (DESIGN.md §4)::
 
@@ -18,10 +18,12 @@ The schema is the dataclasses below; every field carries its documentation in
 (``python -m shadowlab.results.records > docs/records.md``; a test keeps them equal).
 
 Versioning (asv's habit): every meta.json carries ``schema_version``. Readers
-upgrade older files step by step through ``_UPGRADES`` and refuse files newer than
-``SCHEMA_VERSION`` instead of misreading them. All JSON is written atomically
-(temp file in the same directory, fsync, rename), so an interrupted run never
-leaves a half-written record.
+upgrade older files step by step through ``META`` (the one version chain of the run
+directory's files, ``versions.py``) and refuse files newer than ``SCHEMA_VERSION``
+instead of misreading them. All JSON is written atomically (``files.py``: temp file in
+the same directory, fsync, rename), so an interrupted run never leaves a half-written
+record. The paths are ``layout.py``'s; the JSON codec is ``codec.py``'s. The names of
+those modules are re-exported here, where callers have always found them.
 
 Engine output (completion text, props, log tail) is stored as data: strings and
 numbers copied from the engine, never evaluated or used as paths.
@@ -29,28 +31,26 @@ numbers copied from the engine, never evaluated or used as paths.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import errno
-import hashlib
-import json
-import math
-import os
-import re
-import secrets
-import stat
 import sys
 import textwrap
-import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shadowlab.errors import InfrastructureError, RunDirError
+from shadowlab.errors import RunDirError
 from shadowlab.escape import visible
+from shadowlab.results import files
+from shadowlab.results.codec import FieldError, checked, from_jsonable, json_type_name, to_jsonable, type_name
+from shadowlab.results.files import (  # re-exported: records is where callers find them
+    DERIVED_WRITE_HINT, MAX_JSON_DEPTH, MAX_RECORD_BYTES, STORAGE_ERRNOS, FileRefused, JSONRefused, JSONTooDeep,
+    atomic_path, json_bytes, json_depth, parse_json, read_json, read_regular_file, sha256_bytes, sha256_file,
+    sha256_json, sha256_text, storage_errors, storage_failure, write_bytes_atomic, write_json_atomic)
+from shadowlab.results.layout import NAME_MAX_BYTES, RunLayout, child_dir, component
+from shadowlab.results.versions import Versioned
 
 SCHEMA_VERSION = 3  # 2: TurnRecord.conversation; 3: log_attribution, sent_ms, in_flight
 
@@ -185,6 +185,35 @@ class EngineRecord:
     extra: dict[str, Any] = doc("Adapter-specific identity details.")
 
 
+@dataclass(frozen=True)
+class EngineBuild:
+    """What makes two engines the same build: the sha256 of the binary and of the model. The one
+    comparison of engine identities (compare's refusal, merge's foreign parts, a part's and a
+    run's --resume), and the one way a message names a build."""
+
+    binary_sha256: str
+    model_sha256: str
+
+    @classmethod
+    def of(cls, engine: Any) -> "EngineBuild | None":
+        """The build of an EngineRecord, an adapter's EngineIdentity or shard.json's mapping
+        (None: no engine, e.g. one that could not be prepared)."""
+        if engine is None:
+            return None
+        if isinstance(engine, dict):
+            return cls(str(engine.get("binary_sha256")), str(engine.get("model_sha256")))
+        return cls(engine.binary_sha256, engine.model_sha256)
+
+    def describe(self) -> str:
+        return f"binary {self.binary_sha256[:12]}, model {self.model_sha256[:12]}"
+
+    def changes(self, now: "EngineBuild") -> list[tuple[str, str, str]]:
+        """(part, sha256 then, sha256 now) for the binary and the model, where they differ."""
+        return [(what, old, new) for what, old, new in (("binary", self.binary_sha256, now.binary_sha256),
+                                                          ("model", self.model_sha256, now.model_sha256))
+                if old != new]
+
+
 @dataclass
 class StopRecord:
     signal: str = doc("`none` (it had exited), `TERM`, or `KILL` (did not stop within the grace time).")
@@ -223,141 +252,28 @@ class CellMeta:
     turns: list[TurnRecord] = doc("One entry per turn answered or attempted, in order.")
 
 
-# ---------------------------------------------------------------- (de)serialisation
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists: how a turn's divergence point is
+    found from the records' prompt token ids, and how prompts are checked to share a prefix."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
-def to_jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-class _FieldError(ValueError):
-    """A record value of the wrong type; `where` is its field path (`turns[2].prompt_tokens`)."""
-
-    def __init__(self, where: str, message: str) -> None:
-        super().__init__(f"{where or '(top level)'}: {message}")
-
-
-def _json_type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f"the string {value[:40]!r}" + ("…" if len(value) > 40 else "")
-    if isinstance(value, (int, float)):
-        return f"the number {value!r}"[:60]
-    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
-
-
-def from_jsonable(tp: Any, value: Any) -> Any:
-    """The JSON dataclass codec's reader for shadowlab's own derived files (verdicts.json):
-    unknown keys are ignored and a missing key takes the field's default (files of older
-    schemas), scalars are kept as stored; a value of the wrong shape is a ValueError naming its
-    field path. (Cell records go through ``meta_from_dict``: every field checked.)"""
-    return _from_jsonable(tp, value, lenient=True)
-
-
-def _from_jsonable(tp: Any, value: Any, where: str = "", *, lenient: bool = False) -> Any:
-    """`value` (parsed JSON) as type `tp`, checked all the way down: a record is engine-made
-    and disk-made data, so a wrong type is reported with its field path, never met later."""
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        if len(inner) != 1:
-            raise TypeError(f"unsupported record type {tp}")  # a schema bug, not a bad record
-        return _from_jsonable(inner[0], value, where, lenient=lenient)
-    if value is None:
-        if lenient:
-            return None
-        raise _FieldError(where, f"missing or null; expected {_type_name(tp)}")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise _FieldError(where, f"expected an object, got {_json_type_name(value)}")
-        hints = typing.get_type_hints(tp)
-        prefix = f"{where}." if where else ""
-        fields = dataclasses.fields(tp)
-        if lenient:  # missing: the field's default
-            fields = [f for f in fields if f.name in value or not _has_default(f)]
-        return tp(**{f.name: _from_jsonable(hints[f.name], value.get(f.name), prefix + f.name, lenient=lenient)
-                     for f in fields})
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        known = [m.value for m in tp]
-        if value not in known:
-            raise _FieldError(where, f"{_json_type_name(value)} is not one of "
-                              + ", ".join(map(str, known)))
-        return tp(value)
-    if origin is list:
-        (item,) = typing.get_args(tp) or (Any,)
-        if not isinstance(value, list):
-            raise _FieldError(where, f"expected a list, got {_json_type_name(value)}")
-        return [_from_jsonable(item, v, f"{where}[{i}]", lenient=lenient) for i, v in enumerate(value)]
-    if origin is tuple:  # tuple[X, ...]
-        item = (typing.get_args(tp) or (Any,))[0]
-        if not isinstance(value, list):
-            raise _FieldError(where, f"expected a list, got {_json_type_name(value)}")
-        return tuple(_from_jsonable(item, v, f"{where}[{i}]", lenient=lenient) for i, v in enumerate(value))
-    if origin is dict:
-        _, item = typing.get_args(tp) or (str, Any)
-        if not isinstance(value, dict):
-            raise _FieldError(where, f"expected an object, got {_json_type_name(value)}")
-        return {k: _from_jsonable(item, v, f"{where}.{k}", lenient=lenient) for k, v in value.items()}
-    return value if lenient else _scalar(tp, value, where)
-
-
-def _has_default(f: dataclasses.Field) -> bool:
-    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-
-
-def _scalar(tp: Any, value: Any, where: str) -> Any:
-    if tp is float:  # JSON has one number type: 3 is a valid float
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return float(value) if ok else _wrong(where, "a number", value)
-    if tp is int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else _wrong(where, "an integer", value)
-    if tp in (str, bool):
-        return value if isinstance(value, tp) else _wrong(where, {str: "a string", bool: "true or false"}[tp], value)
-    raise TypeError(f"unsupported record type {tp}")
-
-
-def _wrong(where: str, expected: str, value: Any) -> typing.NoReturn:
-    raise _FieldError(where, f"expected {expected}, got {_json_type_name(value)}")
+# ---------------------------------------------------------------- reading a record
 
 
 def meta_from_dict(data: dict[str, Any], *, source: str = "<meta>") -> CellMeta:
     """Read a meta.json object, upgrading older schemas; refuse newer ones and wrong types
     (RunDirError naming the file and the field)."""
-    if not isinstance(data, dict):
-        raise RunDirError("meta.json is not a JSON object", path=source)
-    version = data.get("schema_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise RunDirError(f"no valid schema_version ({_json_type_name(version)})", path=source)
-    if version > SCHEMA_VERSION:
-        raise RunDirError(
-            f"meta.json schema_version {version} is newer than this shadowlab understands "
-            f"({SCHEMA_VERSION})",
-            path=source,
-            hint="upgrade shadowlab to read this run directory",
-        )
-    while version < SCHEMA_VERSION:
-        data = _UPGRADES[version](data)
-        version = data["schema_version"]
+    data = META.read(data, source=source)
     try:
-        return _from_jsonable(CellMeta, data)
-    except _FieldError as exc:
+        return checked(CellMeta, data)
+    except FieldError as exc:
         raise RunDirError(f"not a valid cell record: {exc}", path=source,
                           hint="the record was damaged or written by something else; "
                                "rerun the cell with `shadowlab run --resume`") from None
@@ -388,30 +304,8 @@ def _upgrade_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "turns": turns, "schema_version": 3}
 
 
-# schema_version n -> n + 1.
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _upgrade_v1, 2: _upgrade_v2}
-
-
-# ---------------------------------------------------------------- atomic files
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_bytes_atomic(path, json_bytes(to_jsonable(obj)))
-
-
-def json_bytes(obj: Any) -> bytes:
-    """Strict JSON, whatever an engine put in ``obj``: NaN/Infinity become null (Python would
-    write the invalid tokens `NaN`), lone surrogates (an engine's invalid UTF-8, escaped in its
-    JSON) are written as `\\udcNN` escapes instead of failing to encode."""
-    try:
-        text = json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=False)
-    except ValueError:
-        obj = _finite(obj)
-        text = json.dumps(obj, indent=1, ensure_ascii=False, allow_nan=False)
-    try:
-        return (text + "\n").encode("utf-8")
-    except UnicodeEncodeError:
-        return (json.dumps(obj, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
+# meta.json's version chain: schema_version n -> n + 1.
+META = Versioned(RunLayout.META, "schema_version", SCHEMA_VERSION, {1: _upgrade_v1, 2: _upgrade_v2})
 
 
 def terminal_safe(text: str) -> str:
@@ -420,311 +314,7 @@ def terminal_safe(text: str) -> str:
     return visible(text)
 
 
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-# The machine, not the input, failing a write: a full or read-only disk, a quota, a path that
-# is no directory. Every writer maps these to one InfrastructureError line (exit 3).
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
-                            errno.EIO, errno.EFBIG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
-                            errno.EMFILE, errno.ENFILE})
-
-
-# The hint of a derived file of a run directory (verdicts.json, report.html/md, junit.xml).
-DERIVED_WRITE_HINT = "free space or make the run directory writable, then run `shadowlab report` again"
-
-
-def storage_failure(exc: OSError, hint: str) -> InfrastructureError:
-    """`cannot write FILE: <strerror> (ENOSPC)`: the one wording of a failed write, exit 3."""
-    where = exc.filename if exc.filename is not None else "the run directory"
-    code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    return InfrastructureError(f"cannot write {where}: {exc.strerror or exc} ({code})", hint=hint)
-
-
-@contextlib.contextmanager
-def storage_errors(hint: str) -> Iterator[None]:
-    """Writes in the block that the machine fails (STORAGE_ERRNOS) become `storage_failure`:
-    one line naming the file and the errno, never a traceback. Other OSErrors pass."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno not in STORAGE_ERRNOS:
-            raise
-        raise storage_failure(exc, hint) from None
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same directory, fsync, rename: readers see old or new, never half."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-
-
-@contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A new empty file beside ``path`` for the caller to fill (by name, e.g. a library's
-    writer); when the block ends it is fsynced and renamed over ``path``, or removed if the
-    block raised. Every atomic writer of shadowlab goes through here.
-
-    The temp file is created with ``os.open(..., 0o666)``, so the kernel applies the umask
-    (and a default ACL) exactly as for a plain ``open()``: ``tempfile.mkstemp`` would make
-    every record 0600 whatever the user's umask, unlike engine.log beside it."""
-    path = Path(path)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _new_temp_file(path)
-        yield tmp
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and (exc.filename is None or str(exc.filename) == str(tmp)):
-            exc.filename = str(path)  # a write names no file, the temp name means nothing to a reader
-        raise
-
-
-def _new_temp_file(path: Path) -> Path:
-    # The name keeps at most 200 bytes of the target's: the temp name must fit NAME_MAX too.
-    stem = os.fsencode(path.name)[:200].decode("utf-8", "ignore")
-    for _ in range(100):
-        tmp = path.with_name(f".{stem}.{secrets.token_hex(6)}.tmp")
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
-        except FileExistsError:
-            continue
-        return tmp
-    raise FileExistsError(f"no free temporary name beside {path}")
-
-
-# ---------------------------------------------------------------- bounded reading
-
-# A record file larger than this is refused unread. meta.json is the largest record a real run
-# writes: prompt token ids and completion text per turn, each answer bounded by the runner's
-# 64 MiB response cap; 256 MiB leaves room for a few such turns and still bounds the reader
-# (json.loads takes roughly 10x the file size in memory).
-MAX_RECORD_BYTES = 256 << 20
-# JSON nested deeper than this is refused: shadowlab's own records nest under 10 levels (an
-# engine's /props a few more), and every later stage walks them recursively.
-MAX_JSON_DEPTH = 100
-
-
-class FileRefused(OSError):
-    """A path that is not a regular file (a device such as /dev/zero, a FIFO, a directory), or
-    one larger than its cap: refused without reading it, so the reader can neither hang nor
-    exhaust memory."""
-
-
-def read_regular_file(path: Path, max_bytes: int) -> bytes:
-    """The bytes of ``path`` if it is a regular file (a symlink to one is fine) of at most
-    ``max_bytes``; else FileRefused. Other OSErrors (missing, no permission) pass through."""
-    # O_NONBLOCK: opening a FIFO for reading must not wait for a writer; it is then refused.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FileRefused(f"not a regular file ({_file_kind(st.st_mode)}); nothing was read")
-        if st.st_size > max_bytes:
-            raise FileRefused(f"{st.st_size} bytes, more than the {_mib(max_bytes)} this file may hold; "
-                              "nothing was read")
-        chunks, size = [], 0
-        while size <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > max_bytes:  # it grew while being read
-            raise FileRefused(f"more than the {_mib(max_bytes)} this file may hold")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a plain file"
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n} bytes"
-
-
-def read_json(path: Path, *, max_bytes: int = MAX_RECORD_BYTES) -> Any:
-    """A record file's JSON, or RunDirError naming the file: missing, not a regular file, over
-    ``max_bytes``, not UTF-8, not strict JSON (NaN/Infinity are refused: shadowlab never writes
-    them), or nested deeper than MAX_JSON_DEPTH. Bounded in time and memory whatever is there."""
-    where = str(path)
-    try:
-        raw = read_regular_file(path, max_bytes)
-    except FileNotFoundError:
-        raise RunDirError("missing", path=where) from None
-    except OSError as exc:
-        raise RunDirError(f"cannot read: {exc.strerror or exc}", path=where) from None
-    try:
-        return parse_json(raw)
-    except JSONRefused as exc:
-        raise RunDirError(str(exc), path=where) from None
-
-
-class JSONRefused(ValueError):
-    """Bytes that `parse_json` does not take as JSON; the message says why."""
-
-
-class JSONTooDeep(JSONRefused):
-    """Valid JSON nested deeper than MAX_JSON_DEPTH."""
-
-
-def parse_json(data: bytes | str) -> Any:
-    """The one bounded JSON reader of every JSON input (run records, trace lines): UTF-8, strict
-    JSON (NaN/Infinity refused: shadowlab never writes them), nested at most MAX_JSON_DEPTH
-    levels. JSONRefused otherwise; json's RecursionError on deep input never escapes. The caller
-    names the file (and line)."""
-    if isinstance(data, bytes):
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise JSONRefused(f"not UTF-8 text (invalid byte at offset {exc.start})") from None
-    try:
-        value = json.loads(data, parse_constant=_refuse_constant)
-    except RecursionError:
-        raise JSONTooDeep(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as exc:
-        raise JSONRefused(f"not valid JSON ({exc})") from None
-    if json_depth(value) > MAX_JSON_DEPTH:
-        raise JSONTooDeep(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
-    return value
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def json_depth(data: Any) -> int:
-    """How deeply containers nest in parsed JSON (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            value = value.values()
-        elif not isinstance(value, list):
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((v, depth + 1) for v in value if isinstance(v, (dict, list)))
-    return deepest
-
-
-def sha256_json(obj: Any) -> str:
-    """sha256 of compact, key-sorted JSON: how prompt token lists and messages are hashed."""
-    data = json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(data.encode("utf-8", errors="surrogatepass")).hexdigest()
-
-
-def sha256_text(text: str) -> str:
-    # surrogatepass: an engine's text may hold lone surrogates (invalid UTF-8 it escaped).
-    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
-
-
 # ---------------------------------------------------------------- run directory
-
-
-@dataclass(frozen=True)
-class RunLayout:
-    """Paths inside one run directory; the only place that spells them."""
-
-    root: Path
-
-    @property
-    def run_id(self) -> str:
-        return self.root.name
-
-    @property
-    def matrix(self) -> Path:
-        return self.root / "matrix.yaml"
-
-    @property
-    def plan(self) -> Path:
-        return self.root / "plan.json"
-
-    @property
-    def environment(self) -> Path:
-        return self.root / "environment.json"
-
-    @property
-    def options(self) -> Path:
-        """The command-line options that change results (--fault, --request-timeout)."""
-        return self.root / "options.json"
-
-    @property
-    def lock(self) -> Path:
-        """flock'd by the shadowlab running in this directory; holds its pid."""
-        return self.root / ".shadowlab.lock"
-
-    @property
-    def prompts_dir(self) -> Path:
-        return self.root / "prompts"
-
-    def prompts(self, engine: str) -> Path:
-        return self.prompts_dir / f"{engine}.json"
-
-    @property
-    def cells_dir(self) -> Path:
-        return self.root / "cells"
-
-    def cell_dir(self, cell_id: str) -> Path:
-        return self.cells_dir / component(cell_id, where=self.cells_dir)
-
-    def meta(self, cell_id: str) -> Path:
-        return self.cell_dir(cell_id) / "meta.json"
-
-    def engine_log(self, cell_id: str) -> Path:
-        return self.cell_dir(cell_id) / "engine.log"
-
-    def scratch(self, cell_id: str) -> Path:
-        return self.cell_dir(cell_id) / "scratch"
-
-    def response(self, cell_id: str, turn_index: int) -> Path:
-        return self.cell_dir(cell_id) / "responses" / f"turn-{turn_index}.json"
-
-
-NAME_MAX_BYTES = 255  # a directory entry's name, on every file system shadowlab runs on
-
-
-def component(name: str, *, where: Path) -> str:
-    """``name`` if it is one path component (not empty, `.` or `..`; no `/` or NUL; at most 255
-    bytes), else RunDirError. Cell ids and run names come from a validated matrix; this is the
-    check at the place a path is made from one, so a hostile plan.json cannot lead outside."""
-    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name
-            or len(os.fsencode(name)) > NAME_MAX_BYTES):
-        raise RunDirError(f"{str(name)[:80]!r} is not a single directory name", path=str(where),
-                          hint="names may hold letters, digits, '_', '-' and '.', at most 255 bytes")
-    return name
-
-
-def child_dir(parent: Path, name: str) -> Path:
-    """``parent/name``, verified to lie inside ``parent`` (also when ``name`` is an existing
-    link): where a new run directory goes (``reports/<matrix name>-<time>``)."""
-    path = Path(parent) / component(name, where=Path(parent))
-    if path.resolve().parent != Path(parent).resolve():
-        raise RunDirError(f"{name!r} would lead outside {parent}", path=str(path),
-                          hint="remove the link, or pass --out")
-    return path
 
 
 def write_meta(layout: RunLayout, meta: CellMeta) -> Path:
@@ -734,30 +324,25 @@ def write_meta(layout: RunLayout, meta: CellMeta) -> Path:
 
 
 def read_meta(path: Path) -> CellMeta:
-    return meta_from_dict(read_json(path), source=str(path))
+    return meta_from_dict(files.read_json(path), source=str(path))
 
 
 def planned_cell_ids(plan: Any, *, source: str) -> tuple[str, ...]:
     """The cell ids of a plan.json object, in order; RunDirError when it is not shaped like one."""
     cells = plan.get("cells", []) if isinstance(plan, dict) else plan
     if not isinstance(cells, list):
-        raise RunDirError(f"cells: expected a list, got {_json_type_name(cells)}", path=source)
+        raise RunDirError(f"cells: expected a list, got {json_type_name(cells)}", path=source)
     ids = []
     for index, cell in enumerate(cells):
         cell_id = cell.get("id") if isinstance(cell, dict) else None
         if not isinstance(cell_id, str):
-            raise RunDirError(f"cells[{index}].id: expected a string, got {_json_type_name(cell_id)}",
+            raise RunDirError(f"cells[{index}].id: expected a string, got {json_type_name(cell_id)}",
                               path=source)
         ids.append(cell_id)
     return tuple(ids)
 
 
 # ---------------------------------------------------------------- documentation
-
-
-def _type_name(tp: Any) -> str:
-    text = str(tp) if not isinstance(tp, type) else tp.__name__
-    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(\w+)", r"\1", text)
 
 
 # The layout block of the module docstring, for the generated documentation.
@@ -777,7 +362,7 @@ def schema_markdown() -> str:
         "",
         "Reading is bounded whatever a run directory holds: a record that is not a regular file "
         "(a directory, a FIFO, a link to a device such as /dev/zero) is refused unread, and so is "
-        f"one larger than {_mib(MAX_RECORD_BYTES)}; JSON must be strict (no NaN) and nested at "
+        f"one larger than {files.size_text(MAX_RECORD_BYTES)}; JSON must be strict (no NaN) and nested at "
         f"most {MAX_JSON_DEPTH} levels; every field must have the type below (`X | None`: X or "
         "null). A record that breaks a rule is a RunDirError naming the file and the field path "
         "(`turns[2].prompt_tokens`): `shadowlab report` and `shadowlab gate` exit 2.",
@@ -795,9 +380,23 @@ def schema_markdown() -> str:
         lines += ["", f"## {cls.__name__}", "", "| field | type | meaning |", "|---|---|---|"]
         for f in dataclasses.fields(cls):
             meaning = f.metadata.get("doc", "").replace("|", "\\|")
-            type_text = _type_name(hints[f.name]).replace("|", "\\|")
+            type_text = type_name(hints[f.name]).replace("|", "\\|")
             lines.append(f"| `{f.name}` | `{type_text}` | {meaning} |")
     return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    # meta.json's schema and reading
+    "SCHEMA_VERSION", "META", "CellMeta", "CellStatus", "Completion", "Cores", "EngineBuild", "EngineRecord", "Gpu",
+    "StopRecord", "TopLogprob", "TurnRecord", "common_prefix", "meta_from_dict", "planned_cell_ids", "read_meta",
+    "schema_markdown", "terminal_safe", "write_meta",
+    # re-exported from codec.py, files.py and layout.py
+    "DERIVED_WRITE_HINT", "MAX_JSON_DEPTH", "MAX_RECORD_BYTES", "NAME_MAX_BYTES", "STORAGE_ERRNOS", "FileRefused",
+    "JSONRefused", "JSONTooDeep", "RunDirError", "RunLayout", "atomic_path", "child_dir", "component",
+    "from_jsonable", "json_bytes", "json_depth", "parse_json", "read_json", "read_regular_file", "sha256_bytes",
+    "sha256_file", "sha256_json", "sha256_text", "storage_errors", "storage_failure", "to_jsonable",
+    "write_bytes_atomic", "write_json_atomic",
+]
 
 
 if __name__ == "__main__":

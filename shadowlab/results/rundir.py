@@ -4,9 +4,11 @@
     run.matrix, run.plan, run.planned, run.environment, run.prompts, run.metas, run.saved_verdicts
     run.parse_log(cell_id, family, patterns)  # a cell's engine.log, parsed (None: no log)
 
-Each file is read once, through the bounded readers of ``records.py`` (regular files only, size
-and depth bounded, typed); ``records.RunLayout`` spells the paths. The runner reads its own
-records back for ``--resume`` (``run.py``, ``prompts.py``); every other stage takes a ``RunDir``.
+Each file is read once, through the bounded readers of ``files.py`` (regular files only, size
+and depth bounded), typed by ``records.py`` and versioned by ``versions.py``; ``layout.RunLayout``
+spells the paths. The same readers serve the runner's ``--resume`` (its shard.json, matrix bytes,
+cell records), split controls and ``simulate RUN/cells/CELL``; every stage after the run takes a
+``RunDir``.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shadowlab.results import records
 from shadowlab.errors import RunDirError, ShadowlabError
 from shadowlab.matrix import Matrix
 from shadowlab.matrix import load as load_matrix
-from shadowlab.results.records import CellMeta, RunLayout
+from shadowlab.results import files, records, versions
+from shadowlab.results.layout import RunLayout
+from shadowlab.results.records import CellMeta
 
-VERDICTS_NAME = "verdicts.json"
-SHARD_NAME = "shard.json"  # a shard's part: what it is a part of (DESIGN §8)
-MERGE_NAME = "merge.json"  # a merged run: the parts it was merged from
+# The names, as RunLayout spells them (kept here for the callers that import them from here).
+VERDICTS_NAME = RunLayout.VERDICTS
+SHARD_NAME = RunLayout.SHARD
+MERGE_NAME = RunLayout.MERGE
 
 
 @dataclass(frozen=True)
@@ -75,13 +79,13 @@ def load(run_dir: str | Path, *, need_matrix: bool = True) -> RunDir:
     if not root.is_dir():
         raise RunDirError("not a directory", path=str(root), hint="pass reports/<run-id>")
     matrix = _matrix(layout, need_matrix)
-    plan = read_object(layout.plan) if layout.plan.exists() else {}
+    plan = read_plan(layout)
     planned = records.planned_cell_ids(plan, source=str(layout.plan))
     environment = read_object(layout.environment) if layout.environment.exists() else {}
     has_cells = layout.cells_dir.is_dir()
     saved = None
-    if not has_cells and (root / VERDICTS_NAME).is_file():
-        saved = read_object(root / VERDICTS_NAME)
+    if not has_cells and layout.verdicts.is_file():
+        saved = read_object(layout.verdicts)
     return RunDir(
         root=root, matrix=matrix, plan=plan, planned=planned, environment=environment,
         prompts=read_prompts(layout) if has_cells else {},
@@ -105,32 +109,40 @@ def _matrix(layout: RunLayout, need_matrix: bool) -> Matrix | None:
 
 
 def read_object(path: Path) -> dict[str, Any]:
-    """A record's JSON object through records.read_json; RunDirError naming the file otherwise."""
-    data = records.read_json(path)
+    """A record's JSON object through files.read_json; RunDirError naming the file otherwise."""
+    data = files.read_json(path)
     if not isinstance(data, dict):
         raise RunDirError("not a JSON object", path=str(path))
     return data
 
 
+def read_plan(layout: RunLayout) -> dict[str, Any]:
+    """plan.json as JSON ({} where there is none yet), its version checked (versions.PLAN): a
+    plan of a newer shadowlab is refused, naming the file, never misread."""
+    if not layout.plan.exists():
+        return {}
+    return versions.PLAN.read(read_object(layout.plan), source=str(layout.plan))
+
+
 def read_saved_verdicts(run_dir: str | Path) -> dict[str, Any]:
     """verdicts.json of a run directory, as JSON (``verdicts.read`` makes it a RunVerdict)."""
-    return read_object(Path(run_dir) / VERDICTS_NAME)
+    return read_object(RunLayout(Path(run_dir)).verdicts)
 
 
 def read_shard(run_dir: str | Path) -> Any:
     """shard.json of a part as a ``shard.ShardRecord``; RunDirError when it is missing or bad."""
     from shadowlab.plan.shard import ShardRecord
 
-    path = Path(run_dir) / SHARD_NAME
+    path = RunLayout(Path(run_dir)).shard
     if not path.exists():
         raise RunDirError("no shard.json: not a part of a sharded run", path=str(run_dir),
                           hint="merge the directories `shadowlab run --shard I/N` wrote")
-    return ShardRecord.from_dict(records.read_json(path), source=str(path))
+    return ShardRecord.from_dict(files.read_json(path), source=str(path))
 
 
 def read_matrix_bytes(run_dir: str | Path) -> bytes:
     """The resolved matrix.yaml as written (what a part's matrix_sha256 hashes), bounded."""
-    return records.read_regular_file(RunLayout(Path(run_dir)).matrix, records.MAX_RECORD_BYTES)
+    return files.read_regular_file(RunLayout(Path(run_dir)).matrix, files.MAX_RECORD_BYTES)
 
 
 def read_prompts(layout: RunLayout) -> dict[str, dict[str, list[int]]]:
@@ -139,7 +151,7 @@ def read_prompts(layout: RunLayout) -> dict[str, dict[str, list[int]]]:
     if not layout.prompts_dir.is_dir():
         return out
     for path in sorted(layout.prompts_dir.glob("*.json")):
-        data = records.read_json(path)  # bounded; a link to /dev/zero was read until OOM
+        data = files.read_json(path)  # bounded; a link to /dev/zero was read until OOM
         if not isinstance(data, dict):
             raise RunDirError("not a JSON object of prompt id → prompt", path=str(path))
         out[path.stem] = {
@@ -156,9 +168,8 @@ def read_cell_metas(root: Path, order: Sequence[str] | None = None) -> dict[str,
     readers use the id in paths."""
     layout = RunLayout(Path(root))
     if order is None:
-        order = (records.planned_cell_ids(records.read_json(layout.plan), source=str(layout.plan))
-                 if layout.plan.exists() else ())
-    found = sorted(p.parent.name for p in layout.cells_dir.glob("*/meta.json"))
+        order = records.planned_cell_ids(read_plan(layout), source=str(layout.plan))
+    found = sorted(p.parent.name for p in layout.cells_dir.glob(f"*/{RunLayout.META}"))
     ids = [c for c in order if c in found] + [c for c in found if c not in order]
     metas = {}
     for cell_id in ids:
@@ -172,4 +183,4 @@ def read_cell_metas(root: Path, order: Sequence[str] | None = None) -> dict[str,
 
 
 __all__ = ["MERGE_NAME", "RunDir", "SHARD_NAME", "VERDICTS_NAME", "load", "read_cell_metas", "read_matrix_bytes",
-           "read_object", "read_prompts", "read_saved_verdicts", "read_shard"]
+           "read_object", "read_plan", "read_prompts", "read_saved_verdicts", "read_shard"]

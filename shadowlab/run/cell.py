@@ -34,7 +34,7 @@ def empty_meta(ctx: RunContext, cell: Cell) -> CellMeta:
     return CellMeta(
         schema_version=records.SCHEMA_VERSION, run_id=ctx.layout.run_id, cell_id=cell.id,
         cell=cell.to_dict(), status=CellStatus.FAILED, reason=None, log_tail=None, command=[],
-        env_delta={}, scratch_dir="scratch", cores=None, gpu=None, port=None, port_attempts=0,
+        env_delta={}, scratch_dir=records.RunLayout.SCRATCH, cores=None, gpu=None, port=None, port_attempts=0,
         pid=None, engine=None, started_at=None, health_ms=None, startup_ms=None,
         elapsed_ms=None, stop=None, turns=[],
     )

@@ -198,7 +198,7 @@ def serving(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreLease,
             scratch: Path | None = None) -> Iterator[LiveEngine]:
     """A started engine for the length of a `with` block (the prompts' tokenizer), then stopped."""
     live = start_engine(ctx, engine, cores, flags=flags, env=env, log_path=log_path,
-                        scratch=scratch or log_path.parent / "scratch")
+                        scratch=scratch or log_path.parent / records.RunLayout.SCRATCH)
     try:
         yield live
     finally:

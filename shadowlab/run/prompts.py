@@ -33,7 +33,7 @@ from typing import Any
 
 from shadowlab import traffic
 from shadowlab.errors import RunDirError, ShadowlabError
-from shadowlab.results.records import read_json, write_bytes_atomic
+from shadowlab.results.records import common_prefix, read_json, write_bytes_atomic  # common_prefix: re-exported
 from shadowlab.matrix import (
     AppendPrompt,
     ChatPrompt,
@@ -210,16 +210,6 @@ def _checked(spec: PromptSpec, prompt: MaterializedPrompt, done: Mapping[str, Ma
         raise ShadowlabError(f"prompt {spec.id!r} " + "; ".join(problems),
                              hint="this is a shadowlab bug; please report it with the matrix")
     return prompt
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # --------------------------------------------------------------------------------------------

@@ -100,14 +100,12 @@ def check_resumed_identity(ctx: RunContext) -> None:
         before = first.get(name)
         if before is None:
             continue
-        for what, old, new in (("binary", before.binary_sha256, engine.identity.binary_sha256),
-                               ("model", before.model_sha256, engine.identity.model_sha256)):
-            if old != new:
-                raise RunDirError(
-                    f"engine {name!r}: the {what} changed since this run started "
-                    f"(sha256 {old[:12] or 'none'} then, {new[:12] or 'none'} now); "
-                    "its cells would not be comparable",
-                    path=str(ctx.layout.root), hint="resume with the same engine and model, or start a new run")
+        for what, old, new in records.EngineBuild.of(before).changes(records.EngineBuild.of(engine.identity)):
+            raise RunDirError(
+                f"engine {name!r}: the {what} changed since this run started "
+                f"(sha256 {old[:12] or 'none'} then, {new[:12] or 'none'} now); "
+                "its cells would not be comparable",
+                path=str(ctx.layout.root), hint="resume with the same engine and model, or start a new run")
 
 
 def write_shard_record(ctx: RunContext, matrix: Matrix, whole: Plan, assignment: shard_module.Assignment) -> None:
@@ -135,7 +133,7 @@ def materialize_prompts(ctx: RunContext, matrix: Matrix) -> None:
         if not traffic and all(isinstance(spec, ChatPrompt) for spec in matrix.prompts.values()):
             prompts.save({}, path)  # chat only: messages are sent as text, nothing to tokenize
             continue
-        log_path = ctx.layout.prompts_dir / f"{name}.engine.log"
+        log_path = ctx.layout.prompts_log(name)
         try:
             with ctx.cores(1) as cores, serving(ctx, engine, cores, flags=plan_module.engine_flags(engine.spec),
                                                 env=dict(engine.spec.env), log_path=log_path) as live:
@@ -153,7 +151,7 @@ def materialize_prompts(ctx: RunContext, matrix: Matrix) -> None:
             ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
             continue
         finally:
-            shutil.rmtree(log_path.parent / "scratch", ignore_errors=True)
+            shutil.rmtree(log_path.parent / records.RunLayout.SCRATCH, ignore_errors=True)
         prompts.save(engine.prompts, path)
 
 

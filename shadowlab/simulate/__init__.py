@@ -55,7 +55,9 @@ class RunCell:
 
 
 def is_run_cell(path: Path) -> bool:
-    return path.is_dir() and (path / "meta.json").is_file() and path.parent.name == "cells"
+    from shadowlab.results.layout import RunLayout
+
+    return RunLayout.is_cell_dir(path)
 
 
 def load_run_cell(path: Path) -> RunCell:

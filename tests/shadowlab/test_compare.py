@@ -144,8 +144,8 @@ def _with_build(binary: str) -> rundir.RunDir:
 
 def test_runs_of_different_engine_builds_are_refused_naming_the_engine():
     found = compare.differences(_with_build("a" * 64), _with_build("b" * 64))
-    assert found == [("engine", "engine 'reference': binary aaaaaaaaaaaa / model mmmmmmmmmmmm "
-                                "vs binary bbbbbbbbbbbb / model mmmmmmmmmmmm")]
+    assert found == [("engine", "engine 'reference': binary aaaaaaaaaaaa, model mmmmmmmmmmmm "
+                                "vs binary bbbbbbbbbbbb, model mmmmmmmmmmmm")]
     assert compare.differences(_with_build("a" * 64), _with_build("a" * 64)) == []
     with pytest.raises(CompareRefused, match="engine 'reference'"):
         compare.compare(_with_build("a" * 64), _with_build("b" * 64))

@@ -22,7 +22,7 @@ import pytest
 from shadowlab import cli, compare
 from shadowlab.exitcodes import EXIT_CHECK_FAILED, EXIT_QUALIFIED, EXIT_USAGE
 from shadowlab.judge import gate
-from shadowlab.report import render_run
+from shadowlab.report import CELL_ERRORS, render_run
 from shadowlab.results import rundir
 
 from synthetic_runs import ckpt_verdict, write_run
@@ -123,7 +123,8 @@ def test_junit_under_gate_candidate_counts_what_the_gate_counts(stale):
     root = ET.parse(paths.junit).getroot()
     assert int(root.get("failures")) + int(root.get("errors")) == len(result.failures) == 0
     skipped = [c for c in root.iter("testcase") if c.find("skipped") is not None]
-    assert len(skipped) == len(result.not_gated) - sum(1 for c in result.not_gated if c.check == "ran") + 1
+    # `ran` and `plausible` are the cell's own case (report.CELL_ERRORS), not cases of `checks`
+    assert len(skipped) == len(result.not_gated) - sum(1 for c in result.not_gated if c.check in CELL_ERRORS) + 1
     assert "QUALIFIED — candidate prompt_end" in paths.html.read_text()
 
 

@@ -175,13 +175,11 @@ def test_a_checkpoint_that_really_survives_the_re_entry_is_still_stale(edit):
 
 
 def test_verdicts_give_each_idle_slot_save_to_the_slot_the_replay_gives_it():
-    """verdicts.py (a run's turns) and Replay (a production log) apply the one rule,
-    lifecycle.save_of_clear, each in its own loop: they must agree on the real capture."""
-    from shadowlab.judge import verdicts
-
+    """Replay.turns (a run's turns, for verdicts) and Replay streaming (a production log) apply the
+    one rule, lifecycle.save_of_clear, each in its own order: they must agree on the real capture."""
     events = logparse.parse(IDLE, "llama.cpp").events
     replay, _ = _idle_replay()
     by_replay = {n: slot for slot, ring in replay.rings.items() for n in ring.saved}  # lengths differ here
-    owners = verdicts._save_owners(events)
+    owners = lifecycle.save_owners(events)
     assert {events[i].n_tokens: slot for i, slot in owners.items()} == by_replay
     assert sorted(by_replay.items()) == [(305, 2), (371, 1), (499, 0), (924, 3), (1354, 3), (1775, 0)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.results import records, rundir
+from shadowlab.results import files, records, rundir
 from shadowlab.errors import RunDirError
 from shadowlab.results.records import CellMeta, CellStatus, Completion, RunLayout, TurnRecord
 
@@ -79,7 +79,7 @@ def test_atomic_write_leaves_old_file_when_interrupted(tmp_path: Path, monkeypat
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(records.os, "replace", boom)
+    monkeypatch.setattr(files.os, "replace", boom)  # the atomic writer is files.py's
     with pytest.raises(KeyboardInterrupt):
         records.write_json_atomic(path, {"v": 2})
     assert json.loads(path.read_text()) == {"v": 1}

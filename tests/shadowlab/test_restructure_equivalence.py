@@ -162,7 +162,7 @@ def test_report_and_gate_read_the_run_directory_once(ckpt_run, command, monkeypa
     each JSON record, the matrix and each engine.log once."""
     from shadowlab import cli
     from shadowlab.logs import parse as logparse
-    from shadowlab.results import records, rundir
+    from shadowlab.results import files, rundir
     from shadowlab.judge import verdicts
 
     out, _, _ = ckpt_run
@@ -177,7 +177,7 @@ def test_report_and_gate_read_the_run_directory_once(ckpt_run, command, monkeypa
 
         monkeypatch.setattr(module, name, wrapper)
 
-    counting(records, "read_json")
+    counting(files, "read_json")
     counting(rundir, "load_matrix")
     counting(logparse, "parse")
     counting(rundir, "load", key=lambda *a, **k: "run")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from shadowlab.results import records
-from shadowlab.judge.verdicts import IdentityStatus, Outcome, RunVerdict, compute, read
+from shadowlab.errors import RunDirError
+from shadowlab.judge.verdicts import IdentityStatus, Outcome, RunVerdict, compute, loaded, read
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REF = LOGS / "reference"
@@ -202,8 +203,8 @@ def test_verdicts_json_is_written_and_reads_back_equal(tmp_path):
     assert data["schema_version"] == 4
     (warm,) = [c for c in data["cells"] if c["cell_id"] == "reference.policy0.warm"]
     assert warm["turns"][1]["outcome"] == "restored"
-    with pytest.raises(ValueError):
-        RunVerdict.from_dict({**data, "schema_version": 99})
+    with pytest.raises(RunDirError, match="verdicts.json schema_version 99 is newer than this shadowlab understands"):
+        RunVerdict.from_dict({**data, "schema_version": 99})  # the run directory's one version chain
 
 
 def test_a_v3_verdicts_json_reads_with_no_triage(tmp_path):
@@ -248,11 +249,13 @@ def test_a_v2_verdicts_json_is_upgraded_and_re_judged_for_impossible_figures(tmp
     for cell in data["cells"]:
         for turn in cell["turns"]:
             del turn["implausible"], turn["divergence_lower_bound"]
-    assert RunVerdict.from_dict({**data, "schema_version": 2}) == verdict
+    assert loaded({**data, "schema_version": 2}) == verdict
     (warm,) = [c for c in data["cells"] if c["cell_id"] == "reference.policy0.warm"]
     warm["turns"][1]["reused_api"] = 10 * warm["turns"][1]["prompt_tokens"]  # a lie an old gate let pass
     warm["turns"][1]["notes"] = ["divergence point 7 is a lower bound: ..."]
-    upgraded = RunVerdict.from_dict({**data, "schema_version": 2}).cell("reference.policy0.warm").turns[1]
+    # the schema alone upgrades; the judge's reader applies the plausibility rules again
+    assert RunVerdict.from_dict({**data, "schema_version": 2}).cell("reference.policy0.warm").turns[1].implausible == ()
+    upgraded = loaded({**data, "schema_version": 2}).cell("reference.policy0.warm").turns[1]
     assert any("tokens reused of a" in p for p in upgraded.implausible), upgraded.implausible
     assert upgraded.divergence_lower_bound
 
