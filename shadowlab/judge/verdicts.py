@@ -125,10 +125,28 @@ def _with_ideals(cell: CellVerdict, run: "RunDir") -> CellVerdict:
     from shadowlab import traffic
 
     ideal = list(traffic.ideals(requests))
-    turns = tuple(dataclasses.replace(t, ideal_tokens=ideal[t.index][0],
-                                      consecutive_ideal_tokens=ideal[t.index][1])
-                  if t.index < len(ideal) else t for t in cell.turns)
+    turns = tuple(_floored(t, *ideal[t.index]) if t.index < len(ideal) else t for t in cell.turns)
     return dataclasses.replace(cell, turns=turns)
+
+
+def _floored(turn: TurnVerdict, computed: int, consecutive: int) -> TurnVerdict:
+    """The turn with its ideals, never below what the engine reused (docs/DESIGN.md §10).
+
+    The requests give the prefix a prompt shares with earlier prompts; an engine may reuse more
+    (its own completion run on into the next prompt, a chat template's tokens the trace does not
+    hold), so the computed figure is then only a lower bound: the ideal is raised to the reuse and
+    the turn says so. A reuse beyond the prompt is impossible (plausibility judges it) and raises
+    nothing."""
+    reused, prompt = turn.reused_tokens, turn.prompt_tokens
+    if reused is None or prompt is None or not computed < reused <= prompt:
+        return dataclasses.replace(turn, ideal_tokens=computed, consecutive_ideal_tokens=consecutive)
+    note = (f"ideal raised to the {reused:,} tokens the engine reused: the requests share only {computed:,} "
+            f"with earlier ones, so that computed ideal {IDEAL_LOWER_BOUND}")
+    return dataclasses.replace(turn, ideal_tokens=reused, consecutive_ideal_tokens=consecutive,
+                               notes=(*turn.notes, note))
+
+
+IDEAL_LOWER_BOUND = "was a lower bound (the engine's output or template)"
 
 
 def traffic_summary(cell: CellVerdict) -> tuple[int, int, int, float | None]:

@@ -12,6 +12,7 @@ segments, not figures copied from a run:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -24,7 +25,8 @@ from shadowlab.run import prompts
 from shadowlab.report import traffic as report_traffic
 from shadowlab.judge.identity import IdentityStatus
 from shadowlab.matrix import load as load_matrix
-from shadowlab.judge.verdicts import traffic_summary
+from shadowlab.judge import verdicts
+from shadowlab.judge.verdicts import IDEAL_LOWER_BOUND, traffic_summary
 
 B, N_PREDICT = 128, 4
 MATRIX = """\
@@ -132,6 +134,36 @@ def test_affinity_and_retention_recover_most(healthy):
         _, ideal, reused, share = traffic_summary(_cell(result, configuration))
         assert reused >= floor, (configuration, reused, floor)
         assert share is not None and share <= 1
+
+
+def test_an_ideal_is_never_below_what_the_engine_reused(healthy):
+    """The requests give what a prompt shares with earlier ones; an engine that reused more (its
+    own completion run on into the next prompt, template tokens) makes that figure a lower bound:
+    the turn's ideal is raised to the reuse and says so, and no share exceeds 100 %."""
+    _, result, requests = healthy
+    computed = [i for i, _ in traffic.ideals(requests)]
+    for configuration in CONFIGURATIONS:
+        for t in _cell(result, configuration).turns:  # as judged from the real records
+            assert t.ideal_tokens >= min(t.reused_tokens or 0, t.prompt_tokens), (configuration, t.index)
+    cell = _cell(result, "affinity")
+    turn = next(t for t in cell.turns if t.index > 0 and computed[t.index] + 2 <= t.prompt_tokens)
+    more = computed[turn.index] + 2  # two tokens the requests do not share, within the prompt
+    engine_said = dataclasses.replace(
+        cell, turns=tuple(dataclasses.replace(t, reused_tokens=more) if t.index == turn.index else t
+                          for t in cell.turns))
+    judged = {t.index: t for t in verdicts._with_ideals(engine_said, result.inputs.run).turns}
+    raised = judged[turn.index]
+    assert raised.ideal_tokens == more and any(IDEAL_LOWER_BOUND in n for n in raised.notes), raised
+    assert all(judged[t.index].ideal_tokens == computed[t.index] for t in cell.turns if t.index != turn.index
+               and (t.reused_tokens or 0) <= computed[t.index])
+    _, ideal, reused, share = traffic_summary(verdicts._with_ideals(engine_said, result.inputs.run))
+    assert reused <= ideal and share is not None and share <= 1
+    # an impossible reuse (beyond the prompt) raises nothing: plausibility judges it
+    beyond = dataclasses.replace(engine_said, turns=tuple(
+        dataclasses.replace(t, reused_tokens=t.prompt_tokens + 5) if t.index == turn.index else t
+        for t in cell.turns))
+    assert {t.index: t for t in verdicts._with_ideals(beyond, result.inputs.run).turns}[turn.index].ideal_tokens \
+        == computed[turn.index]
 
 
 def test_every_reused_turn_is_byte_identical_to_its_replay(healthy):
