@@ -37,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from shadowlab.judge import plausibility
+from shadowlab.present import pct
 from shadowlab.matrix import Expectation, Matrix
 from shadowlab.judge.verdicts import (CellVerdict, IdentityCheck, IdentityStatus, Outcome, RunVerdict, TurnVerdict,
                                 traffic_summary)
@@ -406,7 +407,7 @@ def _judge_min_saved(x: Expectation, turn: TurnVerdict) -> tuple[bool, str, str]
     if turn.saved_fraction is None:
         return False, "unknown", "the saved fraction is unknown for this turn"
     ok = turn.saved_fraction >= (x.min_saved_fraction or 0.0)
-    return ok, _pct(turn.saved_fraction), f"saved {_pct(turn.saved_fraction)} of the prefill"
+    return ok, pct(turn.saved_fraction), f"saved {pct(turn.saved_fraction)} of the prefill"
 
 
 def _judge_created_at(x: Expectation, turn: TurnVerdict) -> tuple[bool, str, str]:
@@ -462,13 +463,13 @@ def _min_recovered(x: Expectation, cell: CellVerdict, turns: list[TurnVerdict], 
     turn_index = turns[0].index if x.turn is not None and turns else None
     subject = _subject(cell, turns[0] if turn_index is not None else None)
     if not any(t.ideal_tokens is not None for t in turns):
-        return CheckResult("min_recovered_share", CheckStatus.FAIL, subject, f"≥ {_pct(limit)}", "no ideal",
+        return CheckResult("min_recovered_share", CheckStatus.FAIL, subject, f"≥ {pct(limit)}", "no ideal",
                            "not a traffic cell: no turn has an ideal to recover", source, cell.cell_id,
                            turn_index, x.description)
     passed = (share if share is not None else 0.0) >= limit or (ideal == 0 and limit == 0)
-    actual = "no reusable prefix" if share is None else _pct(share)
+    actual = "no reusable prefix" if share is None else pct(share)
     return CheckResult("min_recovered_share", CheckStatus.PASS if passed else CheckStatus.FAIL, subject,
-                       f"≥ {_pct(limit)}", actual, f"recovered {reused:,} of {ideal:,} reusable prefix tokens",
+                       f"≥ {pct(limit)}", actual, f"recovered {reused:,} of {ideal:,} reusable prefix tokens",
                        source, cell.cell_id, turn_index, x.description)
 
 
@@ -535,7 +536,7 @@ def _expected_text(x: Expectation, name: str) -> str:
     if name == "min_reused":
         return f"≥ {x.min_reused}"
     if name == "min_saved_fraction":
-        return f"≥ {_pct(x.min_saved_fraction or 0.0)}"
+        return f"≥ {pct(x.min_saved_fraction or 0.0)}"
     if name == "max_forced":
         return f"≤ {x.max_forced}"
     if name == "checkpoints_created_at":
@@ -543,7 +544,7 @@ def _expected_text(x: Expectation, name: str) -> str:
     if name == "cascade":
         return CASCADE_EXPECTED
     if name == "min_recovered_share":
-        return f"≥ {_pct(x.min_recovered_share or 0.0)}"
+        return f"≥ {pct(x.min_recovered_share or 0.0)}"
     return "identical to cold"
 
 
@@ -551,7 +552,3 @@ def _selection_text(x: Expectation) -> str:
     s = x.selection
     turn = f" turn {x.turn}" if x.turn is not None else ""
     return f"{s.engine}.{s.configuration}.{s.sequence}{turn}"
-
-
-def _pct(fraction: float) -> str:
-    return f"{fraction * 100:.1f}%"
