@@ -6,7 +6,11 @@ naming the file, the line, the key path and, where it helps, a hint. One module 
 - `yamlpos`: YAML whose mappings and lists remember the line of each key and item;
 - `schema`: every key a matrix may hold (`SCHEMA`), the single source of truth for the keys;
 - `specs`: the frozen dataclasses of a loaded matrix;
-- `validate`: `load` / `loads`, the checks, `context_size`, `check_machine`;
+- `validate`: `load` / `loads`, the checks across sections, `context_size`, `check_machine`;
+- `values`: one value read with where it was written (`_At`), the typed readers, every error
+  at once (`MatrixErrors`);
+- `read_engines`, `read_prompts`, `read_traffic`, `read_cells`, `read_expectations`: one
+  section (or a few related ones) of the YAML each;
 - `dump`: back to YAML-ready data (`Matrix.to_dict`, the run directory's matrix.yaml);
 - `docs`: docs/matrix.md's reference section, generated from the schema
   (`python -m shadowlab.matrix docs/matrix.md`).

@@ -1,6 +1,6 @@
 """The matrix schema: every key a matrix may hold, with its type, default and meaning.
 
-`SCHEMA` is the single source of truth for the keys: validation (`validate.py`) rejects any key
+`SCHEMA` is the single source of truth for the keys: validation (`values._fields`) rejects any key
 it does not list, and docs/matrix.md's reference section is generated from it (`docs.py`). A
 numeric key declares its `Bounds` here too: validation refuses NaN, an infinity and any value
 outside them, naming the bound; the docs show them.

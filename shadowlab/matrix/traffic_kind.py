@@ -1,6 +1,6 @@
 """The `traffic` sequence kind: conversations and interlopers interleaved on one server.
 
-The traffic model is `shadowlab/traffic/__init__.py` (segments, the seeded generator, the Mooncake and
+The traffic model is the `shadowlab/traffic/` package (segments, the seeded generator, the Mooncake and
 `logs --trace` readers, the ideals, the materialiser); this module is the matrix's side of it:
 the spec a traffic sequence loads into and the turn ids of its requests. A sequence either
 declares a `shape` (traffic.TrafficShape's keys) or names a `trace` file; the loader realises

@@ -15,7 +15,8 @@ One module per job:
 - ``scheduler``  the plan's cells, ``jobs`` at a time, each on its own leased cores
 - ``cell``       one cell start to finish, recorded in ``meta.json`` whatever happened
 - ``turns``      a cell's turns, one at a time or several in flight, and their log spans
-- ``isolation``, ``listeners``, ``environment``, ``prompts``: cores, ports and process groups;
+- ``isolation``, ``process_group``, ``listeners``, ``environment``, ``prompts``: leased cores,
+  ports and devices and the log file's cap; the engine's process group (``EngineProcess``);
   the engine's listening sockets; the machine's description; exact token prompts
 
 Only this package (with ``engines``) touches processes and sockets; everything after it reads

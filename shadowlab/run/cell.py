@@ -21,6 +21,7 @@ from shadowlab.run import isolation
 from shadowlab.run.context import RunContext
 from shadowlab.run.directory import storage_errors
 from shadowlab.run.engine import LiveEngine, gpu_record, start_engine
+from shadowlab.run.process_group import ProcessSurvived
 from shadowlab.run.turns import ConcurrentTurns, LogSpan, TurnExchange, line_boundary
 
 CRASH_WAIT_S = 1.0  # after a broken connection, how long to wait for the engine's exit status
@@ -226,7 +227,7 @@ class CellRunner:
             return
         try:
             report = live.close()
-        except isolation.ProcessSurvived as exc:
+        except ProcessSurvived as exc:
             report = live.stop_report
             if self.meta.status is CellStatus.OK:
                 self.meta.status, self.meta.reason = CellStatus.FAILED, str(exc)

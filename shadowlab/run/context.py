@@ -24,7 +24,7 @@ from shadowlab.plan import Cell, Plan
 from shadowlab.plan import shard as shard_module
 from shadowlab.results.records import CellStatus, RunLayout
 from shadowlab.run import isolation
-from shadowlab.run.isolation import EngineProcess
+from shadowlab.run.process_group import EngineProcess, ProcessSurvived
 from shadowlab.run.prompts import MaterializedPrompt
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
@@ -176,7 +176,7 @@ class RunContext:
         with self._live_lock:
             live = list(self._live)
         for proc in live:
-            with contextlib.suppress(isolation.ProcessSurvived):
+            with contextlib.suppress(ProcessSurvived):
                 proc.stop()
 
     # -- resources -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from shadowlab.results import records
 from shadowlab.run import isolation
 from shadowlab.run.context import PreparedEngine, RunContext
 from shadowlab.run.directory import storage_failure
-from shadowlab.run.isolation import EngineProcess
+from shadowlab.run.process_group import EngineProcess, ProcessSurvived, StopReport
 
 PORT_ATTEMPTS = 3
 # Errors of the machine, not of shadowlab, when it writes the run directory (records.py: the
@@ -48,18 +48,18 @@ class LiveEngine:
     health_ms: float
     startup_ms: float
     props: dict[str, Any] = field(default_factory=dict)
-    stop_report: isolation.StopReport | None = None
+    stop_report: StopReport | None = None
 
     def tokenize(self, text: str) -> list[int]:
         return self.engine.adapter.tokenize(self.client, text)
 
-    def close(self) -> isolation.StopReport | None:
+    def close(self) -> StopReport | None:
         """Stop the group and verify it is gone; idempotent."""
         if self.stop_report is None:
             self.client.close()
             try:
                 self.stop_report = self.proc.stop()
-            except isolation.ProcessSurvived:
+            except ProcessSurvived:
                 self.stop_report = self.proc.stop_report
                 raise
             finally:
@@ -129,13 +129,13 @@ def start_engine(ctx: RunContext, engine: PreparedEngine, cores: isolation.CoreL
             return live
         except EngineStartError as exc:
             retry = attempt < PORT_ATTEMPTS and isolation.log_says_address_in_use(proc.log_tail())
-            with contextlib.suppress(isolation.ProcessSurvived):
+            with contextlib.suppress(ProcessSurvived):
                 live.close()
             if not retry:
                 exc.failed_start = live  # type: ignore[attr-defined] - for the cell's record
                 raise exc from None
         except BaseException:
-            with contextlib.suppress(isolation.ProcessSurvived):
+            with contextlib.suppress(ProcessSurvived):
                 live.close()
             raise
     raise AssertionError("unreachable")

@@ -30,6 +30,7 @@ from shadowlab.run import isolation, prompts
 from shadowlab.run.context import PreparedEngine, RunContext, RunOptions, RunOutcome
 from shadowlab.run.directory import lock_run_dir, open_run_dir, storage_errors, write_run_records
 from shadowlab.run.engine import serving
+from shadowlab.run.process_group import ProcessSurvived
 from shadowlab.run.scheduler import CellScheduler
 from shadowlab.run.turns import ResponseTooLarge
 
@@ -146,7 +147,7 @@ def materialize_prompts(ctx: RunContext, matrix: Matrix) -> None:
             ctx.unavailable[name] = f"prompts could not be tokenized: {exc}{hint}"
             ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
             continue
-        except isolation.ProcessSurvived as exc:
+        except ProcessSurvived as exc:
             ctx.unavailable[name] = f"the engine process that tokenized its prompts could not be stopped: {exc}"
             ctx.say(f"shadowlab: engine {name!r}: {ctx.unavailable[name]}")
             continue

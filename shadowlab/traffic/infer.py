@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shadowlab.traffic import Loaded, Request, Segment, common_prefix
+from shadowlab.traffic.model import Loaded, Request, Segment, common_prefix
 
 LABEL = "inferred"
 

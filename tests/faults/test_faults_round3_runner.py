@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shadowlab.run import isolation, listeners
+from shadowlab.run import isolation, listeners, process_group
 from shadowlab.results import rundir
 
 from test_faults_runner import HOSTILE, assert_clear_failure, write_matrix
@@ -176,7 +176,7 @@ def test_a_process_shadowlab_may_not_signal_is_named_with_its_command(tmp_path, 
     # names the pid and command line of what is left, and who holds the port.
     _, pidfile = leftovers
     port = isolation.lease_port()
-    proc = isolation.EngineProcess(
+    proc = process_group.EngineProcess(
         [sys.executable, str(HOSTILE), "--port", str(port.port), "--pidfile", str(pidfile),
          "--mode", "setsid-keeps-port"],
         env=dict(os.environ), cwd=tmp_path / "scratch", log_path=tmp_path / "engine.log",
@@ -194,7 +194,7 @@ def test_a_process_shadowlab_may_not_signal_is_named_with_its_command(tmp_path, 
             refuse(self, sig)
 
         monkeypatch.setattr(psutil.Process, "send_signal", send_signal)
-        with pytest.raises(isolation.ProcessSurvived) as caught:
+        with pytest.raises(process_group.ProcessSurvived) as caught:
             proc.stop(grace_s=1.0, port_wait_s=0.5)
     finally:
         port.release()

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from shadowlab.engines.llama_server import gguf_model
-from shadowlab.run import isolation
+from shadowlab.run import isolation, process_group
 from shadowlab.logs import parse as logparse
 from shadowlab.engines import llama_server
 
@@ -62,7 +62,7 @@ class LlamaServer:
         self.flags = [*SERVER_FLAGS, *flags]
         self.ready_timeout_s = ready_timeout_s
         self.port_lease: isolation.PortLease | None = None
-        self.proc: isolation.EngineProcess | None = None
+        self.proc: process_group.EngineProcess | None = None
         self.client: httpx.Client | None = None
         self.log_start = 0
 
@@ -72,7 +72,7 @@ class LlamaServer:
         argv = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(port),
                 "-t", "1", *self.flags]
         env = dict(os.environ) | {"LD_LIBRARY_PATH": str(self.binary.parent)}
-        self.proc = isolation.EngineProcess(argv, env=env, cwd=self.log_path.parent, log_path=self.log_path,
+        self.proc = process_group.EngineProcess(argv, env=env, cwd=self.log_path.parent, log_path=self.log_path,
                                             cores=isolation.usable_cores(), port=port)
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120.0)
         try:

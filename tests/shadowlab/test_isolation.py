@@ -19,7 +19,8 @@ import psutil
 import pytest
 
 from shadowlab.run import isolation
-from shadowlab.run.isolation import EngineProcess, LeaseUnavailable
+from shadowlab.run.isolation import LeaseUnavailable
+from shadowlab.run.process_group import EngineProcess
 
 
 def wait_healthy(port: int, proc: EngineProcess, timeout: float = 20.0) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.run import isolation, listeners
+from shadowlab.run import isolation, listeners, process_group
 from shadowlab.run.listeners import Listener
 from shadowlab.results.records import CellStatus
 from test_hostile import check, run_cli  # the hostile engine's one-turn matrix, run as a user runs it
@@ -57,9 +57,9 @@ def test_the_table_of_a_big_endian_host_reads_the_same_addresses():
 
 def test_which_addresses_count_as_loopback():
     for ip in ("127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"):
-        assert isolation._is_loopback(ip), ip
+        assert process_group._is_loopback(ip), ip
     for ip in ("0.0.0.0", "::", "::ffff:0.0.0.0", "10.0.0.1", "fe80::1"):
-        assert not isolation._is_loopback(ip), ip
+        assert not process_group._is_loopback(ip), ip
     assert Listener("::", 80, 1).address() == "[::]:80" and Listener("0.0.0.0", 80, 1).address() == "0.0.0.0:80"
 
 
@@ -169,7 +169,7 @@ def test_an_engine_process_sees_its_port_and_its_childs_exposed_listener(tmp_pat
     if not kernel:  # where /proc is absent, psutil answers the same questions
         monkeypatch.setattr(listeners, "available", lambda: False)
     port = isolation.lease_port()
-    proc = isolation.EngineProcess(
+    proc = process_group.EngineProcess(
         [sys.executable, "-c", ENGINE_WITH_A_CHILD, str(port.port)], env=dict(os.environ),
         cwd=tmp_path / "s", log_path=tmp_path / "engine.log", cores=isolation.usable_cores(), port=port.port)
     try:

@@ -26,7 +26,7 @@ from test_hostile import check, run_cli
 
 from shadowlab import cli
 from shadowlab.judge import identity
-from shadowlab.run import isolation
+from shadowlab.run import isolation, process_group
 from shadowlab.engines import streamed
 from shadowlab.results import rundir
 from shadowlab.results.records import CellStatus
@@ -171,7 +171,7 @@ def reference(tmp_path_factory, repo_root):
     model = weights.ensure_model("tiny", 0, repo_root / "models")
     lease = isolation.lease_port()
     log = tmp_path_factory.mktemp("ref") / "engine.log"
-    proc = isolation.EngineProcess([sys.executable, "-m", "shadowlab_engine", "-m", str(model), "--port",
+    proc = process_group.EngineProcess([sys.executable, "-m", "shadowlab_engine", "-m", str(model), "--port",
                                     str(lease.port), "-t", "1"], env=dict(os.environ), cwd=log.parent, log_path=log,
                                    cores=isolation.usable_cores(), port=lease.port)
     client = httpx.Client(base_url=f"http://127.0.0.1:{lease.port}", timeout=120.0)
@@ -184,7 +184,7 @@ def reference(tmp_path_factory, repo_root):
         lease.release()
 
 
-def wait_healthy(client: httpx.Client, proc: isolation.EngineProcess, timeout_s: float = 120.0) -> None:
+def wait_healthy(client: httpx.Client, proc: process_group.EngineProcess, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         try:
