@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shadowlab.matrix import sequences
 from shadowlab.matrix.schema import BUDGET_KEYS, CHECK_KEYS
 
 
@@ -114,11 +115,8 @@ def _prompt_to_dict(p: Any) -> dict[str, Any]:  # a PromptSpec subclass, by its 
 
 def _sequence_to_dict(s: Any) -> list[str] | dict[str, Any]:
     # An ordered sequence stays a plain list: a resume compares matrix.yaml as text.
-    if s.kind == "ordered":
-        return list(s.prompts)
-    if s.kind == "traffic":
-        return _traffic_to_dict(s)
-    return {"kind": s.kind, "prompts": list(s.prompts)}
+    kind = sequences.get(s.kind)  # each kind writes its own (matrix/sequences.py)
+    return kind.dump(s) if kind is not None else {"kind": s.kind, "prompts": list(s.prompts)}
 
 
 def _traffic_to_dict(s: Any) -> dict[str, Any]:

@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shadowlab.errors import MatrixError
-from shadowlab.matrix.read_traffic import _traffic
-from shadowlab.matrix.schema import (CHAT_ROLES, ENDPOINTS, MAX_PROMPT_TOKENS, PROMPT_KINDS, SEQUENCE_KINDS, TOKENS,
+from shadowlab.matrix import read_traffic as _read_traffic  # noqa: F401 - registers the traffic kind first
+from shadowlab.matrix import sequences
+from shadowlab.matrix.schema import (CHAT_ROLES, ENDPOINTS, MAX_PROMPT_TOKENS, PROMPT_KINDS, TOKENS,
                                      default, default_endpoint)
 from shadowlab.matrix.specs import (AppendPrompt, ChatMessage, ChatPrompt, DivergePrompt, PromptSpec, RandomPrompt,
                                     SequenceSpec, UnrelatedPrompt)
@@ -177,22 +178,28 @@ def _sequences(value: Any, at: _At, prompts: Mapping[str, PromptSpec], ctx: _Con
 
 def _sequence(name: str, body: Any, s_at: _At, prompts: Mapping[str, PromptSpec], ctx: _Context,
               failed: set[str]) -> SequenceSpec:
-    kind = default("sequence", "kind")  # a plain list
-    if isinstance(body, LineMap) and body.get("kind") == "traffic":
-        return _traffic(name, body, s_at, ctx)
-    if isinstance(body, LineMap):  # the mapping form: {kind, prompts}
-        f = _fields(body, s_at, "sequence")
-        kind = _given(f, "sequence", "kind", _choice, SEQUENCE_KINDS)
-        body, s_at = f["prompts"]
-    items = _list(body, s_at)
+    given = sequences.SequenceInput(name, body, s_at, prompts, ctx, frozenset(failed))
+    if not isinstance(body, LineMap):  # a plain list: the default kind's short form
+        return _ordered_ids(given, body, s_at)
+    kind = sequences.get(body.get("kind", default("sequence", "kind")))
+    if kind is None:  # not a registered kind: that is the error (its other keys are its own)
+        _given(_fields(body, s_at, "sequence", _Errors()), "sequence", "kind", _choice, sequences.known())
+        raise AssertionError("unreachable: _choice refused the kind")
+    return kind.read(given)
+
+
+def _read_ordered(given: sequences.SequenceInput) -> SequenceSpec:
+    """The mapping form `{kind: ordered, prompts: [...]}`."""
+    f = _fields(given.body, given.at, "sequence")
+    body, at = f["prompts"]
+    return _ordered_ids(given, body, at)
+
+
+def _ordered_ids(given: sequences.SequenceInput, body: Any, at: _At) -> SequenceSpec:
+    items = _list(body, at)
     if not items:
-        s_at.fail("a sequence needs at least one prompt")
-    ids = []
-    for v, a in items:
-        pid = _str(v, a)
-        if pid in failed:
-            raise _Skipped(pid)
-        if pid not in prompts:
-            a.fail(f"unknown prompt {pid!r}", _closest_hint(pid, [*prompts, *sorted(failed)], "prompts"))
-        ids.append(pid)
-    return SequenceSpec(name, tuple(ids), kind)
+        at.fail("a sequence needs at least one prompt")
+    return SequenceSpec(given.name, sequences.prompt_ids(items, given), "ordered")
+
+
+sequences.register(sequences.SequenceKind("ordered", _read_ordered, dump=lambda s: list(s.prompts)))

@@ -9,7 +9,8 @@ from typing import Any
 from shadowlab import traffic
 from shadowlab.bounds import Bounds
 from shadowlab.errors import TrafficError
-from shadowlab.matrix import traffic_kind
+from shadowlab.matrix import sequences, traffic_kind
+from shadowlab.matrix.dump import _traffic_to_dict
 from shadowlab.matrix.schema import MAX_SIGMA, SHAPE_LENGTHS, schema_key
 from shadowlab.matrix.specs import TrafficSequence, traffic_prompt_id
 from shadowlab.matrix.traffic_kind import TraceSource
@@ -139,3 +140,10 @@ def _trace_source(f: dict[str, tuple[Any, _At]], ctx: _Context) -> tuple[TraceSo
     requests = loaded.requests[:limit] if limit else loaded.requests
     source = TraceSource(path=path.resolve(), format=fmt, limit=limit, sha256=hashlib.sha256(data).hexdigest())
     return source, tuple(requests)
+
+
+def _read(given: sequences.SequenceInput) -> TrafficSequence:
+    return _traffic(given.name, given.body, given.at, given.ctx)
+
+
+sequences.register(sequences.SequenceKind("traffic", _read, dump=_traffic_to_dict))
