@@ -2,9 +2,9 @@
 
 An adapter knows how to locate and hash an engine and its model, how to build its
 command line and environment, how to phrase a turn as an HTTP request and read the
-answer back. It never starts processes or keeps state between cells: the runner
-(the ``shadowlab/run/`` package, with ``shadowlab/run/isolation.py`` and ``process_group.py``) does that, identically for
-every engine.
+answer back. It never starts processes or keeps state between cells: the runner (the
+``shadowlab/run/`` package, with ``shadowlab/run/isolation.py`` and ``process_group.py``) does
+that, identically for every engine.
 
 Adapters register by ``kind`` (the matrix's ``engines.<name>.kind``)::
 
