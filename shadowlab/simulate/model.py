@@ -1,6 +1,6 @@
 """The simulator's cache model: what one policy does with each request, without an engine.
 
-A token-level model over segments (shadowlab/traffic/__init__.py; no token list is built) of the cache
+A token-level model over segments (shadowlab/traffic/model.py; no token list is built) of the cache
 mechanics of the two engines shadowlab replays on, rule for rule (docs/DESIGN.md §10):
 
 - the reference engine (engine/shadowlab_engine/checkpoints.py is the source of truth; the
