@@ -57,6 +57,8 @@ class EngineAdapterBase:
     model_hint: str = ""
     default_context: int | None = None
     tokenize_hint: str = ""
+    build_override: bool = False
+    binary_env: str | None = None
     controlled_env: tuple[str, ...] = ()
     split_control: str = "none"
     # llama.cpp's flag grammar (the reference engine takes the same): context, batch, micro-batch.

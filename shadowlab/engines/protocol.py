@@ -133,6 +133,10 @@ class EngineAdapter(Protocol):
     model_hint: str  # what to write instead of a model it cannot load
     default_context: int | None  # tokens of context without -c/--ctx-size; None: not known here
     tokenize_hint: str  # added to the reason when its /tokenize fails
+    # `run --binary/--model` (and $SHADOWLAB_BINARY/$SHADOWLAB_MODEL) apply to its engines: a
+    # build of its own (`binary:`) on a model file (`model: {path}`).
+    build_override: bool
+    binary_env: str | None  # the variable its own project's tests name the build with (where `binary: auto`)
 
     def presets(self) -> tuple[str, ...]:
         """Names a `preset` model may take; () when they are not checked before the run."""

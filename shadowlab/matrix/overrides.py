@@ -9,12 +9,13 @@ over what the matrix says, so one matrix qualifies any build without editing its
                                                and where it came from
 
 Sources, strongest first: `--binary` / `--model`; `$SHADOWLAB_BINARY` / `$SHADOWLAB_MODEL` (the
-same, for CI jobs that set variables); `$LLAMA_SERVER_BIN_PATH` (llama.cpp's own server tests'
-name) for a llama-server engine whose matrix says `binary: auto` only: an explicit `binary:` in
-the matrix wins over it, so a stray variable never swaps the build of a matrix that names one.
+same, for CI jobs that set variables); a kind's own variable (`adapter.binary_env`: llama-server's
+`$LLAMA_SERVER_BIN_PATH`, the name llama.cpp's own server tests use) for its engines whose matrix
+says `binary: auto` only: an explicit `binary:` in the matrix wins over it, so a stray variable
+never swaps the build of a matrix that names one.
 
-A value applies to every engine whose kind runs a build of its own and loads a model file (the
-kinds taking a `path` model and a `binary`: llama-server), or to one engine with `NAME=VALUE`.
+A value applies to every engine whose kind runs a build of its own on a model file
+(`adapter.build_override`), or to one engine with `NAME=VALUE`.
 """
 
 from __future__ import annotations
@@ -26,14 +27,27 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from shadowlab.engines import get_adapter, known_kinds
 from shadowlab.errors import MatrixError
 from shadowlab.matrix.specs import EngineSpec, Matrix, ModelSpec
 
 BINARY_ENV = "SHADOWLAB_BINARY"
 MODEL_ENV = "SHADOWLAB_MODEL"
-LLAMA_BINARY_ENV = "LLAMA_SERVER_BIN_PATH"  # llama.cpp's tools/server/tests use this name
-ENV_NAMES = (BINARY_ENV, MODEL_ENV, LLAMA_BINARY_ENV)
-OVERRIDABLE_KINDS = ("llama-server",)  # a build of its own (binary) and a model file (path)
+
+
+def overridable_kinds() -> tuple[str, ...]:
+    """The kinds `--binary/--model` apply to: a build of their own on a model file."""
+    return tuple(k for k in known_kinds() if get_adapter(k).build_override)
+
+
+def kind_binary_envs() -> dict[str, str]:
+    """Each kind's own variable for its build (`adapter.binary_env`), by kind."""
+    return {k: env for k in known_kinds() if (env := get_adapter(k).binary_env)}
+
+
+def env_names() -> tuple[str, ...]:
+    """Every variable an override may come from, strongest first."""
+    return (BINARY_ENV, MODEL_ENV, *dict.fromkeys(kind_binary_envs().values()))
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,8 @@ class Override:
     key: str  # "binary" | "model"
     value: str  # PATH, or NAME=PATH for one engine
     source: str  # "--binary", "$SHADOWLAB_BINARY", ...
-    only_auto: bool = False  # $LLAMA_SERVER_BIN_PATH: only where the matrix says `binary: auto`
+    only_auto: bool = False  # a kind's own variable: only where the matrix says `binary: auto`
+    kind: str | None = None  # a kind's own variable: only that kind's engines
 
     def split(self) -> tuple[str | None, str]:
         """(engine name or None for every engine, path)."""
@@ -66,8 +81,10 @@ class Overrides:
                 items.append(Override(key, given, flag))
             elif environ.get(env):
                 items.append(Override(key, environ[env], f"${env}"))
-        if not binary and not environ.get(BINARY_ENV) and environ.get(LLAMA_BINARY_ENV):
-            items.append(Override("binary", environ[LLAMA_BINARY_ENV], f"${LLAMA_BINARY_ENV}", only_auto=True))
+        if not binary and not environ.get(BINARY_ENV):
+            for kind, env in kind_binary_envs().items():
+                if environ.get(env):
+                    items.append(Override("binary", environ[env], f"${env}", only_auto=True, kind=kind))
         return cls(tuple(items))
 
     def __bool__(self) -> bool:
@@ -81,7 +98,7 @@ class Overrides:
                 raise MatrixError(f"{item.source} {item.value!r}: the matrix has no engine to apply it to",
                                   file=str(matrix.path), key_path="engines",
                                   hint=f"{item.source} applies to engines of kind "
-                                       + ", ".join(OVERRIDABLE_KINDS) + " (NAME=PATH: to one of them)")
+                                       + ", ".join(overridable_kinds()) + " (NAME=PATH: to one of them)")
             for name in targets:
                 engines[name] = _applied(item, engines[name], matrix)
         return replace(matrix, engines=engines)
@@ -106,7 +123,8 @@ def _targets(item: Override, matrix: Matrix) -> list[str]:
                               file=str(matrix.path), key_path="engines",
                               hint="engines: " + ", ".join(matrix.engines))
         return [name]
-    return [n for n, e in matrix.engines.items() if e.kind in OVERRIDABLE_KINDS
+    kinds = (item.kind,) if item.kind is not None else overridable_kinds()
+    return [n for n, e in matrix.engines.items() if e.kind in kinds
             and not (item.only_auto and e.binary != "auto")]
 
 
@@ -122,7 +140,7 @@ def _applied(item: Override, spec: EngineSpec, matrix: Matrix) -> EngineSpec:
         if "/" not in text:
             found = shutil.which(text)
             if found is None:
-                raise fail("not on PATH", "give the path of the llama-server binary of the build to qualify")
+                raise fail("not on PATH", f"give the path of the {spec.kind} binary of the build to qualify")
             return replace(spec, binary=found)
         return replace(spec, binary=str(_regular_file(text, fail, "binary")))
     path = _regular_file(text, fail, "model file")

@@ -49,7 +49,6 @@ KNOWN = {
     # starter matrix per kind, and --binary/--model's overrides name the kind a binary selects.
     ("commands/init.py", "reference"),
     ("commands/init.py", "llama-server"),
-    ("matrix/overrides.py", "llama-server"),
 }
 
 

@@ -191,6 +191,8 @@ class LlamaServerAdapter(EngineAdapterBase):
     log_family = "llama.cpp"
     verbosity_flags = ("-lv", "4")
     model_sources = ("gguf", "path")
+    build_override = True  # your build and your GGUF: `run --binary/--model`
+    binary_env = "LLAMA_SERVER_BIN_PATH"  # llama.cpp's tools/server/tests name the build so
     model_hint = ("llama-server takes {gguf: {preset, seed}} or a .gguf path; "
                   "the reference engine takes {preset, seed} or a safetensors path")
     # default_context None: llama-server's depends on the build and the model
