@@ -49,6 +49,7 @@ from shadowlab.exitcodes import (
 )
 from shadowlab.judge.expectations import CheckResult, CheckStatus, evaluate as evaluate_checks
 from shadowlab.matrix import Matrix
+from shadowlab.plan.select import Partial
 from shadowlab.results.records import CellMeta, terminal_safe
 
 
@@ -83,6 +84,13 @@ class RunInputs:
     @property
     def metas(self) -> Mapping[str, CellMeta]:
         return self.run.metas
+
+    @property
+    def partial(self) -> str | None:
+        """What `run -k` left out of this run (plan.json's `selection`), in one line; None for a
+        run of the whole matrix."""
+        selection = Partial.from_dict(self.run.plan.get("selection"))
+        return None if selection is None else selection.describe()
 
     @property
     def unverified(self) -> str | None:
@@ -142,6 +150,11 @@ class GateResult:
         return self.exit_code == EXIT_QUALIFIED
 
     @property
+    def partial(self) -> str | None:
+        """A `run -k` run: what it left out (every output says so); None for the whole matrix."""
+        return self.inputs.partial if self.inputs is not None else None
+
+    @property
     def failures(self) -> tuple[CheckResult, ...]:
         """Failed checks, infrastructure errors first: the one count of failures (gate line,
         report banner, junit.xml's failures + errors)."""
@@ -183,6 +196,8 @@ class GateResult:
         if self.error:
             lines.append(f"  {self.error}")
             return "\n".join(lines)
+        if self.partial:
+            lines.append(f"  {terminal_safe(self.partial)}")
         lines.append("  " + counts_text(self.counts))
         for c in self.candidates:
             lines.append(f"  {c.configuration:<22} {candidate_text(c)}")
@@ -202,7 +217,8 @@ class GateResult:
         return {
             "version": JSON_VERSION, "run_dir": str(self.run_dir), "exit_code": self.exit_code,
             "qualified": self.qualified, "verdict": self.verdict_text, "error": self.error,
-            "unverified": self.unverified, "gate_candidate": self.candidate, "counts": self.counts,
+            "unverified": self.unverified, "partial": self.partial, "gate_candidate": self.candidate,
+            "counts": self.counts,
             "candidates": [c.to_dict() for c in self.candidates],
             "checks": [c.to_dict() for c in self.checks],
             "not_gated": [c.to_dict() for c in self.not_gated],

@@ -614,6 +614,8 @@ def render_markdown(inputs: RunInputs, result: GateResult, metas: Mapping[str, C
              f"(exit {result.exit_code})", ""]
     lines.append(f"run `{md_cell(run.run_id)}` · {len(run.cells)} cells · {gate_mod.counts_text(result.counts)}")
     lines.append("")
+    if result.partial:  # before anything judged: this is not the whole matrix
+        lines += [f"> **{md_cell(result.partial[0].upper() + result.partial[1:])}.** The rest of the matrix was not run.", ""]
     scope = judged_scope(inputs, result)
     lines += [f"Judged: {md_cell(scope.what)}" + (f" — {md_cell('; '.join(scope.evidence))}" if scope.evidence else ""), ""]
     if result.candidates:
@@ -736,9 +738,12 @@ def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
     failures + errors is the gate's count of failed checks. Checks `--gate-candidate`
     leaves out are <skipped>, their status in the message."""
     root = ET.Element("testsuites", name=xml_text(f"shadowlab {inputs.matrix.name}"))
-    if result.unverified:
+    if result.unverified or result.partial:
         props = ET.SubElement(root, "properties")
-        ET.SubElement(props, "property", name="shadowlab.unverified", value=xml_text(result.unverified))
+        if result.unverified:
+            ET.SubElement(props, "property", name="shadowlab.unverified", value=xml_text(result.unverified))
+        if result.partial:
+            ET.SubElement(props, "property", name="shadowlab.partial", value=xml_text(result.partial))
     cells = ET.SubElement(root, "testsuite", name="cells")
     cell_error: dict[str, CheckResult] = {}  # the cell's one <error>: the first of CELL_ERRORS failed
     for c in result.checks:
@@ -778,6 +783,12 @@ def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
         case = ET.SubElement(evidence, "testcase", classname="shadowlab.evidence", name="cell records (cells/)")
         ET.SubElement(case, "skipped", message=xml_text(result.unverified))
         suites.append(evidence)
+    if result.partial:  # shown in CI as skipped: the cells `run -k` left out were not qualified
+        selection = ET.SubElement(root, "testsuite", name="selection")
+        case = ET.SubElement(selection, "testcase", classname="shadowlab.selection",
+                             name="cells left out by run -k")
+        ET.SubElement(case, "skipped", message=xml_text(result.partial))
+        suites.append(selection)
     for suite in suites:
         cases = suite.findall("testcase")
         suite.set("tests", str(len(cases)))

@@ -130,3 +130,35 @@ def test_a_partial_run_resumes_as_the_part_it_is(tmp_path):
                            cwd=tmp_path, timeout=300)
     assert other.returncode == 2
     assert "matrix changed" in other.stderr or "-k" in other.stderr
+
+
+def test_every_output_of_a_partial_run_says_it_is_one(tmp_path):
+    """A real run of one configuration of BUDGETED: the terminal summary, `gate` (text and
+    --json), report.md, report.html and junit.xml each name the selection and what was left out;
+    the whole matrix's run says nothing of the kind."""
+    import xml.etree.ElementTree as ET
+
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(BUDGETED)
+    words = "partial run (-k candidate): 2 of 4 warm cells"
+    outputs = {}
+    for name, extra in (("part", ["-k", "candidate"]), ("whole", [])):
+        out = tmp_path / name
+        done = subprocess.run([sys.executable, "-m", "shadowlab", "run", str(matrix), "--out", str(out), *extra],
+                              capture_output=True, text=True, cwd=REPO, timeout=900)
+        assert done.returncode in (0, 1), done.stderr[-3000:]
+        gate_text = subprocess.run([sys.executable, "-m", "shadowlab", "gate", str(out)], capture_output=True,
+                                   text=True, timeout=120).stdout
+        gate_json = json.loads(subprocess.run([sys.executable, "-m", "shadowlab", "gate", str(out), "--json"],
+                                              capture_output=True, text=True, timeout=120).stdout)
+        junit = ET.parse(out / "junit.xml").getroot()
+        outputs[name] = {
+            "terminal": done.stdout + done.stderr, "gate": gate_text, "json": gate_json["partial"] or "",
+            "md": (out / "report.md").read_text(), "html": (out / "report.html").read_text(),
+            "junit": " ".join([*(p.get("value", "") for p in junit.iter("property")),
+                               *(s.get("message", "") for s in junit.iter("skipped"))]),
+        }
+    for where, text in outputs["part"].items():
+        assert words.lower() in text.lower(), where
+    for where, text in outputs["whole"].items():
+        assert "partial run" not in text.lower(), where
