@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from shadowlab.bounds import Bounds
+from shadowlab.commands.gate import GATE_CANDIDATE_HELP
 from shadowlab.exitcodes import (
     EXIT_CHECK_FAILED, EXIT_INFRASTRUCTURE, EXIT_QUALIFIED, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, TRACEBACK_NAME,
 )
@@ -48,6 +49,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                           "one of: " + ", ".join(_known_faults()) + ")")
     run.add_argument("--request-timeout", type=REQUEST_TIMEOUT.argument, default=None, metavar="S",
                      help="seconds a turn may take before its cell fails (default 300)")
+    run.add_argument("--gate-candidate", metavar="NAME", default=None, help=GATE_CANDIDATE_HELP
+                     + " (a name the matrix does not run: exit 2 before anything starts)")
     run.add_argument("--no-report", action="store_true",
                      help="skip verdicts/report/gate after the run (exit 0 if every cell ran, else 3)")
     shard = run.add_mutually_exclusive_group()
@@ -79,6 +82,7 @@ def main(args: argparse.Namespace) -> int:
         judging=attribution.RUN_JUDGING,  # what the run needs judged while it runs (no log read in run/)
         only=tuple(args.only) or _selection_of(args),
         overrides=Overrides.gather(args.binary, args.model),
+        gate_candidate=args.gate_candidate,
     )
     outcome = run.run(options)  # run.Interrupted -> exit 130/143 in cli.main()
     if outcome.run_dir is None:  # dry run
@@ -87,10 +91,10 @@ def main(args: argparse.Namespace) -> int:
     (outcome.run_dir / TRACEBACK_NAME).unlink(missing_ok=True)
     if args.no_report:
         return EXIT_QUALIFIED if outcome.all_ran else EXIT_INFRASTRUCTURE
-    return judge(outcome.run_dir)
+    return judge(outcome.run_dir, args.gate_candidate)
 
 
-def judge(run_dir: Path) -> int:
+def judge(run_dir: Path, candidate: str | None = None) -> int:
     """Verdicts, report and gate on the finished run: the directory is read once and the
     verdicts computed once (written to verdicts.json), then shared by the report and the gate."""
     import sys
@@ -99,7 +103,7 @@ def judge(run_dir: Path) -> int:
     from shadowlab.judge import gate
 
     inputs = gate.load_run(run_dir, write_verdicts=True)
-    result = gate.evaluate_inputs(inputs)
+    result = gate.evaluate_inputs(inputs, candidate)
     report.render_inputs(inputs, result)
     print(f"shadowlab: report in {run_dir}", file=sys.stderr)
     return gate.show(result)

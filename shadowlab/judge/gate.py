@@ -49,7 +49,7 @@ from shadowlab.exitcodes import (
 )
 from shadowlab.judge.expectations import CheckResult, CheckStatus, evaluate as evaluate_checks
 from shadowlab.matrix import Matrix
-from shadowlab.plan.select import Partial
+from shadowlab.plan.select import Partial, check_gate_candidate
 from shadowlab.results.records import CellMeta, terminal_safe
 
 
@@ -291,6 +291,10 @@ def evaluate_inputs(inputs: RunInputs, candidate: str | None = None) -> GateResu
     checks += tuple(budgets.checks(inputs.run, inputs.verdict))  # cost vs benefit against the baseline
     configuration_of = _configuration_of(inputs)
     gated_names = _gated_configurations(inputs.matrix, candidate)
+    if candidate is not None and candidate not in configuration_of.values():
+        # gating a configuration with no cell in the run would qualify it on no evidence
+        raise ShadowlabError(f"--gate-candidate {candidate!r}: no cell of that configuration is in this run",
+                             hint="gate a configuration the run holds (a `run -k` part holds only some)")
     gated = tuple(c for c in checks if configuration_of.get(c.cell_id or "") in gated_names or
                   (c.cell_id or "") not in configuration_of)
     not_gated = tuple(c for c in checks if c not in gated)
@@ -303,9 +307,7 @@ def _gated_configurations(matrix: Matrix, candidate: str | None) -> frozenset[st
     names = list(matrix.configurations)
     if candidate is None:
         return frozenset(names)
-    if candidate not in matrix.configurations:
-        raise ShadowlabError(f"--gate-candidate {candidate!r}: the matrix configures no such configuration",
-                          hint="name one of: " + ", ".join(names))
+    check_gate_candidate(matrix, candidate)  # the run command's rule, before it starts anything
     return frozenset({candidate, *([matrix.baseline] if matrix.baseline else [])})
 
 

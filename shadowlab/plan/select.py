@@ -104,10 +104,13 @@ def _known(matrix: Matrix, selected: list[tuple[str, str, str]]) -> str:
             + "; ".join(parts) + f"; e.g. -k {_cell_id(selected[0])}")
 
 
-def prepare(matrix: Matrix, overrides: Any, only: Sequence[str]) -> tuple[Matrix, dict[str, Any]]:
+def prepare(matrix: Matrix, overrides: Any, only: Sequence[str],
+            gate_candidate: str | None = None) -> tuple[Matrix, dict[str, Any]]:
     """What `shadowlab run` plans from: the matrix with the command line's build and model
     (`matrix.overrides.Overrides`, may be None) and its `-k` selection, and the notes plan.json
-    keeps about both (`overrides`, `selection`; none when neither was given)."""
+    keeps about both (`overrides`, `selection`; none when neither was given). A
+    `--gate-candidate` must name a configuration the (narrowed) matrix runs: checked here,
+    before anything starts."""
     notes: dict[str, Any] = {}
     if overrides:
         notes["overrides"] = overrides.applied_to(matrix)
@@ -115,4 +118,19 @@ def prepare(matrix: Matrix, overrides: Any, only: Sequence[str]) -> tuple[Matrix
     matrix, partial = narrow(matrix, only)
     if partial is not None:
         notes["selection"] = partial.to_dict()
+    if gate_candidate is not None:
+        check_gate_candidate(matrix, gate_candidate)
+        if partial is not None and not any(w.split(".")[1] == gate_candidate for w in partial.warm):
+            raise MatrixError(f"--gate-candidate {gate_candidate!r}: -k left it out (no warm cell of it runs)",
+                              file=str(matrix.path), key_path="configurations",
+                              hint="add -k " + gate_candidate + ", or gate a configuration this part runs")
     return matrix, notes
+
+
+def check_gate_candidate(matrix: Matrix, name: str) -> None:
+    """MatrixError unless `--gate-candidate NAME` names a configuration of `matrix` (the gate's
+    rule too: judge/gate.py asks here)."""
+    if name not in matrix.configurations:
+        raise MatrixError(f"--gate-candidate {name!r}: no configuration of that name in the matrix",
+                          file=str(matrix.path), key_path="configurations",
+                          hint="name one of: " + ", ".join(matrix.configurations))

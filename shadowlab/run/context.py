@@ -67,6 +67,7 @@ class RunOptions:
     request_timeout_s: float | None = None  # --request-timeout; None: DEFAULT_REQUEST_TIMEOUT_S
     shard: shard_module.ShardSpec | None = None  # --shard I/N: run only that shard's cells
     only: tuple[str, ...] = ()  # -k: only these warm cells and their references (plan/select.py)
+    gate_candidate: str | None = None  # --gate-candidate: checked against the plan before anything starts
     overrides: Any = None  # --binary/--model and their variables (matrix/overrides.py)
     reports_dir: Path = Path("reports")
     model_cache: Path = Path("models")

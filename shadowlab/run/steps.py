@@ -36,7 +36,8 @@ from shadowlab.run.turns import ResponseTooLarge
 
 
 def run(options: RunOptions) -> RunOutcome:
-    matrix, notes = plan_select.prepare(load_matrix(options.matrix_path), options.overrides, options.only)
+    matrix, notes = plan_select.prepare(load_matrix(options.matrix_path), options.overrides, options.only,
+                                        options.gate_candidate)
     plan = dataclasses.replace(build_plan(matrix), notes=notes)
     say = options.progress or _stderr_line
     matrix_module.check_machine(matrix, cores=len(isolation.usable_cores()), warn=say if options.dry_run else None)

@@ -14,6 +14,8 @@ import dataclasses
 import gzip
 import json
 import shutil
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from shadowlab.report import CELL_ERRORS, render_run
 from shadowlab.results import rundir
 
 from synthetic_runs import ckpt_verdict, write_run
+
+REPO = Path(__file__).resolve().parents[2]
 
 STORED = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "runs" / "docs"
 
@@ -221,3 +225,35 @@ def test_a_candidate_the_fault_makes_unsafe_fails_alone_and_gating_the_safe_one_
     assert cli.main(["report", str(out), "--gate-candidate", "candidate"]) == EXIT_QUALIFIED
     root = ET.parse(out / "junit.xml").getroot()
     assert root.get("failures") == "0" and root.get("errors") == "0" and int(root.get("skipped")) > 0
+
+
+@pytest.mark.slow
+def test_run_gate_candidate_decides_the_run_s_own_exit_code(tmp_path, capsys):
+    """`shadowlab run --gate-candidate NAME` through the real command line: the same matrix
+    exits 1 without it (the unsafe candidate fails) and 0 gating the safe one, its report says
+    what was not gated; a name the matrix does not run is exit 2 before any cell starts."""
+    matrix = tmp_path / "candidates.yaml"
+    matrix.write_text(CANDIDATES_MATRIX)
+
+    def shadowlab(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "shadowlab", *args], capture_output=True, text=True,
+                              timeout=900, cwd=REPO)
+
+    gated = shadowlab("run", str(matrix), "--out", str(tmp_path / "gated"), "--gate-candidate", "candidate")
+    assert gated.returncode == EXIT_QUALIFIED, gated.stdout + gated.stderr[-3000:]
+    assert "not gated:" in gated.stdout and "gating candidate candidate" in (tmp_path / "gated" / "report.md").read_text()
+    whole = shadowlab("run", str(matrix), "--out", str(tmp_path / "whole"))
+    assert whole.returncode == EXIT_CHECK_FAILED, whole.stdout + whole.stderr[-3000:]
+    unknown = shadowlab("run", str(matrix), "--out", str(tmp_path / "unknown"), "--gate-candidate", "nope")
+    assert unknown.returncode == 2 and "--gate-candidate 'nope'" in unknown.stderr, unknown.stderr
+    assert "name one of: current, candidate, unsafe" in unknown.stderr
+    assert not (tmp_path / "unknown").exists()  # nothing was started or written
+    left_out = shadowlab("run", str(matrix), "--out", str(tmp_path / "part"), "-k", "current",
+                         "--gate-candidate", "unsafe")
+    assert left_out.returncode == 2 and "-k left it out" in left_out.stderr, left_out.stderr
+    assert not (tmp_path / "part").exists()
+    # and the gate of a run directory that holds no cell of it: refused, not qualified on nothing
+    part = shadowlab("run", str(matrix), "--out", str(tmp_path / "part"), "-k", "current", "--no-report")
+    assert part.returncode == 0, part.stderr
+    refused = shadowlab("gate", str(tmp_path / "part"), "--gate-candidate", "unsafe")
+    assert refused.returncode == 2 and "no cell of that configuration is in this run" in refused.stdout + refused.stderr
