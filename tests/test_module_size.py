@@ -26,7 +26,6 @@ KNOWN: dict[str, int] = {
     "shadowlab/logs/parse.py": 1786,
     "shadowlab/logs/analysis.py": 1109,
     "engine/shadowlab_engine/server.py": 820,
-    "shadowlab/report/__init__.py": 811,
     "shadowlab/logs/lifecycle.py": 748,
     "engine/shadowlab_engine/checkpoints.py": 625,
 }

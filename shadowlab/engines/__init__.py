@@ -31,7 +31,7 @@ from typing import Any
 
 from shadowlab.engines.base import (MAX_TOKEN_ID, MAX_TOP_LOGPROBS, EngineAdapterBase, request_fields, token_ids,
                                     top_logprobs)
-from shadowlab.engines.protocol import (MODEL_SOURCES, NO_LOG, READY_PROBE_TEXT, EngineAdapter, EngineIdentity,
+from shadowlab.engines.protocol import (MODEL_SOURCES, NO_LOG, READY_PROBE_TEXT, EngineAdapter, EngineIdentity, StarterRefused,
                                         LogFamily, MalformedAnswer, TurnRequest, TurnResult)
 from shadowlab.engines.registry import (_BUILTIN_FAMILIES, UnknownEngineKind, UnknownLogFamily, check_fault,
                                         fault_names, get_adapter, known_families, known_kinds, log_family, register,
@@ -47,6 +47,7 @@ __all__ = [
     "EngineIdentity",
     "LogFamily",
     "MalformedAnswer",
+    "StarterRefused",
     "TurnRequest",
     "TurnResult",
     "UnknownEngineKind",

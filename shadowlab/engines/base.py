@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from shadowlab.engines.protocol import (MODEL_SOURCES, READY_PROBE_TEXT, EngineIdentity, LogFamily, MalformedAnswer,
-                                        TurnRequest, TurnResult)
+                                        StarterRefused, TurnRequest, TurnResult)
 from shadowlab.engines.registry import log_family
 
 
@@ -59,6 +59,15 @@ class EngineAdapterBase:
     tokenize_hint: str = ""
     build_override: bool = False
     binary_env: str | None = None
+    # `shadowlab init --engine KIND`: how its starter matrix is worded and names the build and
+    # model (starter_engine); None: init does not offer the kind. starter_default: init's default.
+    starter_words: str | None = None
+    starter_default: bool = False
+
+    def starter_engine(self, binary: str | None, model: str | None) -> list[tuple[str, Any, str]]:
+        """The starter matrix's engine keys as (key, value, comment): a value is text or a mapping
+        of text (init writes and quotes them); StarterRefused when `binary`/`model` make none."""
+        raise StarterRefused(f"shadowlab init writes no starter matrix for a {self.kind} engine")
     controlled_env: tuple[str, ...] = ()
     split_control: str = "none"
     # llama.cpp's flag grammar (the reference engine takes the same): context, batch, micro-batch.

@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from shadowlab.errors import ShadowlabError
+
 
 @dataclass(frozen=True)
 class EngineIdentity:
@@ -118,6 +120,10 @@ NO_LOG = LogFamily("none", None, default_level=True, description="the log is not
 
 class MalformedAnswer(ValueError):
     """An answer the adapter cannot read in the kind's own format (a turn's record error)."""
+
+
+class StarterRefused(ShadowlabError):
+    """`shadowlab init` cannot write a starter matrix for this kind with what it was given (exit 2)."""
 
 
 @runtime_checkable

@@ -20,7 +20,6 @@ the gate and CI never disagree. `render_inputs(inputs, result)` renders an alrea
 from __future__ import annotations
 
 import shlex
-import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,21 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from shadowlab import present
-from shadowlab.present import fit_label, label_width, nice_step, num, pct, short_sha, signed
+from shadowlab.present import nice_step, num, pct, short_sha, signed  # nice_step: re-exported (tests)
 from shadowlab.report import decision, traffic as report_traffic
+from shadowlab.report.junit import CELL_ERRORS, render_junit  # re-exported: the report's third file
+from shadowlab.report.timeline import GRID_TURNS, TL_BAR_H, Timeline, build_timeline  # re-exported
 from shadowlab.judge import plausibility
 from shadowlab.results import records
 from shadowlab.judge import gate as gate_mod
-from shadowlab.escape import visible, xml_text
-from shadowlab.judge.expectations import CheckResult, CheckStatus
+from shadowlab.escape import visible, xml_text  # re-exported (tests)
+from shadowlab.judge.expectations import CheckStatus
 from shadowlab.judge.gate import GateResult, RunInputs
 from shadowlab.results.records import CellMeta, RunLayout, write_bytes_atomic
-from shadowlab.judge.verdicts import CellVerdict, CheckpointRef, IdentityStatus, Outcome, RunVerdict, TurnVerdict
+from shadowlab.judge.verdicts import CellVerdict, IdentityStatus, Outcome, RunVerdict, TurnVerdict
 
 HTML_NAME, MARKDOWN_NAME, JUNIT_NAME = RunLayout.REPORT_HTML, RunLayout.REPORT_MD, RunLayout.JUNIT
-# Checks whose failure is the cell's own junit case's <error> (one per cell, the first that
-# failed): a cell that did not run, or one whose engine reported impossible figures.
-CELL_ERRORS = ("ran", "plausible")
 
 
 @dataclass(frozen=True)
@@ -196,135 +194,6 @@ def describe_turn(turn: TurnVerdict) -> str:
             f"cascade erased {erased}{made}")
 
 
-# -- timelines: one SVG per cell, one row per turn, x = token position -----------------------
-# The SVGs carry a viewBox and are drawn at width 100% (at most their own width): they scale to
-# the page. The label column is as wide as its longest label (present.label_width), so no label
-# runs under the bars.
-
-TL_WIDTH = 1200  # the whole SVG's user units
-TL_RIGHT = 170  # outcome column
-TL_ROW = 46
-TL_TOP = 26
-TL_BAR_H = 12
-
-@dataclass(frozen=True)
-class Mark:
-    kind: str  # created | restored | erased | evicted | missed | alive | alive_below
-    x: float
-    y: float
-    title: str
-
-
-@dataclass(frozen=True)
-class TimelineRow:
-    turn: TurnVerdict
-    y: float
-    bar_w: float
-    reused_w: float
-    divergence_x: float | None
-    re_entry_x: float | None
-    marks: tuple[Mark, ...]
-    label: str
-    title: str
-
-
-@dataclass(frozen=True)
-class Timeline:
-    cell: CellVerdict
-    width: int
-    height: int
-    plot_left: int
-    plot_width: int
-    ticks: tuple[tuple[float, str], ...]
-    rows: tuple[TimelineRow, ...]
-    axis_y: float
-
-    @property
-    def folded(self) -> bool:
-        """A long cell (a traffic) starts folded: its summary is in the traffic section."""
-        return len(self.rows) > GRID_TURNS
-
-
-GRID_TURNS = 6  # a cell with more turns is summarised (grid) and folded (timeline)
-
-
-def build_timeline(cell: CellVerdict) -> Timeline:
-    span = max([t.prompt_tokens or 0 for t in cell.turns] + [t.cached_tokens or 0 for t in cell.turns] + [1])
-    left = label_width([_turn_label(t) for t in cell.turns] + ["token position →"])
-    plot = TL_WIDTH - left - TL_RIGHT
-    scale = plot / span
-
-    def x(pos: float) -> float:
-        return round(left + min(max(pos, 0), span) * scale, 1)
-
-    step = nice_step(span, max(2, plot // 110))  # a tick label ("123,456") every ≥ 110 units
-    ticks = tuple((x(v), f"{v:,}") for v in range(0, span + 1, step))
-    rows = tuple(_timeline_row(t, TL_TOP + i * TL_ROW, x, scale) for i, t in enumerate(cell.turns))
-    height = TL_TOP + len(rows) * TL_ROW + 6
-    return Timeline(cell, TL_WIDTH, height, left, plot, ticks, rows, height - 4)
-
-
-def _turn_label(turn: TurnVerdict) -> str:
-    return f"t{turn.index} {fit_label(turn.prompt_id)}"
-
-
-def _timeline_row(turn: TurnVerdict, y: float, x: Any, scale: float) -> TimelineRow:
-    length = turn.prompt_tokens or 0
-    bar_y = y + 16
-    marks: list[Mark] = []
-    restored_key = _ckpt_key(turn.restored) if turn.restored else None
-    gone = {_ckpt_key(c) for c in (*turn.erased_cascade, *turn.erased_other)}
-    missed = {_ckpt_key(c) for c in turn.cascade_missed}
-    below = {_ckpt_key(c) for c in turn.alive_below_divergence}
-    for c in turn.alive_at_start:
-        key = _ckpt_key(c)
-        if key in gone or key == restored_key or key in missed:
-            continue
-        kind = "alive_below" if key in below else "alive"
-        marks.append(Mark(kind, x(c.n_tokens), bar_y - 7, _ckpt_title("alive at turn start", c)))
-    for c in turn.erased_cascade:
-        marks.append(Mark("erased", x(c.n_tokens), bar_y - 7, _ckpt_title("erased by the cascade", c)))
-    for c in turn.erased_other:
-        marks.append(Mark("evicted", x(c.n_tokens), bar_y - 7, _ckpt_title("erased (ring full / too close)", c)))
-    for c in turn.cascade_missed:
-        marks.append(Mark("missed", x(c.n_tokens), bar_y - 7,
-                          _ckpt_title("NOT erased although above the re-entry point (stale)", c)))
-    if turn.restored:
-        extra = f"; took {turn.restore_ms:.2f} ms" if turn.restore_ms is not None else ""
-        marks.append(Mark("restored", x(turn.restored.n_tokens), bar_y + TL_BAR_H / 2,
-                          _ckpt_title("restored", turn.restored) + extra))
-    for c in turn.created:
-        marks.append(Mark("created", x(c.n_tokens), bar_y + TL_BAR_H + 7, _ckpt_title("created", c)))
-    re_entry = turn.re_entry_point
-    reused = re_entry if re_entry is not None else (turn.reused_tokens or 0)
-    label = _turn_label(turn)
-    title = (f"turn {turn.index} ({turn.prompt_id}): {length:,} prompt tokens, outcome "
-             f"{turn.outcome.value}, reused {turn.reused_tokens}, processed {turn.processed_tokens}")
-    return TimelineRow(
-        turn=turn, y=y, bar_w=round(length * scale, 1), reused_w=round(min(reused, length) * scale, 1),
-        divergence_x=x(turn.divergence_point) if turn.divergence_point is not None and turn.index > 0 else None,
-        re_entry_x=x(re_entry) if re_entry is not None and turn.index > 0 else None,
-        marks=tuple(marks), label=label, title=title)
-
-
-def _ckpt_key(c: CheckpointRef) -> tuple[int, int, int]:
-    return (c.pos_min, c.pos_max, c.n_tokens)
-
-
-def _ckpt_title(what: str, c: CheckpointRef) -> str:
-    parts = [f"checkpoint {what}: pos_max {c.pos_max}, n_tokens {c.n_tokens}"]
-    if c.created_turn is not None:
-        parts.append(f"created in turn {c.created_turn}")
-    if c.size_mib is not None:
-        parts.append(f"{c.size_mib:.3f} MiB")
-    if c.took_ms is not None:
-        parts.append(f"{c.took_ms:.2f} ms")
-    if c.line is not None:
-        parts.append(f"engine.log line {c.line}")
-    return "; ".join(parts)
-
-
-# -- identity and provenance ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -726,97 +595,6 @@ def _md_grid_cell(cell: CellVerdict | None) -> str:
     return " → ".join(parts)
 
 
-# ---------------------------------------------------------------- JUnit XML
-
-
-def render_junit(inputs: RunInputs, result: GateResult) -> bytes:
-    """<testsuites> with a `cells` suite (one case per cell) and a `checks` suite (one per check).
-
-    Each failed check is counted once, where it belongs: a cell that did not run (`ran`) or whose
-    engine reported impossible figures (`plausible`) is its cell's <error> (the first of the two
-    to fail; a second stays in `checks`); every other check is its own case in `checks`. So
-    failures + errors is the gate's count of failed checks. Checks `--gate-candidate`
-    leaves out are <skipped>, their status in the message."""
-    root = ET.Element("testsuites", name=xml_text(f"shadowlab {inputs.matrix.name}"))
-    if result.unverified or result.partial:
-        props = ET.SubElement(root, "properties")
-        if result.unverified:
-            ET.SubElement(props, "property", name="shadowlab.unverified", value=xml_text(result.unverified))
-        if result.partial:
-            ET.SubElement(props, "property", name="shadowlab.partial", value=xml_text(result.partial))
-    cells = ET.SubElement(root, "testsuite", name="cells")
-    cell_error: dict[str, CheckResult] = {}  # the cell's one <error>: the first of CELL_ERRORS failed
-    for c in result.checks:
-        if c.cell_id and c.check in CELL_ERRORS and c.status.failed:
-            cell_error.setdefault(c.cell_id, c)
-    own = {id(c) for c in cell_error.values()}
-    skipped_cells = {c.cell_id: c for c in result.not_gated if c.cell_id and c.check in CELL_ERRORS and c.status.failed}
-    cell_ids = list(dict.fromkeys([*inputs.planned, *(c.cell_id for c in inputs.verdict.cells)]))
-    known = {c.cell_id: c for c in inputs.verdict.cells}
-    for cell_id in cell_ids:
-        case = ET.SubElement(cells, "testcase", classname=xml_text(f"shadowlab.cells.{_kind(known, cell_id)}"),
-                             name=xml_text(cell_id))
-        error = cell_error.get(cell_id)
-        if error is not None:
-            _fail(case, "error", error.message, f"{error.check}: {error.message}")
-        elif cell_id in skipped_cells:
-            ET.SubElement(case, "skipped", message=xml_text(_not_gated(result, skipped_cells[cell_id])))
-        if cell_id in known:
-            ET.SubElement(case, "system-out").text = xml_text(_cell_summary(known[cell_id]))
-    checks = ET.SubElement(root, "testsuite", name="checks")
-    for c in (*result.checks, *result.not_gated):
-        if c.check in CELL_ERRORS and (id(c) in own or not c.status.failed or c in result.not_gated):
-            continue  # it is the cell's own test case (a second failure of one cell stays here)
-        case = ET.SubElement(checks, "testcase", classname=xml_text(f"shadowlab.checks.{c.check}"),
-                             name=xml_text(f"{c.subject} [{c.source}]"))
-        if c in result.not_gated:
-            ET.SubElement(case, "skipped", message=xml_text(_not_gated(result, c)))
-        elif c.status.failed:
-            detail = f"expected: {c.expected}\nactual: {c.actual}\n{c.message}"
-            if c.description:
-                detail += f"\nwhy expected: {c.description}"
-            _fail(case, "error" if c.status is CheckStatus.ERROR else "failure",
-                  f"{c.status.value}: {gate_mod.message_after_subject(c)}", detail)
-    suites = [cells, checks]
-    if result.unverified:  # shown in CI as not verified, not as a pass of the evidence
-        evidence = ET.SubElement(root, "testsuite", name="evidence")
-        case = ET.SubElement(evidence, "testcase", classname="shadowlab.evidence", name="cell records (cells/)")
-        ET.SubElement(case, "skipped", message=xml_text(result.unverified))
-        suites.append(evidence)
-    if result.partial:  # shown in CI as skipped: the cells `run -k` left out were not qualified
-        selection = ET.SubElement(root, "testsuite", name="selection")
-        case = ET.SubElement(selection, "testcase", classname="shadowlab.selection",
-                             name="cells left out by run -k")
-        ET.SubElement(case, "skipped", message=xml_text(result.partial))
-        suites.append(selection)
-    for suite in suites:
-        cases = suite.findall("testcase")
-        suite.set("tests", str(len(cases)))
-        suite.set("failures", str(sum(1 for k in cases if k.find("failure") is not None)))
-        suite.set("errors", str(sum(1 for k in cases if k.find("error") is not None)))
-        suite.set("skipped", str(sum(1 for k in cases if k.find("skipped") is not None)))
-    for attr in ("tests", "failures", "errors", "skipped"):
-        root.set(attr, str(sum(int(s.get(attr, "0")) for s in suites)))
-    ET.indent(root)
-    return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
-
-
-def _not_gated(result: GateResult, check: CheckResult) -> str:
-    return f"not gated (--gate-candidate {result.candidate}): {check.status.value}: {gate_mod.message_after_subject(check)}"
-
-
-def _fail(case: ET.Element, tag: str, message: str, text: str) -> None:
-    element = ET.SubElement(case, tag, message=xml_text(message), type=tag)
-    element.text = xml_text(text)
-
-
-def _kind(known: dict[str, CellVerdict], cell_id: str) -> str:
-    return known[cell_id].kind if cell_id in known else "missing"
-
-
-def _cell_summary(cell: CellVerdict) -> str:
-    parts = [f"{cell.kind} {cell.engine}/{cell.configuration}/{cell.sequence}: {cell.status}"]
-    for t in cell.turns:
-        parts.append(f"turn {t.index} {t.prompt_id}: {t.outcome.value}, reused {t.reused_tokens} of "
-                     f"{t.prompt_tokens}")
-    return "\n".join(parts)
+__all__ = ["CELL_ERRORS", "GRID_TURNS", "HTML_NAME", "JUNIT_NAME", "MARKDOWN_NAME", "TL_BAR_H", "ReportPaths", "Timeline",
+           "build_grids", "build_timeline", "md_cell", "nice_step", "render_html", "render_inputs", "render_junit",
+           "render_markdown", "render_run", "visible", "xml_text"]

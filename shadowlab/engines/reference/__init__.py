@@ -68,6 +68,10 @@ class ReferenceAdapter(EngineAdapterBase):
     # Faults come only from a cell's --fault flags: an inherited variable would inject them too.
     controlled_env = (FAULTS_ENV,)
     split_control = "points"  # one request with the warm schedule as `split_points`
+    starter_words = "the reference engine"  # try shadowlab with no build: a seeded model
+
+    def starter_engine(self, binary: str | None, model: str | None) -> list[tuple[str, Any, str]]:
+        return [("model", {"preset": "tiny", "seed": "0"}, "generated, seeded")]
     # What its processes import, in pyproject's `engine` extra: a matrix is refused without them.
     python_requirements = ("torch", "safetensors", "numpy")
 
