@@ -11,7 +11,8 @@ import sys
 
 from .checkpoints import CacheConfig
 from .faults import ENV_VAR, FaultError, parse_faults
-from .server import ServerOptions, engine_version, serve
+from .httpd import serve
+from .server import ServerOptions, engine_version
 from .slotlog import ERROR, INFO, EngineLog
 
 
