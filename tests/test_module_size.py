@@ -26,7 +26,6 @@ KNOWN: dict[str, int] = {
     "shadowlab/logs/parse.py": 1786,
     "shadowlab/logs/analysis.py": 1109,
     "shadowlab/logs/lifecycle.py": 748,
-    "engine/shadowlab_engine/checkpoints.py": 625,
 }
 
 

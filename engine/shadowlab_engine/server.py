@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import slotlog
-from .checkpoints import CacheConfig, PromptCache, Slot, SlotPool
+from .checkpoints import CacheConfig, PromptCache, Slot
+from .slots import SlotPool
 from .faults import Faults
 from .requests import (DEFAULT_N_PREDICT, Completion, Generation, RequestError, TokenEvents,  # noqa: F401 - re-exported
                        _bool_field, _float_field, _int_field, _split_points)

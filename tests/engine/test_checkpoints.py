@@ -20,11 +20,11 @@ from shadowlab_engine.checkpoints import (
     CacheConfig,
     PromptCache,
     Slot,
-    SlotPool,
     common_prefix,
     plan_checkpoints,
 )
 from shadowlab_engine.faults import Faults
+from shadowlab_engine.slots import SlotPool
 from shadowlab_engine.slotlog import EngineLog
 
 
