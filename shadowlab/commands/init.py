@@ -152,6 +152,10 @@ sequences:
       interloper_share: 0.25
       interloper_tokens: [{max(1, a // 40)}, {max(2, a // 20)}]
 
+expectations:          # what every configuration must do; the gate fails the one that does not
+  - {{sequence: append, turn: A_more, min_reused: {a // 2},
+     description: "a conversation that only grows is served from the cache: at least half of A reused"}}
+
 generation: {{n_predict: 8, temperature: 0}}
 isolation: {{cores_per_cell: {threads}}}
 identity: {{required: true, control: true}}   # every warm turn that reused cache = a cold run, byte for byte

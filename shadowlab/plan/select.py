@@ -17,7 +17,7 @@ run never reads as the whole matrix.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,22 +31,35 @@ class Partial:
     warm: tuple[str, ...]  # the warm cell ids kept
     of_warm: int  # warm cells the whole matrix selects
     dropped: tuple[str, ...]  # expectations and budgets left unjudged, as "expectation 2 (line 40)"
+    cells: int = 0  # cells planned for the part (warm, cold references, controls); 0: not counted
+    of_cells: int = 0  # cells the whole matrix plans
 
     def to_dict(self) -> dict[str, Any]:
-        return {"only": list(self.only), "warm_cells": list(self.warm), "of_warm_cells": self.of_warm,
+        data = {"only": list(self.only), "warm_cells": list(self.warm), "of_warm_cells": self.of_warm,
                 "not_judged": list(self.dropped)}
+        if self.of_cells:  # written only when counted: an older plan.json reads as before
+            data.update(planned_cells=self.cells, of_planned_cells=self.of_cells)
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> Partial | None:
         if not isinstance(data, dict):
             return None
         return cls(tuple(data.get("only", ())), tuple(data.get("warm_cells", ())),
-                   int(data.get("of_warm_cells", 0)), tuple(data.get("not_judged", ())))
+                   int(data.get("of_warm_cells", 0)), tuple(data.get("not_judged", ())),
+                   int(data.get("planned_cells", 0)), int(data.get("of_planned_cells", 0)))
+
+    @property
+    def left_out(self) -> int:
+        """Planned cells of the whole matrix the part does not run (warm cells where not counted)."""
+        return self.of_cells - self.cells if self.of_cells else self.of_warm - len(self.warm)
 
     def describe(self) -> str:
         """One line for the dry run, the progress output and the report."""
         text = (f"partial run (-k {' -k '.join(self.only)}): {len(self.warm)} of {self.of_warm} warm cells "
                 "with their references")
+        if self.of_cells:
+            text += f"; {self.left_out} of the matrix's {self.of_cells} planned cells left out"
         if self.dropped:
             text += "; not judged: " + ", ".join(self.dropped)
         return text
@@ -104,19 +117,24 @@ def _known(matrix: Matrix, selected: list[tuple[str, str, str]]) -> str:
             + "; ".join(parts) + f"; e.g. -k {_cell_id(selected[0])}")
 
 
-def prepare(matrix: Matrix, overrides: Any, only: Sequence[str],
-            gate_candidate: str | None = None) -> tuple[Matrix, dict[str, Any]]:
+def prepare(matrix: Matrix, overrides: Any, only: Sequence[str], gate_candidate: str | None = None,
+            count_cells: Callable[[Matrix], int] | None = None) -> tuple[Matrix, dict[str, Any]]:
     """What `shadowlab run` plans from: the matrix with the command line's build and model
     (`matrix.overrides.Overrides`, may be None) and its `-k` selection, and the notes plan.json
     keeps about both (`overrides`, `selection`; none when neither was given). A
     `--gate-candidate` must name a configuration the (narrowed) matrix runs: checked here,
-    before anything starts."""
+    before anything starts. `count_cells` (the run's `len(build_plan(m).cells)`: this module
+    cannot import the plan, which imports it) counts the planned cells of the part and of the
+    whole, for the "N of the matrix's M planned cells left out" every output says."""
     notes: dict[str, Any] = {}
     if overrides:
         notes["overrides"] = overrides.applied_to(matrix)
         matrix = overrides.apply(matrix)
+    whole = matrix
     matrix, partial = narrow(matrix, only)
     if partial is not None:
+        if count_cells is not None:
+            partial = replace(partial, cells=count_cells(matrix), of_cells=count_cells(whole))
         notes["selection"] = partial.to_dict()
     if gate_candidate is not None:
         check_gate_candidate(matrix, gate_candidate)

@@ -37,9 +37,10 @@ from shadowlab.run.turns import ResponseTooLarge
 
 def run(options: RunOptions) -> RunOutcome:
     matrix, notes = plan_select.prepare(load_matrix(options.matrix_path), options.overrides, options.only,
-                                        options.gate_candidate)
+                                        options.gate_candidate, count_cells=lambda m: len(build_plan(m).cells))
     plan = dataclasses.replace(build_plan(matrix), notes=notes)
     say = options.progress or _stderr_line
+    partial = plan_select.Partial.from_dict(notes.get("selection"))
     matrix_module.check_machine(matrix, cores=len(isolation.usable_cores()), warn=say if options.dry_run else None)
     assignment = shard_module.assign(plan, matrix, options.shard.count) if options.shard else None
     if options.dry_run:
@@ -51,6 +52,8 @@ def run(options: RunOptions) -> RunOutcome:
         with lock_run_dir(layout, resume=options.resume):
             write_run_records(layout, matrix, plan, options)
             say(f"shadowlab: run directory {layout.root}")
+            if partial is not None:  # said before any cell starts, not only in the summary
+                say(f"shadowlab: {partial.describe()}")
             with RunContext(layout, options, say, isolation=matrix.isolation, prompt_specs=matrix.prompts,
                             plan=plan) as ctx:
                 prepare_engines(ctx, matrix)

@@ -2,13 +2,16 @@
 GGUF, `run`, `report`, `gate` — on the real llama-server b11434 with a seeded GGUF (issue 24).
 
 Safe: `current` (-cram 0) against `candidate` (-cram 8192) on llama-server: every check passes,
-exit 0 from run and gate. Unsafe: llama-server has no flag that corrupts a restored state (its
-restores are exact), so the unsafe half uses the reference engine's `stale-restore` fault, set
-on the candidate alone through `init --candidate-env` (the fault's environment variable): its
-restored append turn re-enters one token late, the warm output differs from the cold run, and
-run and gate exit 1 naming the candidate's cell while `current` passes. Both halves go through
-the command line a user types, in subprocesses; the build is chosen by llama.cpp's own
-`$LLAMA_SERVER_BIN_PATH` (init writes `binary: auto`), which plan.json records.
+exit 0 from run and gate. Unsafe, on the same engine and nothing standing in for it: a candidate
+that adds `--ctx-checkpoints 0` (a memory trim a user might try). llama-server then creates no
+context checkpoint, so the append probe's second turn, which `current` serves from the
+checkpoint at the end of A, is re-processed in full; init's matrix declares that a conversation
+that only grows must reuse at least half of A, so run and gate exit 1 naming the candidate's
+append cell while `current` passes. (No llama-server flag makes a restored state differ from a
+cold run — its restores copy the state exactly — so it is lost reuse, not a wrong answer, that
+the engine is caught at.) Both halves go through the command line a user types, in
+subprocesses; the build is chosen by llama.cpp's own `$LLAMA_SERVER_BIN_PATH` (init writes
+`binary: auto`), which plan.json records.
 """
 
 from __future__ import annotations
@@ -64,19 +67,34 @@ def test_init_run_report_gate_qualifies_a_safe_llama_server_candidate(tmp_path, 
     assert not [line for line in gate.stdout.splitlines() if line.lstrip().startswith(("FAIL", "ERROR"))]
 
 
-@pytest.mark.slow
-def test_init_run_report_gate_refuses_a_candidate_the_engine_fault_makes_unsafe(tmp_path):
-    init = shadowlab("init", "--engine", "reference", "--candidate-env", "SHADOWLAB_ENGINE_FAULTS=stale-restore",
+@pytest.mark.llama
+def test_init_run_report_gate_refuses_a_candidate_the_engine_makes_lose_its_checkpoints(tmp_path, llama_binary,
+                                                                                          tiny_gguf):
+    init = shadowlab("init", "--model", str(tiny_gguf), "--current", "-cram 0", "--candidate", "--ctx-checkpoints 0",
                      "--tokens", TOKENS, "--threads", "1", cwd=tmp_path)
     assert init.returncode == 0, init.stderr
-    # The append probe is the one that restores under the engine's default placement.
-    run = shadowlab("run", "my-change.yaml", "--out", "run", "-k", "append", cwd=tmp_path)
+    env = {"LLAMA_SERVER_BIN_PATH": str(llama_binary), "SHADOWLAB_BINARY": "", "SHADOWLAB_MODEL": ""}
+    run = shadowlab("run", "my-change.yaml", "--out", "run", cwd=tmp_path, env=env)
     assert run.returncode == 1, run.stdout + run.stderr[-4000:]
+    out = tmp_path / "run"
+    # What the engine did, from its own records: the candidate's process was started with the
+    # flag last (llama.cpp takes the last value), created no checkpoint and re-processed A_more.
+    meta = json.loads((out / "cells" / "mine.candidate.append" / "meta.json").read_text())
+    assert meta["command"][-2:] == ["--ctx-checkpoints", "0"]
+    assert "created context checkpoint" not in (out / "cells" / "mine.candidate.append" / "engine.log").read_text()
+    assert "created context checkpoint" in (out / "cells" / "mine.current.append" / "engine.log").read_text()
+    turns = {c["cell_id"]: c["turns"] for c in json.loads((out / "verdicts.json").read_text())["cells"]}
+    assert turns["mine.candidate.append"][1]["outcome"] == "forced"
+    assert turns["mine.current.append"][1]["outcome"] == "restored"
+    assert turns["mine.current.append"][1]["reused_tokens"] >= int(TOKENS) // 2
     report = shadowlab("report", "run", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
+    assert "mine.candidate.append" in (out / "report.md").read_text()
     gate = shadowlab("gate", "run", cwd=tmp_path)
     assert gate.returncode == 1, gate.stdout + gate.stderr
-    failed = [line for line in gate.stdout.splitlines() if line.lstrip().startswith("FAIL")]
-    assert failed and all("mine.candidate.append" in line for line in failed), gate.stdout
-    assert any("identity" in line and "corrupted_state" in line for line in failed), gate.stdout
-    assert "mine.current.append" not in "\n".join(failed)
+    failed = [line for line in gate.stdout.splitlines() if line.lstrip().startswith(("FAIL", "ERROR"))]
+    assert len(failed) == 1 and "min_reused" in failed[0] and "mine.candidate.append" in failed[0], gate.stdout
+    assert "reused only 0 of" in failed[0]
+    verdicts = {c["configuration"]: c["status"] for c in json.loads(
+        shadowlab("gate", "run", "--json", cwd=tmp_path).stdout)["candidates"]}
+    assert verdicts == {"current": "pass", "candidate": "fail"}
