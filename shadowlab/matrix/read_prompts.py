@@ -7,7 +7,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shadowlab.errors import MatrixError
-from shadowlab.matrix import read_traffic as _read_traffic  # noqa: F401 - registers the traffic kind first
 from shadowlab.matrix import sequences
 from shadowlab.matrix.schema import (CHAT_ROLES, ENDPOINTS, MAX_PROMPT_TOKENS, PROMPT_KINDS, TOKENS,
                                      default, default_endpoint)
