@@ -395,17 +395,27 @@ class Handler(BaseHTTPRequestHandler):
 def escape_with_socket(pidfile: str | None) -> None:
     """setsid-keeps-port / setsid-on-term: a double fork whose grandchild leaves the session and
     keeps every inherited descriptor, the listening socket with them, until it is killed."""
+    # The engine writes the grandchild's pid (told by the intermediate through a pipe) before it
+    # returns, so the test knows of every escape even when shadowlab kills the grandchild at once.
+    r, w = os.pipe()
     if os.fork():
+        os.close(w)
+        told = os.read(r, 32)  # EOF (b"") only if the intermediate died first
+        os.close(r)
+        if pidfile and told:
+            with open(pidfile, "a") as fh:
+                fh.write(f"{int(told)}\n")
         return  # the intermediate exits at once; its zombie stays the engine's until it exits
+    os.close(r)
     os.setsid()
-    if os.fork():
+    grandchild = os.fork()
+    if grandchild:
+        os.write(w, str(grandchild).encode())
         os._exit(0)
+    os.close(w)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if "scrub-environ" in MODES:
         scrub_environment()
-    if pidfile:
-        with open(pidfile, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
     while True:
         time.sleep(3600)
 
