@@ -74,8 +74,10 @@ def head_of(big: Path, small: Path, size: int) -> None:
 def timed(cmd: str, out: Path) -> tuple[float, float, int]:
     """(wall s, CPU s, peak RSS KiB) of a shell command whose stdout goes to `out`."""
     with open(out, "wb") as fh:
+        # cwd=ROOT: `python -m shadowlab` puts the working directory first on sys.path, so run
+        # from elsewhere it would time whichever shadowlab lies there, not this tree's
         p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", "sh", "-c", cmd], stdout=fh, stderr=subprocess.PIPE,
-                           text=True, check=False)
+                           text=True, check=False, cwd=ROOT)
     wall, user, system, rss = p.stderr.strip().splitlines()[-1].split()
     return float(wall), float(user) + float(system), int(rss)
 

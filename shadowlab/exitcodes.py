@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
-import traceback
 from pathlib import Path
 
 EXIT_QUALIFIED = 0
@@ -63,6 +61,9 @@ TRACEBACK_NAME = "shadowlab-error.txt"
 def write_traceback(run_dir: Path | None) -> Path:
     """The current exception's traceback in ``run_dir/shadowlab-error.txt`` (else a temp file):
     an internal error is exit 3 with its traceback kept, never Python's exit 1 ("a check failed")."""
+    import tempfile  # here, not at the top: ~6 ms of every start, needed only after a bug
+    import traceback
+
     text = traceback.format_exc()
     if run_dir is not None:
         with contextlib.suppress(OSError):

@@ -12,7 +12,7 @@ from shadowlab.errors import LogSourceError
 from shadowlab.exitcodes import EXIT_NOT_VERBOSE, EXIT_QUALIFIED, EXIT_USAGE
 from shadowlab.logs import parse as logparse
 from shadowlab.logs.analysis import STDIN, Options, UsageError, analyse, parse_time, render_html, summary
-from shadowlab.results.records import terminal_safe
+from shadowlab.escape import visible as terminal_safe  # records' terminal_safe, without importing records
 
 EXITS = (
     (EXIT_QUALIFIED, "every file was read (the summary, --json, --out, --trace written)"),

@@ -64,6 +64,8 @@ typedef unsigned char v16 __attribute__((vector_size(16)));
 typedef unsigned char v32 __attribute__((vector_size(32)));
 #define MASK16(hit) ((uint32_t)_mm_movemask_epi8((__m128i)(hit)))
 #define MASK32(hit) ((uint32_t)_mm256_movemask_epi8((__m256i)(hit)))
+typedef unsigned char v64 __attribute__((vector_size(64)));
+#define MASK64(hit) ((uint64_t)_mm512_movepi8_mask((__m512i)(hit)))
 #endif
 
 /* ------------------------------------------------------------------ records

@@ -660,10 +660,48 @@ static int put_int(fold_t *f, int64_t v) /* "%lld" without printf's machinery (a
 
 static int put_opt_int(fold_t *f, int has, int64_t v) { return has ? put_int(f, v) : PUT(f, "null"); }
 
+/* float.__repr__ of v when a decimal of at most 6 places, 15 significant digits, is v (the log's
+ * times and milliseconds): that decimal is then the shortest that reads back as v (two decimals
+ * of 15 digits or fewer are two doubles), the one repr writes. (double)k / 1e6 is the correctly
+ * rounded value of k * 10^-6 (k and 10^6 are exact, IEEE division rounds once), as strtod gives.
+ * 0: not such a value (repr's own conversion, the bignum one, writes it). */
+static size_t repr_short(double v, char *out)
+{
+    double a = v < 0 ? -v : v;
+    if (!(a >= 1e-4 && a < 1e9)) /* repr's fixed notation; k below 10^15 */
+        return 0;
+    int64_t k = (int64_t)(a * 1e6 + 0.5);
+    if ((double)k / 1e6 != a)
+        return 0;
+    char digits[24], *end = digits + sizeof digits, *p = end;
+    int64_t frac = k % 1000000, whole = k / 1000000;
+    int places = 6;
+    while (places > 1 && frac % 10 == 0) { /* trailing zeros go; "X.0" keeps one */
+        frac /= 10;
+        places--;
+    }
+    for (int i = 0; i < places; i++, frac /= 10)
+        *--p = (char)('0' + frac % 10);
+    *--p = '.';
+    do {
+        *--p = (char)('0' + whole % 10);
+        whole /= 10;
+    } while (whole);
+    if (v < 0)
+        *--p = '-';
+    size_t n = (size_t)(end - p);
+    memcpy(out, p, n);
+    return n;
+}
+
 static int put_float(fold_t *f, int has, double v) /* float.__repr__, as json.dumps writes it */
 {
     if (!has)
         return PUT(f, "null");
+    char quick[24];
+    size_t n = repr_short(v, quick);
+    if (n)
+        return put(f, quick, n);
     char *text = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (text == NULL)
         return -1;

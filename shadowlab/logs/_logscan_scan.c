@@ -267,7 +267,7 @@ static hit_t search_tail(cp s, cp e, cp p)
     const V zero = {0};                                                                                   \
     const V k = zero + 'k', p_ = zero + 'p', m = zero + 'm', q = zero + 'q', v = zero + 'v',              \
             c = zero + 'c', y = zero + 'y', d = zero + 'd';                                              \
-    for (; p < e && p + READ_AHEAD <= readable; p += WIDTH) {                                            \
+    for (; p < e && p + (15 + WIDTH > READ_AHEAD ? 15 + WIDTH : READ_AHEAD) <= readable; p += WIDTH) {  \
         V a0, a1, a3, a4, a5, a9, a10, a15;                                                               \
         memcpy(&a0, p, WIDTH);                                                                           \
         memcpy(&a1, p + 1, WIDTH);                                                                       \
@@ -279,8 +279,8 @@ static hit_t search_tail(cp s, cp e, cp p)
         memcpy(&a15, p + 15, WIDTH);                                                                     \
         V hit = (V)(((a4 == k) & (a5 == p_)) | ((a0 == p_) & (a3 == m)) | ((a0 == m) & ((a9 == q) | (a9 == d))) | \
                     ((a1 == v) & (a10 == m)) | ((a4 == c) & (a15 == y)));                                \
-        for (uint32_t bits = MASK(hit); bits != 0; bits &= bits - 1) {                                   \
-            cp at = p + __builtin_ctz(bits);                                                             \
+        for (uint64_t bits = MASK(hit); bits != 0; bits &= bits - 1) {                                   \
+            cp at = p + __builtin_ctzll(bits);                                                           \
             if (at >= e)                                                                                 \
                 return (hit_t){NULL, W_NONE};                                                          \
             int w = trigger_word(s, e, at);                                                              \
@@ -308,14 +308,25 @@ __attribute__((target("avx2"))) static hit_t search_v32(cp s, cp e, cp p, cp rea
     SEARCH_BODY(v32, 32, MASK32)
     return search_tail(s, e, p);
 }
+
+/* 64 lanes (AVX-512BW): the loads then reach 15 + 64 bytes past a position */
+__attribute__((target("avx512f,avx512bw"))) static hit_t search_v64(cp s, cp e, cp p, cp readable)
+{
+    SEARCH_BODY(v64, 64, MASK64)
+    return search_tail(s, e, p);
+}
 #endif
 
-/* search: 0 the widest this CPU runs, 1 scalar, 2 16 lanes (SSE2), 3 32 lanes (AVX2); NULL if
- * this build or CPU lacks it. Tests run every variant the machine has against the others. */
+/* search: 0 the widest this CPU runs, 1 scalar, 2 16 lanes (SSE2), 3 32 lanes (AVX2), 4 64 lanes
+ * (AVX-512BW); NULL if this build or CPU lacks it. Tests run every variant the machine has
+ * against the others. */
 search_fn pick_search(int search)
 {
 #ifdef VECTOR_SEARCH
     int avx2 = __builtin_cpu_supports("avx2");
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    if (search == 4 || (search == 0 && avx512))
+        return avx512 ? search_v64 : NULL;
     if (search == 3 || (search == 0 && avx2))
         return avx2 ? search_v32 : NULL;
     if (search == 0 || search == 2)
@@ -327,11 +338,40 @@ search_fn pick_search(int search)
     return search == 1 ? search_scalar : NULL;
 }
 
+#ifdef VECTOR_SEARCH
+/* count_newlines at 32 bytes a time: the spans between two trigger lines are short (a few
+ * lines), so the tail is one more load ending at e, its lanes before the 32-byte steps' end
+ * masked off (a span under 32 bytes goes the scalar way). */
+__attribute__((target("avx2,popcnt"))) static int64_t count_newlines_v32(cp p, cp e)
+{
+    int64_t n = 0;
+    const __m256i nl = _mm256_set1_epi8('\n');
+    if (e - p < 32) {
+        for (; p < e; p++)
+            n += *p == '\n';
+        return n;
+    }
+    for (; e - p >= 32; p += 32)
+        n += __builtin_popcount((uint32_t)_mm256_movemask_epi8(
+            _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)p), nl)));
+    if (p < e) {
+        uint32_t bits = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(e - 32)), nl));
+        n += __builtin_popcount(bits >> (32 - (e - p)));
+    }
+    return n;
+}
+#endif
+
 /* newlines in [p, e) */
 static int64_t count_newlines(cp p, cp e)
 {
     int64_t n = 0;
 #ifdef VECTOR_SEARCH
+    static int avx2 = -1;
+    if (avx2 < 0)
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+    if (avx2)
+        return count_newlines_v32(p, e);
     /* byte counters (a match is -1, subtracted) summed by psadbw before they can overflow */
     const __m128i nl = _mm_set1_epi8('\n'), zero = _mm_setzero_si128();
     while (e - p >= 16) {

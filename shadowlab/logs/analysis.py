@@ -64,7 +64,7 @@ from typing import Any, TextIO
 
 from shadowlab.logs import accel, lifecycle, parse as logparse
 from shadowlab.errors import LogSourceError
-from shadowlab.results.records import terminal_safe
+from shadowlab.escape import visible as terminal_safe  # records' terminal_safe, without importing records
 
 VERSION = 1
 TRACE_VERSION = 2  # 2: shared_with, shared_exact (docs/trace.md)

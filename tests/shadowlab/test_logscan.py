@@ -244,9 +244,9 @@ def test_a_build_from_another_version_is_not_used():
 
 
 def _search_variants() -> list[int]:
-    """The trigger searches this machine can run (1 scalar, 2 SSE2, 3 AVX2)."""
+    """The trigger searches this machine can run (1 scalar, 2 SSE2, 3 AVX2, 4 AVX-512BW)."""
     variants = []
-    for variant in (1, 2, 3):
+    for variant in (1, 2, 3, 4):
         try:
             _scan(b"x\n", 0, 2, variant)
         except ValueError:
