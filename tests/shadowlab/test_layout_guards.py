@@ -39,6 +39,7 @@ KNOWN = {
     ("logs/analysis.py", "llama.cpp"),
     ("logs/analysis.py", "reference"),
     ("logs/analysis.py", "llama.cpp-legacy"),
+    ("logs/events.py", "llama.cpp"),  # ParseStats.family's default (moved out of logs/parse.py)
     ("logs/parse.py", "llama.cpp"),
     ("logs/parse.py", "llama.cpp-legacy"),
     ("logs/parse.py", "ik_llama.cpp"),
