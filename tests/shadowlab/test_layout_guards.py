@@ -35,7 +35,7 @@ PACKAGE = REPO / "shadowlab"
 # parsers are the families' readers (helper C's; LogFamily.parser names them from engines/).
 KNOWN = {
     ("judge/splits.py", "llama.cpp"),
-    ("logs/analysis.py", "ik_llama.cpp"),
+    ("logs/times.py", "ik_llama.cpp"),  # _Clock: ik_llama.cpp prints Unix times (moved out of logs/analysis.py)
     ("logs/analysis.py", "llama.cpp"),
     ("logs/analysis.py", "reference"),
     ("logs/analysis.py", "llama.cpp-legacy"),

@@ -1,0 +1,89 @@
+"""``shadowlab logs``' time: ``--since`` / ``--until`` bounds (``parse_time``) and the clock that
+turns a log's printed times into seconds across restarts. Split out of `shadowlab.logs.analysis` (``shadowlab logs``), which re-exports the names its importers use."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from dataclasses import dataclass
+
+from shadowlab.logs import lifecycle
+from shadowlab.logs.logfiles import SNIFF, UsageError, _Stream
+
+_B11434_TIME = re.compile(rb"(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) ")
+_UNIX = re.compile(rb"timestamp=(\d{1,12})")
+
+
+# --------------------------------------------------------------------------- time
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class TimeBound:
+    seconds: float
+    absolute: bool  # an ISO date (Unix seconds) rather than a duration since the first request
+    text: str = ""  # as given
+
+
+def parse_time(text: str) -> TimeBound:
+    m = _DURATION.match(text)
+    if m:
+        return TimeBound(float(m[1]) * _UNITS[m[2]], False, text)
+    if re.fullmatch(r"\d+(?::\d{1,2}){1,2}", text.strip()):
+        parts = [int(p) for p in text.strip().split(":")]
+        while len(parts) < 3:
+            parts.insert(0, 0)
+        return TimeBound(parts[0] * 3600 + parts[1] * 60 + parts[2], False, text)
+    try:
+        when = _dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--since/--until {text!r}: give a duration (90, 15m, 36h, 2d, 1:30:00) or an ISO date") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=_dt.timezone.utc)
+    return TimeBound(when.timestamp(), True, text)
+
+
+class _Clock:
+    """The time of a request's first line, from the lines themselves (see the module docstring)."""
+
+    def __init__(self, family: str):
+        self.unix = family == "ik_llama.cpp"
+        self.reader: _Stream | None = None
+        self.replay: lifecycle.Replay | None = None  # its restarts restart the elapsed count
+        self.restarts = 0
+        self.base = 0.0
+        self.last: float | None = None
+
+    def __call__(self, offset: int) -> float | None:
+        if self.replay is not None and self.replay.restarts != self.restarts:
+            self.restarts = self.replay.restarts
+            if self.last is not None:  # a new process counts from 0 again: time goes on
+                self.base = self.last
+        found = self.reader.line_at(offset) if self.reader is not None else None
+        if found is None:
+            return self.last
+        chunk, i = found
+        if self.unix:
+            j = chunk.rfind(b"timestamp=", max(0, i - SNIFF), i)
+            if j >= 0:
+                m = _UNIX.match(chunk, j)
+            else:  # the INFO line before may end the block before
+                prev = self.reader.prev if i < SNIFF else b""
+                j = prev.rfind(b"timestamp=")
+                m = _UNIX.match(prev, j) if j >= 0 else None
+            if m:
+                self.last = float(m[1])
+            return self.last
+        m = _B11434_TIME.match(chunk, i)
+        if not m:
+            return self.last
+        elapsed = int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
+        t = elapsed + self.base
+        if self.last is not None and t < self.last - 1.0:  # the server restarted: time goes on
+            self.base = self.last
+            t = elapsed + self.base
+        self.last = t
+        return t
