@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
-
 MAX_SAMPLES = 5
 # What a matrix `log_patterns` regex sees of a line: its backtracking is its author's, so a
 # hostile line can cost it at most this much text, not MAX_LINE (real lines are < 600 chars).
 EXTRA_PATTERN_CHARS = 4096
 SAMPLE_CHARS = 240
-
 
 
 # --------------------------------------------------------------------------- events
@@ -305,7 +303,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
     )
 }
 EVENT_KINDS = tuple(EVENT_TYPES)
-
 
 
 # --------------------------------------------------------------------------- extra patterns

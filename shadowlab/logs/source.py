@@ -20,7 +20,6 @@ GZIP_STEP = 1 << 16  # compressed bytes read at a time (a corrupt stream is salv
 GZIP_OUT = 1 << 20  # text decompressed ahead at most: a gzip bomb costs time, not memory
 
 
-
 # --------------------------------------------------------------------------- reading
 
 
@@ -81,7 +80,6 @@ def _check_source(source: Any) -> None:
             f"got {type(source).__name__}, not a log source", source="parse()",
             hint="pass the log's path, a binary file object or an iterable of lines",
         )
-
 
 
 class LogText(io.RawIOBase):

@@ -120,7 +120,6 @@ _CACHE_CANDIDATE = re.compile(
 _ANSI = re.compile(r"\x1b\[[\d;]*m")
 
 
-
 class _Benign(Exception):
     """A line with a trigger word that is known and carries no event."""
 
