@@ -341,9 +341,17 @@ def _expectation_on_cell(x: Expectation, cell: CellVerdict, source: str) -> list
         out.append(_min_recovered(x, cell, turns, source))
     for turn in turns:
         for name in checks:
-            if name not in ("max_forced", "min_recovered_share"):
-                out.append(_turn_check(name, x, cell, turn, source))
+            if name in ("max_forced", "min_recovered_share"):
+                continue
+            if name == "identity" and x.turn is None and _own_reference(turn):
+                continue  # every turn of the cell: the cold first turn is the reference, not a turn to compare
+            out.append(_turn_check(name, x, cell, turn, source))
     return out
+
+
+def _own_reference(turn: TurnVerdict) -> bool:
+    """The first turn of a fresh process: computed cold, it has no other run to equal."""
+    return turn.index == 0 and turn.outcome is Outcome.COLD and turn.identity is None
 
 
 def _unjudged(name: str, x: Expectation, cell: CellVerdict, source: str) -> CheckResult:

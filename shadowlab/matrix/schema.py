@@ -365,7 +365,8 @@ SCHEMA: dict[str, Section] = {
         Key("sequence", "glob", "*", "Which cells: sequence name or pattern."),
         Key("turn", "int | prompt id", Derived("every turn"),
             "The turn checked: 0-based index or the prompt id; omitted: every turn of the cell "
-            "(the first one is `cold`), and `max_forced` counts over them.",
+            "(the first one is `cold`; `identity` leaves it out, it is the reference), and `max_forced` "
+            "counts over them.",
             bounds=Bounds(0, MAX_TRAFFIC_REQUESTS - 1, integer=True)),
         Key("description", "str", "", "Why this is expected (shown in the report)."),
         Key("outcome", "outcome | list of outcomes", None, "Allowed outcomes: " + ", ".join(OUTCOMES) + "."),

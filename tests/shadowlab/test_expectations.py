@@ -152,6 +152,24 @@ def test_identity_true_on_an_expectation_fails_without_a_comparison():
     assert bad.check == "identity" and bad.source.startswith("expectation 1")
 
 
+def test_identity_true_over_every_turn_leaves_out_the_cold_first_turn_only():
+    """`identity: true` without `turn`: the fresh process's cold first turn is the reference, not
+    a turn to compare (it once failed every such expectation with "no cold reference"); every
+    later turn is still held to it, and naming turn 0 explicitly still asks for a comparison."""
+    matrix = _small_matrix("  - {sequence: A-C, identity: true}")
+    verdict = _small_verdict()
+    results = [r for r in evaluate(matrix, verdict) if r.source.startswith("expectation 1")]
+    assert [r.turn for r in results] == [1] and failed(results) == []
+    ident = IdentityCheck(IdentityStatus.MISMATCH, reference_cell="ref.defaults.cold.C", reused_tokens=10,
+                          first_diff_token=0)
+    broken = with_turn(verdict, "ref.defaults.A-C", 1, identity=ident)
+    assert [(r.check, r.turn) for r in failed(evaluate(matrix, broken)) if r.source.startswith("expectation 1")] \
+        == [("identity", 1)]
+    explicit = _small_matrix("  - {sequence: A-C, turn: 0, identity: true}")
+    (bad,) = failed(evaluate(explicit, verdict))
+    assert (bad.check, bad.turn) == ("identity", 0) and "no cold reference" in bad.message
+
+
 def test_control_mismatch_is_inconclusive_and_fails():
     bad = failed(evaluate(MATRIX, ckpt_verdict(control_mismatch=True)))
     assert bad and {(r.check, r.status) for r in bad} == {("control", CheckStatus.INCONCLUSIVE)}
