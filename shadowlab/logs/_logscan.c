@@ -17,7 +17,7 @@ static PyMethodDef methods[] = {
     {"fold_events", fold_events, METH_VARARGS, "fold_events(state, body, n, base_offset, [(kind, event), ...]) -> "
                                                "None | str"},
     {"fold_finish", fold_finish, METH_VARARGS, "fold_finish(state) -> dict | str"},
-    {"fold_trace", fold_trace, METH_VARARGS, "fold_trace(state) -> bytes: the trace lines since the last call"},
+    {"fold_trace", fold_trace, METH_VARARGS, "fold_trace(state) -> (bytes, lines): the trace lines since the last call"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -137,7 +137,8 @@ typedef struct {
     int n_slots, cur; /* cur: the slot of the request being read, -1: none */
     int64_t cur_task, last_task, n_swa, restarts, serial, ring_seq, epoch, emitted, rows_wanted, fig_order;
     int has_n_swa, has_first, has_clock, began; /* began: a start line or a request was seen */
-    double first_time, clock_base, clock_last;
+    double first_time;
+    int64_t clock_base, clock_last; /* microseconds (logs._Clock's base_us, last_us) */
     check_t checks[CHECK_TABLE];
     int checks_live, checks_used; /* used: entries not empty (live or removed) */
     int touched[TOUCHED];         /* the first entries used, to clear them one by one */
@@ -156,6 +157,7 @@ typedef struct {
     PyObject *server_json; /* --trace: the server's name as JSON (bytes); NULL: no trace */
     char *tr;              /* the trace lines not yet taken (fold_trace) */
     size_t tr_n, tr_cap;
+    Py_ssize_t tr_lines;   /* the trace lines in tr */
     int64_t kinds[N_KINDS]; /* events read, per kind (logparse's ParseStats.kinds) */
     finder_t *finder;       /* fold_block's, made at its first call */
 } fold_t;
@@ -527,7 +529,8 @@ static int add_ok(fold_t *f, int64_t *acc, int64_t v)
     return 1;
 }
 
-/* logs._Clock for b11434 elapsed times: M.SS.mmm.uuu at the line start */
+/* logs._Clock for b11434 elapsed times: M.SS.mmm.uuu at the line start, counted in whole
+ * microseconds (the printed decimal, no float error carried into sums) and given as seconds */
 static int clock_at(fold_t *f, cp s, cp e, double *t)
 {
     int64_t m = 0;
@@ -538,25 +541,31 @@ static int clock_at(fold_t *f, cp s, cp e, double *t)
         ok = is_digit(p[i]);
     ok = ok && p[7] == '.' && is_digit(p[8]) && is_digit(p[9]) && is_digit(p[10]) && p[11] == ' ';
     if (!ok) {
-        *t = f->clock_last;
+        *t = (double)f->clock_last / 1e6;
         return f->has_clock;
     }
-    if (big || m > INT64_MAX / 60 - 100) {
+    if (big || m > INT64_MAX / 60000000 - 1) {
         f->fallback = "a timestamp past int64";
         return 0;
     }
     int64_t ss = (p[1] - '0') * 10 + (p[2] - '0');
     int64_t ms = (p[4] - '0') * 100 + (p[5] - '0') * 10 + (p[6] - '0');
     int64_t us = (p[8] - '0') * 100 + (p[9] - '0') * 10 + (p[10] - '0');
-    double elapsed = (double)(m * 60 + ss) + (double)ms / 1e3 + (double)us / 1e6;
-    double now = elapsed + f->clock_base;
-    if (f->has_clock && now < f->clock_last - 1.0) { /* the server restarted: time goes on */
+    int64_t elapsed = ((m * 60 + ss) * 1000 + ms) * 1000 + us, now;
+    if (__builtin_add_overflow(elapsed, f->clock_base, &now)) {
+        f->fallback = "a timestamp past int64";
+        return 0;
+    }
+    if (f->has_clock && now < f->clock_last - 1000000) { /* the server restarted: time goes on */
         f->clock_base = f->clock_last;
-        now = elapsed + f->clock_base;
+        if (__builtin_add_overflow(elapsed, f->clock_base, &now)) {
+            f->fallback = "a timestamp past int64";
+            return 0;
+        }
     }
     f->clock_last = now;
     f->has_clock = 1;
-    *t = now;
+    *t = (double)now / 1e6;
     return 1;
 }
 
@@ -769,7 +778,10 @@ static int trace_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt,
     for (int i = 0; i < 3; i++)
         if (flags[i] && ((k++ && PUT(f, ",")) || put_str(f, names[i])))
             return -1;
-    return PUT(f, "]}\n");
+    if (PUT(f, "]}\n"))
+        return -1;
+    f->tr_lines++;
+    return 0;
 }
 
 /* lifecycle.Replay._close, then logs._server's take() without filters: Figures.add, the time
@@ -1681,15 +1693,19 @@ static fold_t *state_arg(PyObject *args)
     return PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
 }
 
-/* fold_trace(state) -> bytes: the trace lines written since the last call (and forgotten here) */
+/* fold_trace(state) -> (bytes, lines): the trace lines written since the last call (and
+ * forgotten here), and how many */
 PyObject *fold_trace(PyObject *self, PyObject *args)
 {
     (void)self;
     fold_t *f = state_arg(args);
     if (f == NULL)
         return NULL;
-    PyObject *out = PyBytes_FromStringAndSize(f->tr, (Py_ssize_t)f->tr_n);
-    f->tr_n = 0;
+    PyObject *out = Py_BuildValue("(y#n)", f->tr, (Py_ssize_t)f->tr_n, f->tr_lines);
+    if (out != NULL) {
+        f->tr_n = 0;
+        f->tr_lines = 0;
+    }
     return out;
 }
 

@@ -302,9 +302,11 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
                        server_notes + done["notes"][:5] + done["ring_notes"][:5]), fig
 
 
-def _write_trace(trace: TextIO, text: bytes) -> int:
-    """The fold's trace lines (ASCII JSON): the number of lines written. To a file's binary layer
-    when it has one (no decoding and encoding again), after what its text layer holds."""
+def _write_trace(trace: TextIO, taken: tuple[bytes, int]) -> int:
+    """The fold's trace lines (ASCII JSON) and their count (the fold counts them: no pass over
+    the text): the number of lines written. To a file's binary layer when it has one (no
+    decoding and encoding again), after what its text layer holds."""
+    text, lines = taken
     if not text:
         return 0
     raw = getattr(trace, "buffer", None)
@@ -313,7 +315,7 @@ def _write_trace(trace: TextIO, text: bytes) -> int:
         raw.write(text)
     else:
         trace.write(text.decode("ascii"))
-    return text.count(b"\n")
+    return lines
 
 
 def _server_doc(server: str, pieces: list[str], family: str, unix: bool, restarts: int, fig: Figures,

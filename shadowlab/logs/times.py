@@ -54,14 +54,15 @@ class _Clock:
         self.reader: _Stream | None = None
         self.replay: lifecycle.Replay | None = None  # its restarts restart the elapsed count
         self.restarts = 0
-        self.base = 0.0
+        self.base_us = 0  # b11434: whole microseconds, so a sum carries no float error
+        self.last_us: int | None = None
         self.last: float | None = None
 
     def __call__(self, offset: int) -> float | None:
         if self.replay is not None and self.replay.restarts != self.restarts:
             self.restarts = self.replay.restarts
-            if self.last is not None:  # a new process counts from 0 again: time goes on
-                self.base = self.last
+            if self.last_us is not None:  # a new process counts from 0 again: time goes on
+                self.base_us = self.last_us
         found = self.reader.line_at(offset) if self.reader is not None else None
         if found is None:
             return self.last
@@ -80,10 +81,11 @@ class _Clock:
         m = _B11434_TIME.match(chunk, i)
         if not m:
             return self.last
-        elapsed = int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6
-        t = elapsed + self.base
-        if self.last is not None and t < self.last - 1.0:  # the server restarted: time goes on
-            self.base = self.last
-            t = elapsed + self.base
-        self.last = t
-        return t
+        elapsed = ((int(m[1]) * 60 + int(m[2])) * 1000 + int(m[3])) * 1000 + int(m[4])
+        t = elapsed + self.base_us
+        if self.last_us is not None and t < self.last_us - 1_000_000:  # the server restarted: time goes on
+            self.base_us = self.last_us
+            t = elapsed + self.base_us
+        self.last_us = t
+        self.last = t / 1e6
+        return self.last

@@ -694,3 +694,39 @@ def test_the_fold_reads_the_b11434_start_up_and_idle_slot_lines_itself(monkeypat
     # but one kind of line: the argument parser's warning about a repeated flag
     warnings = sum(p.read_bytes().count(b"W DEPRECATED: argument '--ctx-checkpoints'") for p in paths)
     assert doc["reader"] == {"c_fold": len(paths), "python_replay": [], "lines_handed_back": warnings}, doc["reader"]
+
+
+@needs_c
+def test_trace_times_are_the_printed_microseconds_also_after_a_restart(tmp_path, monkeypatch):
+    """b11434 prints each line's elapsed time as M.SS.mmm.uuu. A request's trace time is that
+    decimal in seconds, plus the time the server had reached before it restarted. The clock sums
+    whole microseconds, so the times carry no float error (summed as floats, 9 of 10 printed as
+    246.90334199999998), the same in the C fold and in Python; after the restart every time is
+    the first run's plus the last time the clock read before it (the last request's), exactly."""
+    import json
+    import re
+    from decimal import Decimal
+
+    from shadowlab.logs import analysis as logs
+
+    _make_prodlogs().generate(tmp_path, "b11434", seed=3, requests=120, slots=2, pieces=1, chatter=True)
+    one = (tmp_path / "server0.log").read_bytes()
+    twice = tmp_path / "restarted.log"
+    twice.write_bytes(one + one)
+
+    def trace_times() -> list[str]:
+        options = logs.Options()
+        options.trace = io.StringIO()
+        logs.analyse([str(twice)], options)
+        lines = options.trace.getvalue().splitlines()[1:]
+        assert all(json.loads(line)["time"] is not None for line in lines)
+        return [re.search(r'"time":([^,]*),', line).group(1) for line in lines]
+
+    folded = trace_times()
+    monkeypatch.setattr(lp, "_logscan", None)
+    assert trace_times() == folded
+    assert all(re.fullmatch(r"\d+\.\d{1,6}", t) for t in folded), [t for t in folded if len(t) > 14][:3]
+    n = len(folded) // 2
+    assert n > 50 and len(folded) == 2 * n
+    base = Decimal(folded[n - 1])
+    assert [Decimal(t) for t in folded[n:]] == [Decimal(t) + base for t in folded[:n]]
