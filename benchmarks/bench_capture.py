@@ -2,6 +2,7 @@
 what nginx's mirror to the capture sink adds to the primary's, under a real load generator.
 
     python benchmarks/bench_capture.py [--seconds 15] [--rounds 3] [--connections 32] [--out DIR]
+                                       [--think-ms MS] [--pin SERVER_CPUS:CAPTURE_CPUS]
     python benchmarks/bench_capture.py --mirror-faults
 
 Starts a real llama-server (the seeded tiny GGUF, `-np 32`: every connection has a slot, so a
@@ -16,6 +17,19 @@ Each capture runs twice: recording (the recorder tokenizes each exchange on the 
 writes the trace) and "unrecorded" (a channel too small for any frame: every exchange dropped and
 counted, so only the forwarding path, or nginx's mirror and the sink, run); the difference
 separates what the request path costs from what the recording's CPU costs a saturated machine.
+
+Two loads. Closed loop (the default): every connection sends its next request as soon as its
+answer ends, so the server is always saturated and a request's latency is mostly its queue.
+`--think-ms MS`: each connection waits an exponentially distributed pause (mean MS, wrk's
+`delay()`) before its next request, as a user reading an answer does; 32 streams then offer a
+load below saturation and a request's latency is its own service time, in which a hop's cost
+can be resolved. `--pin 0:1`: llama-server and wrk run on the first CPU list, the capture fronts
+(their recorders) and nginx on the second (inherited at exec, every thread included), so the
+hop's CPU is not taken from the server it measures, as on a production machine whose server
+has cores of its own. "direct (again)" runs the direct setup a second time in every round: the
+difference of the two direct runs is the noise floor, the smallest difference the run resolves.
+"tokenizer apart": the capture's recorder tokenizes on a second llama-server with the same GGUF
+(`capture --tokenizer`, on the capture's CPUs), not on the production server it measures.
 
 Per run: wrk's latency percentiles (50, 75, 90, 99), requests per second, errors; the proxy's
 CPU time per request (psutil, front process only). Reported: per setup the median over rounds
@@ -46,8 +60,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shadowlab.engines import gguf_model  # noqa: E402
-from shadowlab.run import isolation
+from shadowlab.engines.llama_server import gguf_model  # noqa: E402
+from shadowlab.run import isolation  # noqa: E402
 from shadowlab.capture import mirror  # noqa: E402
 from shadowlab.engines import llama_server  # noqa: E402
 
@@ -57,13 +71,14 @@ local words = {"cache", "slot", "turn", "prefix", "state", "token", "model", "ba
 local n = 0
 setup = function(thread) thread:set("seed", math.random(1, 1000000)) end
 init = function(args) math.randomseed(seed) end
+%(delay)s
 request = function()
   n = n + 1
   local text = {}
   for i = 1, %(words)d do text[i] = words[math.random(1, #words)] end
   local body = '{"messages":[{"role":"user","content":"' .. n .. ' ' .. table.concat(text, " ") ..
                '"}],"max_tokens":%(max_tokens)d,"temperature":0,"stream":true,"logit_bias":' .. banned .. '}'
-  return wrk.format("POST", "/v1/chat/completions", {["Content-Type"] = "application/json"}, body)
+  return wrk.format("POST", "/v1/chat/completions", {["Content-Type"] = "application/json"%(close)s}, body)
 end
 """
 
@@ -78,9 +93,21 @@ def wait_port(port: int, timeout_s: float = 60.0) -> None:
     raise TimeoutError(f"port {port} not listening")
 
 
-def start(argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+def start(argv: list[str], log: Path, env: dict | None = None, cpus: set[int] | None = None) -> subprocess.Popen:
+    """`argv` in a session of its own; `cpus`: its CPU affinity, set before exec (so every thread
+    and child it starts has it)."""
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     return subprocess.Popen(argv, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env,  # noqa: SIM115
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=pin)
+
+
+def cpu_list(text: str) -> set[int]:
+    """'0', '0-3', '0,2': a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -93,10 +120,12 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def wrk(port: int, script: Path, seconds: int, connections: int) -> dict:
-    out = subprocess.run(["wrk", "-t", "2", "-c", str(connections), "-d", f"{seconds}s", "--latency",
+def wrk(port: int, script: Path, seconds: int, connections: int, cpus: set[int] | None = None) -> dict:
+    threads = "2" if cpus is None else str(min(2, len(cpus)))
+    out = subprocess.run(["wrk", "-t", threads, "-c", str(connections), "-d", f"{seconds}s", "--latency",
                           "--timeout", "30s", "-s", str(script), f"http://127.0.0.1:{port}"],
-                         capture_output=True, text=True, timeout=seconds + 120, check=True).stdout
+                         capture_output=True, text=True, timeout=seconds + 120, check=True,
+                         preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))).stdout
     pct = {p: _ms(v, u) for p, v, u in re.findall(r"^\s+(50|75|90|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     requests = int(re.search(r"(\d+) requests in", out).group(1))
@@ -119,6 +148,14 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=8, help="tokens per answer (streamed: one event each)")
     p.add_argument("--words", type=int, default=12, help="words per prompt")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--think-ms", type=float, default=0.0,
+                   help="mean pause before a connection's next request (exponential; 0: closed loop, saturated)")
+    p.add_argument("--connection-close", action="store_true",
+                   help="every request says Connection: close, so every setup opens a connection per request "
+                        "(llama-server closes after each streamed answer anyway; the proxy keeps its client's)")
+    p.add_argument("--no-nginx", action="store_true", help="direct and proxy setups only")
+    p.add_argument("--pin", default=None, metavar="SERVER_CPUS:CAPTURE_CPUS",
+                   help="CPU lists, e.g. 0:1 -- llama-server and wrk on the first, capture and nginx on the second")
     p.add_argument("--mirror-faults", action="store_true",
                    help="instead: a hung and a dead capture sink behind nginx's mirror, one keep-alive client")
     args = p.parse_args()
@@ -133,18 +170,32 @@ def main() -> int:
     if args.mirror_faults:
         mirror_faults(work, binary, model, banned)
         return 0
+    server_cpus = capture_cpus = None
+    if args.pin:
+        server_cpus, capture_cpus = (cpu_list(part) for part in args.pin.split(":"))
+    delay = ("" if not args.think_ms else
+             "delay = function() return math.floor(-math.log(1 - math.random()) * %g) end" % args.think_ms)
     script = work / "chat.lua"
-    script.write_text(LUA % {"banned": banned, "max_tokens": args.max_tokens, "words": args.words})
-    leases = [isolation.lease_port() for _ in range(8)]
-    llama_p, proxy_p, proxy_u, sink_p, sink_u, nginx_p, nginx_u, plain_p = (lease.port for lease in leases)
+    close = ', ["Connection"] = "close"' if args.connection_close else ""
+    script.write_text(LUA % {"banned": banned, "max_tokens": args.max_tokens, "words": args.words, "delay": delay,
+                             "close": close})
+    leases = [isolation.lease_port() for _ in range(12)]
+    (llama_p, proxy_p, proxy_u, sink_p, sink_u, nginx_p, nginx_u, plain_p, tok_p, proxy_t, sink_t,
+     nginx_t) = (lease.port for lease in leases)
     procs = []
     try:
         env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
         procs.append(start([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(llama_p), "-t", "1",
                             "-np", str(args.connections), "-c", str(512 * args.connections), "--kv-unified",
-                            "-cram", "0"], work / "llama.log", env))
+                            "-cram", "0"], work / "llama.log", env, server_cpus))
+        # "tokenizer apart": a second llama-server with the same GGUF, on the capture's CPUs, that
+        # only tokenizes (capture --tokenizer): the recording's load off the production server
+        procs.append(start([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(tok_p), "-t", "1",
+                            "-np", "1", "-c", "512", "-cram", "0"], work / "tokenizer.log", env, capture_cpus))
         wait_port(llama_p)
+        wait_port(tok_p)
         upstream = f"http://127.0.0.1:{llama_p}"
+        apart = ["--tokenizer", f"http://127.0.0.1:{tok_p}"]
         cap = [sys.executable, "-m", "shadowlab", "capture"]
         # "unrecorded": the same front with a channel too small for any frame, so every exchange
         # is dropped (counted) and the recorder never tokenizes: the forwarding path alone.
@@ -153,12 +204,14 @@ def main() -> int:
         for name, port, argv in (("proxy", proxy_p, ["--upstream", upstream]),
                                  ("proxy-unrecorded", proxy_u, ["--upstream", upstream, *quiet]),
                                  ("mirror", sink_p, ["--mirror", "--tokenizer", upstream]),
-                                 ("mirror-unrecorded", sink_u, ["--mirror", "--tokenizer", upstream, *quiet])):
+                                 ("mirror-unrecorded", sink_u, ["--mirror", "--tokenizer", upstream, *quiet]),
+                                 ("proxy-apart", proxy_t, ["--upstream", upstream, *apart]),
+                                 ("mirror-apart", sink_t, ["--mirror", *apart])):
             fronts[name] = start([*cap, *argv, "--listen", f"127.0.0.1:{port}", "--out", str(work / name)],
-                                 work / f"{name}.log")
+                                 work / f"{name}.log", cpus=capture_cpus)
             procs.append(fronts[name])
         for port, sink, name in ((nginx_p, sink_p, "nginx-mirror"), (nginx_u, sink_u, "nginx-mirror-unrecorded"),
-                                 (plain_p, None, "nginx-plain")):
+                                 (nginx_t, sink_t, "nginx-mirror-apart"), (plain_p, None, "nginx-plain")):
             prefix = work / name
             prefix.mkdir(exist_ok=True)
             conf = mirror.nginx_config(f"127.0.0.1:{port}", f"127.0.0.1:{llama_p}", f"127.0.0.1:{sink or sink_p}")
@@ -166,24 +219,27 @@ def main() -> int:
                 conf = conf.replace("mirror /_shadowlab_capture;", "").replace("mirror_request_body on;", "")
             (prefix / "nginx.conf").write_text(conf)
             procs.append(start([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(prefix), "-c", "nginx.conf"],
-                               prefix / "nginx.log"))
-        for port in (proxy_p, proxy_u, sink_p, sink_u, nginx_p, nginx_u, plain_p):
+                               prefix / "nginx.log", cpus=capture_cpus))
+        for port in (proxy_p, proxy_u, sink_p, sink_u, proxy_t, sink_t, nginx_p, nginx_u, nginx_t, plain_p):
             wait_port(port)
         proxy = fronts["proxy"]
-        setups = {"direct": llama_p, "proxy": proxy_p, "proxy-unrecorded": proxy_u, "nginx": plain_p,
-                  "nginx+mirror": nginx_p, "nginx+mirror-unrecorded": nginx_u}
-        wrk(llama_p, script, 3, args.connections)  # warm-up
+        setups = {"direct": llama_p, "proxy": proxy_p, "direct (again)": llama_p, "proxy-unrecorded": proxy_u,
+                  "proxy, tokenizer apart": proxy_t, "nginx": plain_p, "nginx+mirror": nginx_p,
+                  "nginx+mirror-unrecorded": nginx_u, "nginx+mirror, tokenizer apart": nginx_t}
+        if args.no_nginx:
+            setups = {k: v for k, v in setups.items() if not k.startswith("nginx")}
+        wrk(llama_p, script, 3, args.connections, server_cpus)  # warm-up
         front = psutil.Process(proxy.pid)
         runs: dict[str, list[dict]] = {name: [] for name in setups}
         for r in range(args.rounds):
             for name, port in setups.items():
                 cpu0 = sum(front.cpu_times()[:2])
-                result = wrk(port, script, args.seconds, args.connections)
+                result = wrk(port, script, args.seconds, args.connections, server_cpus)
                 if name == "proxy":
                     result["proxy_cpu_ms_per_request"] = (sum(front.cpu_times()[:2]) - cpu0) * 1e3 / result["requests"]
                 result["load"] = os.getloadavg()[0]
                 runs[name].append(result)
-                print(f"round {r + 1} {name:13s} " + json.dumps(result), flush=True)
+                print(f"round {r + 1} {name:30s} " + json.dumps(result), flush=True)
         report(runs, work, args)
     finally:
         for proc in reversed(procs):
@@ -258,14 +314,19 @@ def mirror_faults(work: Path, binary: Path, model: Path, banned: str, requests: 
 
 def report(runs: dict[str, list[dict]], work: Path, args: argparse.Namespace) -> None:
     doc = {"connections": args.connections, "seconds": args.seconds, "rounds": args.rounds, "runs": runs,
-           "trace_lines": {k: _lines(work / k) for k in ("proxy", "mirror", "proxy-unrecorded", "mirror-unrecorded")}}
-    print("\nmedian over rounds (ms)         p50      p75      p90      p99    req/s")
+           "think_ms": args.think_ms, "pin": args.pin, "nproc": os.cpu_count(),
+           "trace_lines": {k: _lines(work / k) for k in ("proxy", "mirror", "proxy-unrecorded", "mirror-unrecorded",
+                                                         "proxy-apart", "mirror-apart")}}
+    print(f"\n  {'median over rounds (ms)':30s}" + "".join(f"{k:>9s}" for k in ("p50", "p75", "p90", "p99", "req/s")))
     for name, rs in runs.items():
-        print(f"  {name:24s}" + "".join(f"{statistics.median(r[k] for r in rs):9.2f}"
+        print(f"  {name:30s}" + "".join(f"{statistics.median(r[k] for r in rs):9.2f}"
                                         for k in ("p50", "p75", "p90", "p99"))
               + f"{statistics.median(r['rps'] for r in rs):9.1f}")
-    for a, b in (("proxy", "direct"), ("proxy-unrecorded", "direct"), ("nginx+mirror", "nginx"),
-                 ("nginx+mirror-unrecorded", "nginx")):
+    for a, b in (("direct (again)", "direct"), ("proxy", "direct"), ("proxy-unrecorded", "direct"),
+                 ("proxy, tokenizer apart", "direct"), ("nginx+mirror", "nginx"), ("nginx+mirror-unrecorded", "nginx"),
+                 ("nginx+mirror, tokenizer apart", "nginx")):
+        if a not in runs:
+            continue
         for k in ("p50", "p99"):
             d = [x[k] - y[k] for x, y in zip(runs[a], runs[b])]
             doc[f"{a} - {b} {k}"] = d
