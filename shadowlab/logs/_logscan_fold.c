@@ -635,18 +635,26 @@ static int taken(const fold_t *f, const slot_t *s, const req_t *o)
 
 /* ------------------------------------------------------------------ --trace: logs._row as json.dumps writes it */
 
-static int put(fold_t *f, const char *text, size_t n)
+static __attribute__((noinline)) int put_grown(fold_t *f, const char *text, size_t n)
 {
-    if (f->tr_n + n > f->tr_cap) {
-        size_t cap = f->tr_cap ? f->tr_cap : 1 << 16;
-        while (cap < f->tr_n + n)
-            cap *= 2;
-        char *grown = PyMem_Realloc(f->tr, cap);
-        if (grown == NULL)
-            return -1;
-        f->tr = grown;
-        f->tr_cap = cap;
-    }
+    size_t cap = f->tr_cap ? f->tr_cap : 1 << 16;
+    while (cap < f->tr_n + n)
+        cap *= 2;
+    char *grown = PyMem_Realloc(f->tr, cap);
+    if (grown == NULL)
+        return -1;
+    f->tr = grown;
+    f->tr_cap = cap;
+    memcpy(f->tr + f->tr_n, text, n);
+    f->tr_n += n;
+    return 0;
+}
+
+/* inlined: a literal's length is a constant, so its copy is a few moves, not a memcpy call */
+static inline __attribute__((always_inline)) int put(fold_t *f, const char *text, size_t n)
+{
+    if (__builtin_expect(f->tr_n + n > f->tr_cap, 0))
+        return put_grown(f, text, n);
     memcpy(f->tr + f->tr_n, text, n);
     f->tr_n += n;
     return 0;

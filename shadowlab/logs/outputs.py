@@ -96,7 +96,33 @@ def _pictures(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _log_bins_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return doc.get("_hist") or []
+    """The histogram's bins: `_hist` is log_bins waiting for its values (counted only for a
+    picture), or the bins themselves."""
+    hist = doc.get("_hist")
+    return (hist() if callable(hist) else hist) or []
+
+
+class LazyBins:
+    """log_bins(values), counted when first asked for (a picture is drawn) and kept; equal to
+    another when their bins are (the values' order does not matter)."""
+
+    __slots__ = ("values", "_bins")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, values: Sequence[int]) -> None:
+        self.values = values
+        self._bins: list[dict[str, Any]] | None = None
+
+    def __call__(self) -> list[dict[str, Any]]:
+        if self._bins is None:
+            self._bins = log_bins(self.values)
+        return self._bins
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LazyBins) and self() == other()
+
+    def __repr__(self) -> str:
+        return f"LazyBins({len(self.values)} values)"
 
 
 def log_bins(values: Sequence[int]) -> list[dict[str, Any]]:
