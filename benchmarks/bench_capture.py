@@ -4,6 +4,7 @@ what nginx's mirror to the capture sink adds to the primary's, under a real load
     python benchmarks/bench_capture.py [--seconds 15] [--rounds 3] [--connections 32] [--out DIR]
                                        [--think-ms MS] [--pin SERVER_CPUS:CAPTURE_CPUS]
     python benchmarks/bench_capture.py --mirror-faults
+    python benchmarks/bench_capture.py --loop-cpu [--seconds 10] [--rounds 3]
 
 Starts a real llama-server (the seeded tiny GGUF, `-np 32`: every connection has a slot, so a
 request's latency is its own prefill and decode, not a queue), the capture proxy in front of it
@@ -156,6 +157,8 @@ def main() -> int:
     p.add_argument("--no-nginx", action="store_true", help="direct and proxy setups only")
     p.add_argument("--pin", default=None, metavar="SERVER_CPUS:CAPTURE_CPUS",
                    help="CPU lists, e.g. 0:1 -- llama-server and wrk on the first, capture and nginx on the second")
+    p.add_argument("--loop-cpu", action="store_true",
+                   help="instead: the proxy front's CPU per request on uvloop and on asyncio's loop, against nginx")
     p.add_argument("--mirror-faults", action="store_true",
                    help="instead: a hung and a dead capture sink behind nginx's mirror, one keep-alive client")
     args = p.parse_args()
@@ -164,6 +167,9 @@ def main() -> int:
             sys.exit(f"bench_capture: needs Debian's {tool} (apt-get install {tool})")
     work = args.out or Path(tempfile.mkdtemp(prefix="bench-capture-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.loop_cpu:
+        loop_cpu(work, args)
+        return 0
     binary, _ = llama_server.locate_binary("auto")
     model = gguf_model.ensure_gguf("tiny", 0, work / "models")
     banned = json.dumps([[t, False] for t in gguf_model.invalid_utf8_token_ids()]).replace(" ", "")
@@ -247,6 +253,74 @@ def main() -> int:
         for lease in leases:
             lease.release()
     return 0
+
+
+NGINX_SSE = """worker_processes 1;
+error_log %(prefix)s/error.log;
+pid %(prefix)s/nginx.pid;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path %(prefix)s/body;
+  server {
+    listen 127.0.0.1:%(port)d;
+    keepalive_timeout %(keepalive)s;
+    location / { default_type text/event-stream;
+                 return 200 "data: {\\"choices\\":[{\\"delta\\":{\\"content\\":\\"x\\"}}]}\\n\\ndata: [DONE]\\n\\n"; }
+  }
+}
+"""
+
+
+def loop_cpu(work: Path, args: argparse.Namespace) -> None:
+    """`--loop-cpu`: the forwarding path's CPU per request, uvloop against asyncio's loop. The
+    upstream is nginx answering a two-event SSE body at once (so the front, not a model, is what
+    is measured), with keep-alive, and closing after each answer as llama-server b11434 does
+    after a streamed one. The front runs unrecorded on CPU 1, nginx and wrk (32 connections,
+    closed loop) on CPU 0; CPU from /proc over a 10 s run after a 3 s warm-up."""
+    script = work / "post.lua"
+    script.write_text('wrk.method = "POST"\nwrk.body = \'{"messages":[{"role":"user","content":"hello"}],'
+                      '"max_tokens":4,"stream":true}\'\nwrk.headers["Content-Type"] = "application/json"\n')
+    leases = [isolation.lease_port() for _ in range(3)]
+    up_p, up_close_p, front_p = (lease.port for lease in leases)
+    procs = []
+    try:
+        for port, keepalive in ((up_p, "75s"), (up_close_p, "0")):
+            prefix = work / f"nginx-sse-{port}"
+            (prefix / "body").mkdir(parents=True, exist_ok=True)
+            (prefix / "nginx.conf").write_text(NGINX_SSE % {"prefix": prefix, "port": port, "keepalive": keepalive})
+            procs.append(start([shutil.which("nginx") or "/usr/sbin/nginx", "-p", str(prefix), "-c", "nginx.conf",
+                                "-g", "daemon off;"], prefix / "nginx.log", cpus={0}))
+            wait_port(port)
+        results: dict[str, list[float]] = {}
+        for r in range(args.rounds):
+            for upstream, port in (("keep-alive", up_p), ("closes", up_close_p)):
+                for loop in ("uvloop", "asyncio"):
+                    env = dict(os.environ, SHADOWLAB_CAPTURE_LOOP=loop)
+                    front = start([sys.executable, "-m", "shadowlab", "capture", "--upstream", f"http://127.0.0.1:{port}",
+                                   "--queue-mib", "0.0001", "--listen", f"127.0.0.1:{front_p}",
+                                   "--out", str(work / f"front-{loop}")], work / f"front-{loop}.log", env, {1})
+                    try:
+                        wait_port(front_p)
+                        wrk(front_p, script, 3, 32, {0})
+                        proc = psutil.Process(front.pid)
+                        cpu0 = sum(proc.cpu_times()[:2])
+                        result = wrk(front_p, script, args.seconds, 32, {0})
+                        per = (sum(proc.cpu_times()[:2]) - cpu0) * 1e3 / result["requests"]
+                    finally:
+                        stop(front)
+                    results.setdefault(f"{upstream} {loop}", []).append(per)
+                    print(f"round {r + 1} upstream {upstream:10s} {loop:8s} {result['rps']:8.0f} req/s, "
+                          f"p50 {result['p50']:.2f} ms, front CPU {per:.3f} ms/request", flush=True)
+        for upstream in ("keep-alive", "closes"):
+            uv, plain = (statistics.median(results[f"{upstream} {loop}"]) for loop in ("uvloop", "asyncio"))
+            print(f"  upstream {upstream}: front CPU per request, median over rounds: uvloop {uv:.3f} ms, "
+                  f"asyncio {plain:.3f} ms ({uv / plain:.2f}x)")
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+        for lease in leases:
+            lease.release()
 
 
 def mirror_faults(work: Path, binary: Path, model: Path, banned: str, requests: int = 15) -> None:

@@ -144,6 +144,7 @@ def test_proxy_trace_equals_what_the_client_sent(llama, tmp_path):
     assert any(line.get("extends", [0, 0])[1] > 0 for line in lines)  # answers re-sent, found
     assert_no_text_or_token_ids(cap.out, sent, tokens)
     assert cap.status()["channel"]["sent"] == len(sent) and not cap.status()["channel"]["dropped_full"]
+    assert cap.status()["event_loop"] == "uvloop"  # the front's loop: a dependency where it builds
     # The server ran with -np 1 and its default RAM cache: simulate compares with what it reported.
     doc = simulated(cap.trace(tmp_path / "trace.jsonl"), "llama-cram")
     assert doc["policies"][0]["versus_reported"] == {"equal_turns": len(sent), "turns": len(sent),

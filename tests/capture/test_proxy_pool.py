@@ -7,8 +7,31 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from shadowlab import capture
 from shadowlab.capture import channel, http1, proxy
 from shadowlab.capture.front import Front, FrontOptions
+
+
+@pytest.fixture(params=["uvloop", "asyncio"])
+def run(request, monkeypatch):
+    """Run a coroutine on the loop the capture front runs on (uvloop), and on asyncio's own
+    (SHADOWLAB_CAPTURE_LOOP=asyncio, or where uvloop is not installed)."""
+    if request.param == "asyncio":
+        monkeypatch.setenv("SHADOWLAB_CAPTURE_LOOP", "asyncio")
+    factory = capture.event_loop_factory()
+    assert (factory is None) == (request.param == "asyncio")
+
+    async def on_the_loop(coro):
+        assert type(asyncio.get_running_loop()).__module__.startswith("uvloop") == (request.param == "uvloop")
+        return await coro
+
+    def go(coro):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(on_the_loop(coro))
+
+    return go
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
 
@@ -34,7 +57,7 @@ async def _request(port: int) -> bytes:
     return head.raw.split(b"\r\n", 1)[0] + b" " + data
 
 
-def test_a_request_that_meets_closed_keep_alive_connections_is_sent_on_a_new_one():
+def test_a_request_that_meets_closed_keep_alive_connections_is_sent_on_a_new_one(run):
     async def go() -> list[bytes]:
         up = await asyncio.start_server(_upstream, "127.0.0.1", 0)
         up_port = up.sockets[0].getsockname()[1]
@@ -47,11 +70,11 @@ def test_a_request_that_meets_closed_keep_alive_connections_is_sent_on_a_new_one
         up.close()
         return [*first, *then]
 
-    answers = asyncio.run(go())
+    answers = run(go())
     assert answers == [b'HTTP/1.1 200 OK {"ok":true}'] * 6
 
 
-def test_a_client_that_waits_for_100_continue_gets_it_and_its_answer():
+def test_a_client_that_waits_for_100_continue_gets_it_and_its_answer(run):
     """curl sends `Expect: 100-continue` with a large body and waits (1 s) before sending it:
     the proxy, which reads the body before forwarding, answers the 100 itself."""
     async def go() -> bytes:
@@ -72,4 +95,4 @@ def test_a_client_that_waits_for_100_continue_gets_it_and_its_answer():
         up.close()
         return interim.raw.split(b"\r\n")[0] + b" / " + final.raw.split(b"\r\n")[0] + b" " + data
 
-    assert asyncio.run(go()) == b'HTTP/1.1 100 Continue / HTTP/1.1 200 OK {"ok":true}'
+    assert run(go()) == b'HTTP/1.1 100 Continue / HTTP/1.1 200 OK {"ok":true}'
