@@ -170,11 +170,11 @@ async def _serve(o: dict) -> int:
         server = await proxy.serve(proxy.Proxy(front, pool), host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    args.event_loop = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"  # in capture.json
+    loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"  # the one running
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     tasks = [asyncio.create_task(recorder.run()), asyncio.create_task(front.tick()),
-             asyncio.create_task(_status(args.out, front, recorder, blocks.salt_id(o["salt"]), args))]
+             asyncio.create_task(_status(args.out, front, recorder, blocks.salt_id(o["salt"]), args, loop_name))]
     print(f"shadowlab capture: {front.options.mode} on {args.listen}, trace in {args.out}", file=sys.stderr)
     await stop.wait()
     server.close()
@@ -183,7 +183,7 @@ async def _serve(o: dict) -> int:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.gather(*tasks, return_exceptions=True)
-    _write_status(args.out, front, recorder, blocks.salt_id(o["salt"]), args)
+    _write_status(args.out, front, recorder, blocks.salt_id(o["salt"]), args, loop_name)
     return EXIT_QUALIFIED
 
 
@@ -197,18 +197,18 @@ def _recorder_options(args: argparse.Namespace, tokenizer: str) -> list[str]:
 
 
 async def _status(out: Path, front: Front, recorder: RecorderSupervisor, salt_id: str,
-                  args: argparse.Namespace) -> None:
+                  args: argparse.Namespace, loop_name: str) -> None:
     while True:
         # Off the event loop: the status file's fsync must never hold a proxied request.
-        await asyncio.to_thread(_write_status, out, front, recorder, salt_id, args)
+        await asyncio.to_thread(_write_status, out, front, recorder, salt_id, args, loop_name)
         await asyncio.sleep(STATUS_S)
 
 
 def _write_status(out: Path, front: Front, recorder: RecorderSupervisor, salt_id: str,
-                  args: argparse.Namespace) -> None:
+                  args: argparse.Namespace, loop_name: str) -> None:
     doc = {"mode": front.options.mode, "listen": args.listen, "upstream": args.upstream, "salt_id": salt_id,
            "block_tokens": args.block_tokens, "recorder_pid": recorder.pid, "front_pid": os.getpid(),
-           "event_loop": getattr(args, "event_loop", None),
+           "event_loop": loop_name,
            "channel": dict(vars(front.link.counts))}
     with contextlib.suppress(OSError):
         write_json_atomic(out / "capture.json", doc)

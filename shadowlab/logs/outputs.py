@@ -96,10 +96,9 @@ def _pictures(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _log_bins_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The histogram's bins: `_hist` is log_bins waiting for its values (counted only for a
-    picture), or the bins themselves."""
+    """The histogram's bins (analyse's `_hist`, a LazyBins: counted only for a picture)."""
     hist = doc.get("_hist")
-    return (hist() if callable(hist) else hist) or []
+    return hist() if hist is not None else []
 
 
 class LazyBins:
