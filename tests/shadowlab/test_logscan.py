@@ -479,6 +479,57 @@ def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to
 
 
 @needs_c
+def test_fold_finds_side_notes_that_share_a_line_with_a_trigger_or_each_other(tmp_path, monkeypatch):
+    """Side notes where a search for them next to the trigger search would miss them: a note
+    written after a trigger word on the trigger's line (two writers on one line), a check note
+    before a sim note on one line, a note on a line handed back. The fold gives the same figures
+    as the Python replay and the pure Python reader, with 1 MiB blocks and small ones."""
+    _make_prodlogs().generate(tmp_path, "b11434", seed=11, requests=80, slots=2, pieces=1, days=1)
+    lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
+    sims = [k for k, line in enumerate(lines) if b"checking sim = " in line]
+    checks = [k for k, line in enumerate(lines) if b"hecking checkpoint with [" in line]
+    created = [k for k, line in enumerate(lines) if b"created context checkpoint" in line]
+    news = [k for k, line in enumerate(lines) if b"new prompt, n_ctx_slot" in line]
+    assert sims and checks and created and news
+
+    def joined(firsts: list[int], seconds: list[int], size: bytes = b"") -> bytes:
+        """Each first line with the second of its pair written on it (the second's own line gone)."""
+        pairs = dict(zip(firsts, seconds))
+        gone = set(pairs.values()) - set(pairs)
+        out = []
+        for k, line in enumerate(lines):
+            if k in gone:
+                continue
+            if k in pairs:
+                line = line.rstrip(b"\n").replace(b"size = ", b"size = " + size, 1) + b" " + lines[pairs[k]]
+            out.append(line)
+        return b"".join(out)
+
+    cases = {
+        "sim after new prompt": joined(news[::3], [next(s for s in sims if s > k) for k in news[::3]]),
+        "check after created": joined(created[::4], [next((c for c in checks if c > k), checks[-1])
+                                                     for k in created[::4]]),
+        "sim after check": joined(checks[::2], [next(s for s in sims + [sims[-1]] if s > k or s == sims[-1])
+                                                for k in checks[::2]]),
+        "note on a handed-back line": joined(created[1::5], [next(s for s in sims + [sims[-1]] if s > k or s == sims[-1])
+                                                             for k in created[1::5]], size=b"9" * 30),
+    }
+    seen = 0
+    for name, text in cases.items():
+        path = tmp_path / f"{name.replace(' ', '-')}.log"
+        path.write_bytes(text)
+        for block in (1 << 20, 4099):
+            from shadowlab.logs import analysis as logs
+
+            monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
+            (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+            assert folded == [str(path)], name
+            assert fold == replay == pure, (name, block)
+            seen += fold["overall"]["requests"]
+    assert seen > 0
+
+
+@needs_c
 def test_fold_rejects_bad_arguments():
     f = lp._logscan
     state = f.fold_new(10)
