@@ -27,6 +27,7 @@ from shadowlab.judge.metrics import (  # re-exported: compare's figures are the 
     METRICS, NO_BAND, Comparison, Delta, Figures, Metric, Row, add, cell_figures, compare_configurations, judge,
     noise_band, repeats_by_key, side)
 from shadowlab.matrix.dump import matrix_to_dict
+from shadowlab.present import MISSING  # a missing figure reads as on every other page
 from shadowlab.results import rundir
 from shadowlab.results.codec import to_jsonable
 from shadowlab.results.records import EngineBuild, sha256_json
@@ -152,20 +153,20 @@ def render_text(c: Comparison) -> str:
 
 
 def _num(v: float | None) -> str:
-    return "?" if v is None else f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
+    return MISSING if v is None else f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
 def _signed(v: float | None) -> str:
-    return "?" if v is None else ("+" if v > 0 else "") + _num(v)
+    return MISSING if v is None else ("+" if v > 0 else "") + _num(v)
 
 
 def _pct(v: float | None) -> str:
-    return "?" if v is None else f"{v:.1%}"
+    return MISSING if v is None else f"{v:.1%}"
 
 
 def _pp(v: float | None) -> str:
     """A difference of two shares, in percentage points."""
-    return "?" if v is None else f"{'+' if v > 0 else ''}{v * 100:.1f} pp"
+    return MISSING if v is None else f"{'+' if v > 0 else ''}{v * 100:.1f} pp"
 
 
 __all__ = ["ALLOWABLE", "Comparison", "Delta", "Figures", "METRICS", "Metric", "NO_BAND", "Row", "add",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab import cli, compare
+from shadowlab import cli, compare, present
 from shadowlab.exitcodes import EXIT_CHECK_FAILED, EXIT_QUALIFIED, EXIT_USAGE
 from shadowlab.judge import gate
 from shadowlab.report import CELL_ERRORS, render_run
@@ -180,6 +180,18 @@ def test_compare_on_a_one_cell_run_prints_its_table_once(tmp_path):
     assert "\ncell: reference.A-C (A → C)   repeats 1 vs 1\n" in text
     assert "\ncell: reference.A-B-C (A → B → C)   repeats 1 vs 1\n" in text
     assert "\nkind: ordered   repeats 1 vs 1 = overall: overall\n" in text
+
+
+def test_compare_shows_a_figure_one_side_lacks_as_every_page_does(tmp_path):
+    run = rundir.load(_one_cell_run(tmp_path))
+    result = compare.compare(run, run, baseline_configuration="defaults", candidate_configuration="policy0",
+                             allow=("unverified",))
+    row = result.rows[0]
+    gone = [dataclasses.replace(d, baseline=None, delta=None, judgement="unknown") for d in row.deltas]
+    text = compare.render_text(dataclasses.replace(result, rows=(dataclasses.replace(row, deltas=tuple(gone)),)))
+    shown = [line for line in text.splitlines() if line.startswith("  ")]
+    assert shown and all(f" {present.MISSING} → " in line for line in shown), text
+    assert "?" not in text
 
 
 # ---------------------------------------------------------------- end to end on the reference engine
