@@ -42,8 +42,8 @@ COMMANDS = {
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with `only` naming a subcommand, the others get their name and
-    help but not their options (their modules stay unimported)."""
+    """The whole command line; with `only` given, every subcommand but the one it names (none
+    for "") gets its name and help but not its options (their modules stay unimported)."""
     parser = argparse.ArgumentParser(
         prog="shadowlab",
         description="Shadow experiments for context-checkpoint caching on hybrid engines.",
@@ -86,9 +86,10 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _command_of(argv: Sequence[str]) -> str | None:
-    """The subcommand `argv` names (its first word that is no option), if any."""
-    return next((a for a in argv if not a.startswith("-")), None)
+def _command_of(argv: Sequence[str]) -> str:
+    """The subcommand `argv` names (its first word that is no option); "" when none does
+    (`shadowlab --help` lists the commands from COMMANDS alone)."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

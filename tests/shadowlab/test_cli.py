@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -223,6 +224,24 @@ def test_good_option_values_are_kept():
         ["run", "m.yaml", "--request-timeout", "2.5", "--jobs", "3", "--fault", "stale-restore",
          "--fault", "crash-after-requests=2"])
     assert (args.request_timeout, args.jobs, args.fault) == (2.5, 3, ["stale-restore", "crash-after-requests=2"])
+
+
+def test_help_and_a_bare_command_line_import_no_command():
+    """`shadowlab --help` (and `shadowlab` alone) list every command from COMMANDS: none of
+    their modules is imported (all of them once cost ~0.5 s of CPU before the help showed)."""
+    code = ("import contextlib, io, sys; from shadowlab import cli\n"
+            "for argv in (['--help'], [], ['--version']):\n"
+            "    out = io.StringIO()\n"
+            "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try: cli.main(argv)\n"
+            "        except SystemExit: pass\n"
+            "    print(repr(out.getvalue()))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('shadowlab.commands.') or m == 'httpx'))")
+    *helps, imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                      check=True).stdout.splitlines()
+    assert imported == "[]"
+    text = ast.literal_eval(helps[0])
+    assert all(name in text and help_text.split()[0] in text for name, (_, help_text) in cli.COMMANDS.items())
 
 
 def test_a_module_backed_command_builds_only_its_own_options():
