@@ -54,6 +54,7 @@ def render() -> str:
         "",
         f"#define LOGSCAN_ABI {accel.ABI} /* logparse._ACCEL_ABI: the module's ABI attribute */",
         f"#define MAX_LINE {accel.MAX_LINE}",
+        f"#define MAX_DIGITS {accel.MAX_DIGITS} /* beyond this Python reads the number (and refuses it) */",
         f"#define LOOK_BACK {accel.LOOK_BACK}",
         "",
         "/* the events scan() builds, in logparse._ACCEL_CLASSES' order (classes argument) */",

@@ -21,7 +21,6 @@
 
 #include "_logscan_constants.h" /* kinds, words, ABI, limits, field positions: from accel.py */
 
-#define MAX_DIGITS 18      /* beyond this Python's int() reads the number */
 #define MAX_FLOAT 40       /* characters of a decimal number read here */
 #define NO_INT INT64_MIN   /* an optional integer group that did not match */
 #define NEED_PY (INT64_MIN + 1) /* only Python can tell: the line goes back to it */

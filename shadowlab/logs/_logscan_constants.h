@@ -6,6 +6,7 @@
 
 #define LOGSCAN_ABI 9 /* logparse._ACCEL_ABI: the module's ABI attribute */
 #define MAX_LINE 1048576
+#define MAX_DIGITS 18 /* beyond this Python reads the number (and refuses it) */
 #define LOOK_BACK 65536
 
 /* the events scan() builds, in logparse._ACCEL_CLASSES' order (classes argument) */

@@ -32,6 +32,10 @@ SCAN_WORDS = (
 METHODS = ("lru", "lcp", "id")
 
 MAX_LINE = 1 << 20  # a longer line is cut: its head judged, the rest skipped
+# An integer field of more than MAX_DIGITS digits (10**18 or more: no engine counts tokens,
+# positions or ids that high) is impossible: its line is not understood, never believed. The C
+# scanner reads up to MAX_DIGITS digits and hands a longer number back to Python, which decides.
+MAX_DIGITS = 18
 LOOK_BACK = 1 << 16  # how far `found better prompt` looks back for its prompt-cache candidate
 
 # lifecycle.py

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from shadowlab.logs import lifecycle, parse as logparse
+from shadowlab.logs import accel, lifecycle, parse as logparse
 from shadowlab.errors import LogSourceError
 
 SNIFF = 1 << 16
@@ -23,10 +23,13 @@ _ROTATED = re.compile(r"^(?P<base>.+?)\.(?P<n>\d+)(?:\.gz)?$|^(?P<gzbase>.+?)\.g
 _B11434_HEAD = re.compile(rb"^\d+\.\d\d\.\d{3}\.\d{3} [A-Z] ", re.M)
 _IK_INFO = re.compile(rb"^(?:INFO|WARN|VERB) \[[^\]]*\].*\btimestamp=\d+", re.M)
 _SIM_WORD = b"checking sim = "
-_SIM = re.compile(rb"id +(\d+) \| task -?\d+ \| +- checking sim = [\d.]+ \((\d+)/(\d+)\)")
+# _N: a number a note is believed for, below 10**MAX_DIGITS (logparse.believable's bound)
+_N = rb"0*(\d{1,%d})" % accel.MAX_DIGITS
+_SIM = re.compile(rb"id +%s \| task -?\d+ \| +- checking sim = [\d.]+ \(%s/%s\)" % (_N, _N, _N))
 _CHECK_WORD = b"hecking checkpoint with ["
 _offset = attrgetter("offset")
-_CHECK = re.compile(rb"id +(\d+) \| task (\d+) \| +[Cc]hecking checkpoint with \[-?\d+, -?\d+\] against (\d+)\.\.\.")
+_CHECK = re.compile(rb"id +%s \| task %s \| +[Cc]hecking checkpoint with \[-?\d+, -?\d+\] against %s\.\.\."
+                    % (_N, _N, _N))
 
 
 class UsageError(Exception):

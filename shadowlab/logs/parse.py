@@ -43,7 +43,9 @@ Other forks: ``extra_patterns`` (a matrix's ``log_patterns``): see ``shadowlab.l
 Unknown lines: a line holding a trigger word (``checkpoint``, ``memory_seq_rm``, ...) that no
 pattern explains, including one cut short or with a value broken by other text (a value is read
 only when its delimiter, ``,`` ``)`` whitespace or the end, follows it), is counted in ``ParsedLog.unknown_count`` with a few
-samples; it is never fatal. Lines without a trigger word are not events and not unknown.
+samples; it is never fatal. So is a line with an integer of 10**18 or more (``events.believable``:
+no engine counts tokens or numbers slots that high). Lines without a trigger word are not events
+and not unknown.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from shadowlab.logs.events import (
     MAX_SAMPLES, EXTRA_PATTERN_CHARS, SAMPLE_CHARS, _new, Event, CheckpointEvent, CheckpointCreated,
     CheckpointRestored, CheckpointErased, CheckpointErasedOld, CheckpointErasedTooClose, CheckpointSuperseded,
     ForcedReprocessing, NewPrompt, CacheTrim, PromptEval, SlotSelected, PromptCacheSaved, PromptCacheLoaded,
-    PromptCleared, ServerStart, EVENT_TYPES, EVENT_KINDS, ExtraPattern, ParseStats, ParsedLog,
+    PromptCleared, ServerStart, EVENT_TYPES, EVENT_KINDS, ExtraPattern, ParseStats, ParsedLog, believable,
 )
 from shadowlab.logs.source import GZIP_MAGIC, GZIP_OUT, GZIP_STEP, LogText, _check_source, open_log
 from shadowlab.logs.tolerant import (
@@ -454,12 +456,16 @@ class _Scanner(_MessageReader):
 
     def _fast_event(self, body: bytes, start: int, stop: int, word: int, ln: int, off: int) -> Any:
         """The event of a candidate line whose first trigger is scan word `word`, by that word's
-        whole-line regex (undecoded); `_IGNORED` for a known benign line; None: not matched,
-        the line is for `_slow_line`."""
+        whole-line regex (undecoded); `_IGNORED` for a known benign line; None: not matched (or
+        not believable), the line is for `_slow_line`."""
         match = self.fast[word] if word < len(self.fast) else None
         m = match(body, start, stop) if match is not None and stop - start <= MAX_LINE else None
         if m is None:
             return None
+        ev = self._fast_match(m, body, start, word, ln, off)
+        return ev if ev is None or ev is _IGNORED or believable(ev) else None
+
+    def _fast_match(self, m: re.Match[bytes], body: bytes, start: int, word: int, ln: int, off: int) -> Any:
         k = m.lastindex
         g = m.groups()
         try:
@@ -533,7 +539,7 @@ class _Scanner(_MessageReader):
             ev = _fast_line(raw, line_no, offset)
         except ValueError:
             ev = None
-        if ev is not None:
+        if ev is not None and (ev is _IGNORED or believable(ev)):
             if ev is _IGNORED:
                 self.stats.ignored_count += 1
                 return
@@ -558,7 +564,7 @@ class _Scanner(_MessageReader):
                 m = rx.search(text, 0, EXTRA_PATTERN_CHARS)
                 if m:
                     ev = _extra_event(pattern, m, line_no, offset)
-                    if ev is not None:
+                    if ev is not None and believable(ev):
                         self._count(ev)
                         yield ev
                         return
@@ -570,6 +576,8 @@ class _Scanner(_MessageReader):
             return
         for slot, task, message, headless in segments:
             ev, known = self._message(message, slot, task, headless, line_no, offset, body, start)
+            if ev is not None and not believable(ev):
+                ev, known = None, False  # a number no engine prints: the line is not understood
             if ev is not None:
                 self._count(ev)
                 understood = True

@@ -34,6 +34,7 @@ from shadowlab.logs.events import (
 )
 
 LOOK_BACK = accel.LOOK_BACK  # how far `found better prompt` looks back for its prompt-cache candidate
+TIMING_LOOK_BACK = 16384  # how far a headless `prompt eval time` line looks back for its print_timing header
 
 
 # Words that make a line worth decoding. Every event's text holds one of them.
@@ -414,13 +415,8 @@ class _MessageReader:
         `found better prompt` (`- prompt with length N, lcp = L, f_keep = F, f_sim = S`)."""
         if f_keep is None or f_sim is None:
             return None
-        # the last matching candidate within LOOK_BACK bytes before the line, searched from the
-        # end; near the start of the body the window takes in the text before it
-        if start - self.lo >= LOOK_BACK:
-            window, low, end = body, start - LOOK_BACK, start
-        else:
-            window = self.tail[max(0, len(self.tail) - (LOOK_BACK - (start - self.lo))) :] + body[self.lo : start]
-            low, end = 0, len(window)
+        # the last matching candidate within LOOK_BACK bytes before the line, searched from the end
+        window, low, end = self._before(body, start, LOOK_BACK)
         i, want = end, (f_keep.encode(), f_sim.encode())
         while (i := window.rfind(b"prompt with length", low, i)) != -1:
             m = _CACHE_CANDIDATE.match(window, i, end)
@@ -429,15 +425,21 @@ class _MessageReader:
         return None
 
     def timing_owner(self, body: bytes, start: int) -> tuple[int | None, int | None]:
-        """Slot and task of the nearest `print_timing` line before `start`."""
-        i = body.rfind(b"print_timing", max(0, start - 16384), start)
-        if i != -1:
-            hay = body[i : body.find(b"\n", i) if body.find(b"\n", i) != -1 else len(body)]
-        else:
-            context = self.tail[-4096:]
-            j = context.rfind(b"print_timing")
-            if j == -1:
-                return None, None
-            hay = context[j:]
-        m = _TIMING_HEADER.search(hay)
+        """Slot and task of the nearest `print_timing` line starting within TIMING_LOOK_BACK
+        bytes before `start` (the header of a multi-line print_timing)."""
+        window, low, end = self._before(body, start, TIMING_LOOK_BACK)
+        i = window.rfind(b"print_timing", low, end)
+        if i == -1:
+            return None, None
+        nl = window.find(b"\n", i, end)
+        m = _TIMING_HEADER.search(window, i, end if nl == -1 else nl)
         return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+    def _before(self, body: bytes, start: int, span: int) -> tuple[bytes, int, int]:
+        """The `span` bytes of text before `start` as (window, low, end): window[low:end], the
+        text before the body (`tail`) included near its start, so that a look-back finds the
+        same line wherever a block ends."""
+        if start - self.lo >= span:
+            return body, start - span, start
+        window = self.tail[max(0, len(self.tail) - (span - (start - self.lo))):] + body[self.lo:start]
+        return window, 0, len(window)

@@ -480,6 +480,33 @@ def test_a_number_too_long_for_int_is_an_unknown_line_not_a_crash():
     assert kinds(parsed) == ["cache_trim"] and parsed.unknown_count == 2
 
 
+@pytest.mark.parametrize("reader", ["c", "python"])
+def test_an_integer_no_engine_prints_is_not_believed(reader, monkeypatch):
+    """An integer field of 10**MAX_DIGITS or more (a token count, position, slot or task id past
+    anything an engine holds) makes its line not understood on both readers; one digit less is
+    read; a float is not judged."""
+    from shadowlab.logs import accel
+
+    if reader == "python":
+        monkeypatch.setattr(lp, "_logscan", None)
+    big, most = "1" + "0" * accel.MAX_DIGITS, "9" * accel.MAX_DIGITS
+    head = "0.01.000.000 I slot update_slots: id  0 | task 4 | "
+    lines = [
+        f"{head}created context checkpoint 1 of 64 (pos_min = 7, pos_max = {big}, n_tokens = 8, size = 0.1 MiB)",
+        f"{head}new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = {big}",
+        f"{head}cached n_tokens = {big}, memory_seq_rm [8, end)",
+        f"0.01.000.000 I slot update_slots: id  {big} | task 4 | cached n_tokens = 8, memory_seq_rm [8, end)",
+        f"0.01.000.000 I slot update_slots: id  0 | task {big} | forcing full prompt re-processing due to lack of cache data",
+        f"{head}restored context checkpoint (pos_min = 0, pos_max = 7, n_tokens = 8, n_past = 8, size = 0.{big} MiB)",
+        f"{head}cached n_tokens = {most}, memory_seq_rm [{most}, end)",
+        f"{head}prompt eval time = 5.00 ms / {'0' * 30}7 tokens (    0.71 ms per token,  1400.00 tokens per second)",
+    ]
+    parsed = lp.parse(lines, "llama.cpp")
+    assert parsed.unknown_count == 5, parsed.unknown_samples
+    assert [(e.kind, e.line) for e in parsed.events] == [("restored", 6), ("cache_trim", 7), ("prompt_eval", 8)]
+    assert parsed.events[1].n_past == int(most) and parsed.events[2].n_tokens == 7
+
+
 # ---------------------------------------------------------------- events: a frozen record's API
 
 

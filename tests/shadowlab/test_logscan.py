@@ -451,8 +451,10 @@ def test_fold_reads_a_log_that_lost_repeated_and_reordered_lines_as_python_does(
 @needs_c
 def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to_python(tmp_path, monkeypatch):
     """A line the C reader hands back is read by logparse's Python readers and folded in its
-    place; a number past int64 makes the Python replay read the server. Prompt-cache lines and
-    slot clears are the fold's own, wherever they stand (here: between a request's lines)."""
+    place; one with an integer of more than accel.MAX_DIGITS digits is not believed (counted not
+    understood, on every path); such a number in a side note makes the Python replay read the
+    server. Prompt-cache lines and slot clears are the fold's own, wherever they stand (here:
+    between a request's lines)."""
     _make_prodlogs().generate(tmp_path, "b11434", seed=5, requests=60, slots=2, pieces=1, days=1)
     lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
     created = [k for k, line in enumerate(lines) if b"created context checkpoint" in line]
@@ -463,7 +465,8 @@ def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to
 
     cases = {  # name: (text, read by the fold itself)
         "handed back": (edited(created[:5], b"size = ", b"size = " + b"9" * 30), True),  # a float Python reads
-        "int past int64": (edited(created[3:4], b"n_tokens = ", b"n_tokens = " + b"9" * 20), False),
+        "int past int64": (edited(created[3:4], b"n_tokens = ", b"n_tokens = " + b"9" * 20), True),
+        "int of 19 digits": (edited(created[3:4], b"n_tokens = ", b"n_tokens = 1" + b"0" * 18), True),
         "sim past int64": (edited(sims[2:3], b"id  ", b"id  " + b"3" * 20), False),
         "prompt cache": (edited(created[4:5], b"", b"0.00.000.000 I srv   prompt_save:  - saving prompt with length 9, "
                                                      b"total state size = 1.000 MiB\n"), True),
@@ -476,6 +479,11 @@ def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to
         (fold, replay, pure), folded = _three_ways([path], monkeypatch)
         assert folded == ([str(path)] if foldable else []), name
         assert fold == replay == pure, name
+        if name.startswith("int"):  # the line is reported, its number never believed
+            (doc,) = fold["files"]
+            assert doc["not_understood"] == 1 and "n_tokens = 1000000000000000000" in doc["samples"][0]["text"] \
+                or "n_tokens = " + "9" * 20 in doc["samples"][0]["text"], (name, doc)
+            assert "9" * 20 not in repr(fold["requests"]) and "1" + "0" * 18 not in repr(fold["requests"]), name
 
 
 @needs_c
@@ -528,6 +536,32 @@ def test_fold_finds_side_notes_that_share_a_line_with_a_trigger_or_each_other(tm
             assert fold["overall"]["requests"] > 0, name
         reader = logs.analyse([str(path)], logs.Options())["reader"]
         assert reader["c_fold"] == 1 and reader["lines_handed_back"] > 0, (name, reader)
+
+
+@needs_c
+def test_a_headless_prompt_eval_finds_its_header_as_far_back_wherever_a_block_ends(tmp_path, monkeypatch):
+    """b9093 prints `prompt eval time` on the line after its `print_timing: id N | task M |`
+    header; the line goes back to Python, which looks TIMING_LOOK_BACK bytes back for the header,
+    into the text before the block (the fold's 4099-byte blocks end between them). Within that
+    span the request keeps its prefill figures, beyond it it has none; the same on every path."""
+    from shadowlab.logs import analysis as logs
+    from shadowlab.logs.tolerant import TIMING_LOOK_BACK
+
+    text = (LOGS / "llama.cpp-b9093" / "A-C.cram0.log").read_bytes()
+    header = b"| task 15 | \n"
+    at = text.index(header) + len(header)
+    filler = b"srv  log_server_r: request: GET /health 127.0.0.1 200\n"
+    plain = logs.analyse([str(LOGS / "llama.cpp-b9093" / "A-C.cram0.log")], logs.Options())["overall"]
+    for span, found in ((TIMING_LOOK_BACK - 200, True), (TIMING_LOOK_BACK + 200, False)):
+        path = tmp_path / f"apart-{span}.log"
+        path.write_bytes(text[:at] + filler * (span // len(filler)) + text[at:])
+        for block in (4099, 1 << 20):
+            monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
+            (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+            assert folded == [str(path)] and fold == replay == pure, (span, block)
+            figures = fold["overall"]
+            assert (figures["processed_tokens"] == plain["processed_tokens"]) is found, (span, block, figures)
+            assert (figures["prefill_ms"] == plain["prefill_ms"]) is found, (span, block)
 
 
 @needs_c
@@ -718,11 +752,12 @@ def test_fold_keeps_at_most_max_saved_prompt_cache_entries_per_slot_as_replay_do
 @needs_c
 def test_a_line_the_fold_cannot_hold_late_in_a_log_hands_over_without_writing_a_trace_line_twice(
         tmp_path, monkeypatch):
-    """A number past int64 near the end: the Python replay reads the server (said in --json's
-    `reader`), and the trace lines the fold had written are not written again."""
+    """A side note's number past int64 near the end (its slot id): the Python replay reads the
+    server (said in --json's `reader`), and the trace lines the fold had written are not
+    written again."""
     text = b"".join(p.read_bytes() for p in CRAM_CAPTURES) * 30
-    line = text.rindex(b"created context checkpoint", 0, len(text) - 2000)
-    at = text.index(b"n_tokens = ", line) + len(b"n_tokens = ")
+    line = text.rindex(b"checking sim = ", 0, len(text) - 2000)
+    at = text.rindex(b"id  ", 0, line) + len(b"id  ")
     path = tmp_path / "late.log"
     path.write_bytes(text[:at] + b"9" * 25 + text[at:])
     (fold, replay, pure), folded = _three_ways([path], monkeypatch)
