@@ -149,6 +149,10 @@ _SELECTED_STRICT = (
 
 
 def _fast(pattern: bytes) -> Any:
+    # An integer group takes at most MAX_DIGITS digits: a longer number goes to `_slow_line`,
+    # whose readers judge it by its value (events.believable), as the C scanner hands it back.
+    bounded = rb"{1,%d})" % accel.MAX_DIGITS
+    pattern = pattern.replace(rb">\d+)", rb">\d" + bounded).replace(rb">-?\d+)", rb">-?\d" + bounded)
     return re.compile(rb"(?:" + pattern + _END).match
 
 

@@ -456,16 +456,13 @@ class _Scanner(_MessageReader):
 
     def _fast_event(self, body: bytes, start: int, stop: int, word: int, ln: int, off: int) -> Any:
         """The event of a candidate line whose first trigger is scan word `word`, by that word's
-        whole-line regex (undecoded); `_IGNORED` for a known benign line; None: not matched (or
-        not believable), the line is for `_slow_line`."""
+        whole-line regex (undecoded); `_IGNORED` for a known benign line; None: not matched,
+        the line is for `_slow_line` (so is one with an integer of more than MAX_DIGITS digits:
+        the regexes take no more, `_slow_line` judges its value)."""
         match = self.fast[word] if word < len(self.fast) else None
         m = match(body, start, stop) if match is not None and stop - start <= MAX_LINE else None
         if m is None:
             return None
-        ev = self._fast_match(m, body, start, word, ln, off)
-        return ev if ev is None or ev is _IGNORED or believable(ev) else None
-
-    def _fast_match(self, m: re.Match[bytes], body: bytes, start: int, word: int, ln: int, off: int) -> Any:
         k = m.lastindex
         g = m.groups()
         try:
