@@ -70,7 +70,8 @@ static cp sint_(cp p, cp e, int64_t *v)
     return uint_(p, e, v);
 }
 
-/* \d+\.\d+ (need_dot) or \d+(?:\.\d+)? ; the text is kept in *s / *n for float() */
+/* \d+\.\d+ (need_dot) or \d+(?:\.\d+)? ; the text is kept in *s / *n for float(). More than
+ * MAX_DIGITS digits before the point: NULL (Python judges the value, events.believable). */
 static cp decimal(cp p, cp e, int need_dot, cp *s, size_t *n)
 {
     if (p == NULL || p >= e || !is_digit(*p))
@@ -78,6 +79,8 @@ static cp decimal(cp p, cp e, int need_dot, cp *s, size_t *n)
     cp start = p;
     while (p < e && is_digit(*p))
         p++;
+    if (p - start > MAX_DIGITS)
+        return NULL;
     if (p + 1 < e && *p == '.' && is_digit(p[1])) {
         p++;
         while (p < e && is_digit(*p))

@@ -32,9 +32,10 @@ SCAN_WORDS = (
 METHODS = ("lru", "lcp", "id")
 
 MAX_LINE = 1 << 20  # a longer line is cut: its head judged, the rest skipped
-# An integer field of more than MAX_DIGITS digits (10**18 or more: no engine counts tokens,
-# positions or ids that high) is impossible: its line is not understood, never believed. The C
-# scanner reads up to MAX_DIGITS digits and hands a longer number back to Python, which decides.
+# A number of 10**MAX_DIGITS or more (no engine counts tokens, positions, ids, MiB or ms that
+# high), or an inf or NaN float, is impossible: its line is not understood, never believed. The C
+# scanner reads up to MAX_DIGITS digits (before a decimal point) and hands a longer number back
+# to Python, which decides by its value.
 MAX_DIGITS = 18
 LOOK_BACK = 1 << 16  # how far `found better prompt` looks back for its prompt-cache candidate
 

@@ -20,8 +20,8 @@ from shadowlab.logs import accel
 
 
 MAX_SAMPLES = 5
-# An event with an integer field of 10**MAX_DIGITS or more was read from a number no engine
-# prints (accel.MAX_DIGITS): `believable` says no, and its line is counted not understood.
+# An event with a number of 10**MAX_DIGITS or more was read from a number no engine prints
+# (accel.MAX_DIGITS): `believable` says no, and its line is counted not understood.
 _INT_LIMIT = 10 ** accel.MAX_DIGITS
 # What a matrix `log_patterns` regex sees of a line: its backtracking is its author's, so a
 # hostile line can cost it at most this much text, not MAX_LINE (real lines are < 600 chars).
@@ -30,10 +30,11 @@ SAMPLE_CHARS = 240
 
 
 def believable(ev: tuple) -> bool:
-    """No integer field of the event is 10**MAX_DIGITS or more in size (a token count, position,
-    slot or task id past anything an engine holds); floats and text are not judged."""
+    """No number of the event is 10**MAX_DIGITS or more in size (a token count, position, slot
+    or task id, MiB or milliseconds past anything an engine holds), and no float is inf or NaN
+    (`9` * 400 reads as inf); text is not judged."""
     for v in ev:
-        if v.__class__ is int and not -_INT_LIMIT < v < _INT_LIMIT:
+        if (v.__class__ is int or v.__class__ is float) and not -_INT_LIMIT < v < _INT_LIMIT:
             return False
     return True
 

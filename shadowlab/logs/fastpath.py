@@ -151,8 +151,10 @@ _SELECTED_STRICT = (
 def _fast(pattern: bytes) -> Any:
     # An integer group takes at most MAX_DIGITS digits: a longer number goes to `_slow_line`,
     # whose readers judge it by its value (events.believable), as the C scanner hands it back.
-    bounded = rb"{1,%d})" % accel.MAX_DIGITS
-    pattern = pattern.replace(rb">\d+)", rb">\d" + bounded).replace(rb">-?\d+)", rb">-?\d" + bounded)
+    # So does a decimal number with more than MAX_DIGITS digits before its point.
+    most = rb"{1,%d}" % accel.MAX_DIGITS
+    for group in (rb">\d+)", rb">-?\d+)", rb">\d+\.\d+)", rb">\d+(?:\.\d+)?)"):
+        pattern = pattern.replace(group, group.replace(rb"\d+", rb"\d" + most, 1))
     return re.compile(rb"(?:" + pattern + _END).match
 
 

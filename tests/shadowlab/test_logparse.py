@@ -481,10 +481,10 @@ def test_a_number_too_long_for_int_is_an_unknown_line_not_a_crash():
 
 
 @pytest.mark.parametrize("reader", ["c", "python"])
-def test_an_integer_no_engine_prints_is_not_believed(reader, monkeypatch):
-    """An integer field of 10**MAX_DIGITS or more (a token count, position, slot or task id past
-    anything an engine holds) makes its line not understood on both readers; one digit less is
-    read; a float is not judged."""
+def test_a_number_no_engine_prints_is_not_believed(reader, monkeypatch):
+    """A number of 10**MAX_DIGITS or more (a token count, position, slot or task id, MiB or ms
+    past anything an engine holds; `9` * 400 reads as an inf float) makes its line not
+    understood on both readers; one digit less is read, and so are leading zeros."""
     from shadowlab.logs import accel
 
     if reader == "python":
@@ -500,11 +500,16 @@ def test_an_integer_no_engine_prints_is_not_believed(reader, monkeypatch):
         f"{head}restored context checkpoint (pos_min = 0, pos_max = 7, n_tokens = 8, n_past = 8, size = 0.{big} MiB)",
         f"{head}cached n_tokens = {most}, memory_seq_rm [{most}, end)",
         f"{head}prompt eval time = 5.00 ms / {'0' * 30}7 tokens (    0.71 ms per token,  1400.00 tokens per second)",
+        f"{head}created context checkpoint 1 of 64 (pos_min = 7, pos_max = 7, n_tokens = 8, size = {'9' * 400}.0 MiB)",
+        f"{head}prompt eval time = {big}.5 ms / 7 tokens (    0.71 ms per token,  1400.00 tokens per second)",
+        f"{head}prompt eval time = {most[1:]}.5 ms / 7 tokens (    0.71 ms per token,  1400.00 tokens per second)",
     ]
     parsed = lp.parse(lines, "llama.cpp")
-    assert parsed.unknown_count == 5, parsed.unknown_samples
-    assert [(e.kind, e.line) for e in parsed.events] == [("restored", 6), ("cache_trim", 7), ("prompt_eval", 8)]
+    assert parsed.unknown_count == 7, parsed.unknown_samples
+    assert [(e.kind, e.line) for e in parsed.events] == [
+        ("restored", 6), ("cache_trim", 7), ("prompt_eval", 8), ("prompt_eval", 11)]
     assert parsed.events[1].n_past == int(most) and parsed.events[2].n_tokens == 7
+    assert parsed.events[3].ms == float(most[1:] + ".5")
 
 
 # ---------------------------------------------------------------- events: a frozen record's API

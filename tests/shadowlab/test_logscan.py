@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import random
 from pathlib import Path
@@ -467,6 +468,7 @@ def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to
         "handed back": (edited(created[:5], b"size = ", b"size = " + b"9" * 30), True),  # a float Python reads
         "int past int64": (edited(created[3:4], b"n_tokens = ", b"n_tokens = " + b"9" * 20), True),
         "int of 19 digits": (edited(created[3:4], b"n_tokens = ", b"n_tokens = 1" + b"0" * 18), True),
+        "float of 400 digits": (edited(created[3:4], b"size = ", b"size = " + b"9" * 400), True),  # inf
         "sim past int64": (edited(sims[2:3], b"id  ", b"id  " + b"3" * 20), False),
         "prompt cache": (edited(created[4:5], b"", b"0.00.000.000 I srv   prompt_save:  - saving prompt with length 9, "
                                                      b"total state size = 1.000 MiB\n"), True),
@@ -484,6 +486,8 @@ def test_fold_reads_handed_back_lines_in_place_and_leaves_what_it_cannot_hold_to
             assert doc["not_understood"] == 1 and "n_tokens = 1000000000000000000" in doc["samples"][0]["text"] \
                 or "n_tokens = " + "9" * 20 in doc["samples"][0]["text"], (name, doc)
             assert "9" * 20 not in repr(fold["requests"]) and "1" + "0" * 18 not in repr(fold["requests"]), name
+        if name.startswith("float"):
+            assert fold["files"][0]["not_understood"] == 1 and "Infinity" not in json.dumps(fold, default=repr), name
 
 
 @needs_c
@@ -790,7 +794,6 @@ def test_trace_times_are_the_printed_microseconds_also_after_a_restart(tmp_path,
     whole microseconds, so the times carry no float error (summed as floats, 9 of 10 printed as
     246.90334199999998), the same in the C fold and in Python; after the restart every time is
     the first run's plus the last time the clock read before it (the last request's), exactly."""
-    import json
     import re
     from decimal import Decimal
 
