@@ -608,7 +608,8 @@ static int append_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt
                                          : Py_NewRef(Py_None);
     PyObject *source_obj = SOURCE_NAMES[source] ? PyUnicode_FromString(SOURCE_NAMES[source]) : Py_NewRef(Py_None);
     PyObject *row = Py_BuildValue(
-        "(NLLLLNNNNNsNNNNNOLLOOON)", opt_float(o->has_time, o->time), (long long)s->id, (long long)o->task,
+        "(NNNLLNNNNNsNNNNNOLLOOON)", opt_float(o->has_time, o->time), opt_int(s->id != NO_INT, s->id),
+        opt_int(o->task != NO_INT, o->task),
         (long long)o->line, (long long)o->offset, opt_int(has_prompt, prompt), opt_int(source != S_NONE, shared),
         source_obj, opt_int(has_re, re_entry), opt_int(o->has_processed, o->processed), OUTCOME_NAMES[outcome],
         opt_float(o->has_processed, o->ms), ck_list(&o->alive_before), ck_list(&o->created), restored, erased,
@@ -755,7 +756,8 @@ static int trace_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt,
 {
     if (PUT(f, "{\"time\":") || put_float(f, o->has_time, o->time) || PUT(f, ",\"server\":") ||
         put(f, PyBytes_AS_STRING(f->server_json), (size_t)PyBytes_GET_SIZE(f->server_json)) ||
-        PUT(f, ",\"slot\":") || put_int(f, s->id) || PUT(f, ",\"task\":") || put_int(f, o->task) ||
+        PUT(f, ",\"slot\":") || put_opt_int(f, s->id != NO_INT, s->id) || PUT(f, ",\"task\":") ||
+        put_opt_int(f, o->task != NO_INT, o->task) ||
         PUT(f, ",\"line\":") || put_int(f, o->line - o->piece_line) || PUT(f, ",\"prompt_tokens\":") ||
         put_opt_int(f, has_prompt, prompt) || PUT(f, ",\"shared_prefix\":") ||
         put_opt_int(f, source != S_NONE, shared) || PUT(f, ",\"shared_source\":") ||
@@ -1785,7 +1787,8 @@ static PyObject *fig_dict(slot_t *s)
     for (int i = 0; i < N_EVENT_COUNTS; i++)
         PyTuple_SET_ITEM(events, i, PyLong_FromLongLong(g->events[i]));
     return Py_BuildValue(
-        "{sLsNsNsNsLsNsLsLsLsLsLsLsdsLsLsLsLsLsLsLsdsdsLsLsLsdsdsNsN}", "slot", (long long)s->id, "outcomes", outcomes,
+        "{sNsNsNsNsLsNsLsLsLsLsLsLsdsLsLsLsLsLsLsLsdsdsLsLsLsdsdsNsN}", "slot", opt_int(s->id != NO_INT, s->id),
+        "outcomes", outcomes,
         "events", events, "shared", vec_bytes(&g->shared), "shared_stated", (long long)g->shared_stated, "prompts",
         vec_bytes(&g->prompts), "requests", (long long)g->requests, "prompt_tokens", (long long)g->prompt_tokens,
         "reusable", (long long)g->reusable, "reused", (long long)g->reused, "processed", (long long)g->processed,
