@@ -20,6 +20,7 @@ owner when a block ended between it and its header.
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import random
@@ -92,7 +93,7 @@ def filters() -> list[Callable[[], dict[str, Any]] | None]:
             lambda: {"since": logs.parse_time("1"), "until": logs.parse_time("8")}]
 
 
-def three_ways(path: Path, block: int, options: Callable[[], dict[str, Any]] | None) -> tuple[list, list]:
+def three_ways(paths: list[Path], block: int, options: Callable[[], dict[str, Any]] | None) -> tuple[list, list]:
     """(documents, trace texts) of the fold at `block`, the replay over the C scan, pure Python."""
     from pytest import MonkeyPatch
 
@@ -104,7 +105,7 @@ def three_ways(path: Path, block: int, options: Callable[[], dict[str, Any]] | N
     def analyse() -> None:
         o = logs.Options(**(options() if options else {}))
         o.trace = io.StringIO()
-        doc = logs.analyse([str(path)], o)
+        doc = logs.analyse([str(p) for p in paths], o)
         doc.pop("reader")  # which reader read it: the one thing that differs
         docs.append(doc)
         traces.append(o.trace.getvalue())
@@ -141,11 +142,23 @@ def one_round(round_no: int, texts: list[list[bytes]], pool: list[bytes], intens
     if len(base) > 3000:
         at = rng.randrange(len(base) - 2000)
         base = base[at:at + 2000]
-    path.write_bytes(b"".join(mutate(rng, base, pool, intensity)))
+    text = b"".join(mutate(rng, base, pool, intensity))
+    path.write_bytes(text)
+    paths = [path]
+    if rng.random() < 0.3:  # rotated pieces (path.2, path.1, path; some gzipped), cut anywhere
+        cuts = sorted(rng.randrange(len(text) + 1) for _ in range(2))
+        pieces = [text[:cuts[0]], text[cuts[0]:cuts[1]], text[cuts[1]:]]
+        paths = []
+        for i, piece in enumerate(pieces):
+            name = path if i == 2 else path.with_name(f"{path.name}.{2 - i}")
+            if rng.random() < 0.3:
+                name, piece = name.with_name(name.name + ".gz"), gzip.compress(piece)
+            name.write_bytes(piece)
+            paths.append(name)
     block = rng.choice([1 << 20, 4099, 997])
     options = rng.choice(filters())
     try:
-        docs, traces = three_ways(path, block, options)
+        docs, traces = three_ways(paths, block, options)
     except Exception:  # noqa: BLE001 - any exception is the finding
         return ["raised: " + traceback.format_exc()[-1200:]]
     return [f"block {block}: {d}" for d in differences(docs, traces)]
@@ -170,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             print(f"round {n} ({path}):", *found, sep="\n  ", flush=True)
         else:
-            path.unlink()
+            for p in args.keep.glob(f"round{n}.log*"):
+                p.unlink()
     print(f"{args.rounds} rounds, {failed} failed")
     return 1 if failed else 0
 

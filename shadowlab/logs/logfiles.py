@@ -165,7 +165,8 @@ class _Stream(io.RawIOBase):
         if eof:
             if end < n:  # a line cut mid-write: never parsed (a cut number would read as another)
                 self._cut_line(bytes(b[end:n]))
-            if not end:
+            if not end:  # what was carried is that cut line's start: the next piece never sees it
+                self.carry = b""
                 return self._close_piece(b)
         elif not end:  # a buffer without a newline: an overlong line, the parser cuts it
             end = n

@@ -579,15 +579,38 @@ def test_a_headless_prompt_eval_finds_its_header_as_far_back_wherever_a_block_en
 
 
 @needs_c
+def test_a_piece_whose_cut_last_line_spans_a_block_end_leaves_the_next_piece_whole(tmp_path, monkeypatch):
+    """A rotated piece ends in a line cut mid-write that began before the last block end: its
+    start was carried to the next read, which found no newline. That start was once carried on
+    into the next piece's first line (its bytes counted there, its line misread)."""
+    from shadowlab.logs import analysis as logs
+
+    text = (LOGS / "llama.cpp-b11434" / "A-B-C.cram0.log").read_bytes()
+    block = 4099
+    last = text.rindex(b"\n", 0, block) + 1  # the cut line starts in the first block, ends in the second
+    older, newer = tmp_path / "server.log.1", tmp_path / "server.log"
+    older.write_bytes(text[:last] + text[last:last + 60].replace(b"\n", b" "))
+    newer.write_bytes(text)
+    monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
+    (fold, replay, pure), folded = _three_ways([older, newer], monkeypatch)
+    assert fold == replay == pure and folded == [str(newer)]
+    files = {f["path"]: f for f in fold["files"]}
+    assert files[str(older)]["bytes"] == last and files[str(newer)]["bytes"] == len(text)
+    alone = logs.analyse([str(newer)], logs.Options())
+    assert files[str(newer)]["not_understood"] == alone["files"][0]["not_understood"]
+
+
+@needs_c
 def test_mutated_captures_read_alike_three_ways(tmp_path):
     """Seeded rounds of scripts/fuzz_logs.py (mutated fixture logs, a random block size and
     filter): the fold, the replay over the C scan and pure Python give the same document and
-    trace, and none raises. 104092 and 104883 held a line with a task and no slot, which the
-    fold wrote as slot -2**63."""
+    trace, and none raises. 104092 and 104883 hold a line with a task and no slot, which the
+    fold wrote as slot -2**63; 303979 rotated pieces, one ending in a cut line across a block
+    end, whose start was carried into the next piece."""
     fuzz = _script("fuzz_logs")
     texts = fuzz.sources()
     pool = [line for text in texts for line in text]
-    for n in [*range(120), 104092, 104883]:
+    for n in [*range(120), 104092, 104883, 303979]:
         found = fuzz.one_round(n, texts, pool, 60, tmp_path / f"round{n}.log")
         assert not found, (n, found)
 
