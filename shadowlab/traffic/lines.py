@@ -66,8 +66,8 @@ def _json_lines(path: Path, skipped: list[str]) -> Iterator[tuple[int, Any]]:
 def _parse_line(line: bytes, path: Path, number: int) -> Any:
     """One line through records.parse_json (the one bounded JSON reader): JSON nested too deeply
     is refused whether or not the line is whole; other JSONRefused pass to the caller."""
-    try:
-        return records.parse_json(line)
+    try:  # without its newline: json's "line 2 column 1" would name a line the file does not have
+        return records.parse_json(line.rstrip(b"\r\n"))
     except records.JSONTooDeep as exc:
         raise TrafficError(str(exc), file=str(path), line=number) from None
 

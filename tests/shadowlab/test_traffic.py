@@ -98,7 +98,8 @@ GOOD = '{"timestamp": 100, "input_length": 700, "output_length": 2, "hash_ids": 
     ('{"timestamp": 109, "input_length": -1, "output_length": 2, "hash_ids": []}\n', "'input_length' must be >= 1"),
     ('{"timestamp": 109, "input_length": 5, "output_length": -2, "hash_ids": [1]}\n', "'output_length' must be >= 0"),
     ('{"timestamp": 109, "input_length": 5, "hash_ids": [1], "colour": 1}\n', "unknown field(s) ['colour']"),
-    ('{"timestamp": 109, "input_length": 5, "hash_\n', "not a JSON line"),
+    ('{"timestamp": 109, "input_length": 5, "hash_\n', "not a JSON line: not valid JSON (Unterminated string "
+                                                     "starting at: line 1 column 39"),
     ('{"timestamp": 109, "input_length": 5, "hash_ids": [1, 2]}\n', "cover more than input_length"),
     ('[1, 2]\n', "a line must be a JSON object"),
 ])
