@@ -22,8 +22,8 @@ from shadowlab.matrix.read_traffic import MAX_TRACE_BYTES
 from shadowlab.matrix.schema import MATRIX_VERSION, MAX_MATRIX_BYTES, default
 from shadowlab.matrix.specs import (CellsSpec, ChatPrompt, ConfigurationSpec, EngineSpec, Generation, Identity,
                                     Isolation, Matrix, PromptSpec, SequenceSpec, TrafficSequence)
-from shadowlab.matrix.values import (MAX_ERRORS_SHOWN, MatrixErrors, _At, _Context, _Errors, _fields, _given, _list,
-                                     _name, _num, _text)
+from shadowlab.matrix.values import (MAX_ERRORS_SHOWN, MatrixErrors, _At, _Context, _Errors, _Skipped, _fields,
+                                     _given, _list, _name, _num, _text)
 from shadowlab.matrix.yamlpos import LineList, LineMap, parse_yaml
 from shadowlab.results.records import FileRefused, read_regular_file
 
@@ -92,6 +92,8 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
     f = _fields(data, root, "matrix", errors)
     version = MATRIX_VERSION
     with errors.item():
+        if "version" not in f:  # required: _fields said so (the other keys are still checked)
+            raise _Skipped("version")
         version = _num(f, "matrix", "version")
         if version != MATRIX_VERSION:
             f["version"][1].fail(f"matrix version {version} is not supported (this shadowlab reads "

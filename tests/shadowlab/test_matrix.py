@@ -202,6 +202,7 @@ def test_rendering_matches_the_documented_shape():
 
 @pytest.mark.parametrize("old, new, needle, path, message, hint", [
     ("version: 1", "version: 2", "version: 2", "version", "version 2 is not supported", "upgrade"),
+    ("version: 1\n", "", "name: t", "", "missing required key 'version'", "needs: version"),
     ("kind: reference", "kind: llama", "kind: llama", "engines.ref.kind",
      "expected one of reference, llama-server, openai, got 'llama'", "did you mean 'llama-server'?"),
     ("A: {kind: random", "A: {kind: randm", "A: {kind: randm", "prompts.A.kind", "got 'randm'",
