@@ -39,17 +39,22 @@ class _At:
         return _At(self.file, f"{self.path}[{index}]", line or self.line)
 
 
+_SHOWN_CHARS = 60  # of a value echoed in an error: a matrix may hold a megabyte in one string
+
+
 def _describe(value: Any) -> str:
     if value is None:
         return "nothing (null)"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):
-        return repr(value)
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
         return "a list"
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > _SHOWN_CHARS:
+        shown = repr(text[:_SHOWN_CHARS]) if isinstance(value, str) else text[:_SHOWN_CHARS]
+        return f"{shown}… ({len(text):,} characters)"
     return repr(value)
 
 

@@ -263,6 +263,8 @@ def test_inline_mistakes(old, new, needle, path, message, hint):
     ("isolation: {gpu: cuda}", "gpu", "isolation.gpu", "expected none or a device index"),
     ("isolation: {jobs: 0}", "jobs", "isolation.jobs", "expected an integer ≥ 1, got 0"),
     ("identity: {required: yes please}", "required", "identity.required", "expected true or false"),
+    ("identity: {required: " + "y" * 100_000 + "}", "required", "identity.required",
+     "expected true or false, got '" + "y" * 60 + "'… (100,000 characters)"),
     ("generation: {n_predict: 16.5}", "n_predict", "generation.n_predict",
      "expected an integer ≥ 1 and ≤ 1048576, got 16.5"),
     ("cells: {exclude: [{sequence: '*'}]}", "cells:", "cells", "selects no cells"),
