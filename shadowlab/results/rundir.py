@@ -81,7 +81,7 @@ def load(run_dir: str | Path, *, need_matrix: bool = True) -> RunDir:
     matrix = _matrix(layout, need_matrix)
     plan = read_plan(layout)
     planned = records.planned_cell_ids(plan, source=str(layout.plan))
-    environment = read_object(layout.environment) if layout.environment.exists() else {}
+    environment = environment_fields(read_object(layout.environment)) if layout.environment.exists() else {}
     has_cells = layout.cells_dir.is_dir()
     saved = None
     if not has_cells and layout.verdicts.is_file():
@@ -114,6 +114,48 @@ def read_object(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RunDirError("not a JSON object", path=str(path))
     return data
+
+
+# environment.json's fields (run/environment.py writes them): a field of another type, as a
+# hand-edited or hostile file may hold, is left out and reads as missing ('—' on the report).
+_TEXT, _COUNT = (str,), (int,)
+_ENVIRONMENT: dict[str, Any] = {
+    "captured_at": _TEXT, "host": _TEXT, "memory_bytes": _COUNT,
+    "os": {"system": _TEXT, "release": _TEXT, "machine": _TEXT},
+    "cpu": {"model": _TEXT, "logical_cores": _COUNT, "usable_cores": [_COUNT]},
+    "python": {"version": _TEXT, "executable": _TEXT},
+    "packages": {str: (str, type(None))},
+    "shadowlab": {"version": (str, type(None)), "commit": (str, type(None)), "dirty": (bool, type(None))},
+}
+_ENVIRONMENT["shards"] = [{"index": _COUNT, "host": (str, type(None)), "environment": _ENVIRONMENT}]  # merge.py
+
+
+def environment_fields(doc: Mapping[str, Any], shape: Any = None) -> dict[str, Any]:
+    """environment.json's object with only the fields of the types it is written with."""
+    shape = _ENVIRONMENT if shape is None else shape
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        want = shape.get(key, shape.get(str)) if isinstance(key, str) else None
+        if want is None:
+            continue
+        if isinstance(want, dict):
+            if isinstance(value, Mapping):
+                out[key] = environment_fields(value, want)
+        elif isinstance(want, list):
+            if isinstance(value, list) and isinstance(want[0], dict):
+                out[key] = [environment_fields(v, want[0]) for v in value if isinstance(v, Mapping)]
+            elif isinstance(value, list) and all(_is(v, want[0]) for v in value):
+                out[key] = list(value)
+        elif _is(value, want):
+            out[key] = value
+    return out
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    """An instance of one of `types`; bool is no count, and a count is not negative."""
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types) and not (isinstance(value, int) and not isinstance(value, bool) and value < 0)
 
 
 def read_plan(layout: RunLayout) -> dict[str, Any]:

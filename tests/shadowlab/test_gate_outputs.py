@@ -155,6 +155,26 @@ def test_gate_json_says_what_the_summary_says(stale, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["error"]
 
 
+def test_an_environment_record_of_the_wrong_shape_renders_its_fields_missing(tmp_path):
+    """environment.json is read field by field with the types it is written with: a field of
+    another type (a hand-edited or hostile file) reads as missing ('—'), the others as written;
+    a merged run's shards keep theirs. A packages string once failed the report."""
+    run = write_run(tmp_path / "env", ckpt_verdict())
+    env = json.loads((run / "environment.json").read_text())
+    good = {**env, "shards": [{"index": 0, "host": "node-a", "environment": env}]}
+    hostile = {**env, "packages": "torch 2.4", "cpu": ["Test CPU"], "memory_bytes": "lots", "host": 7,
+               "os": {"system": ["Linux"], "release": "6.1"}, "python": None, "extra": {"x": 1},
+               "shards": [{"index": -1, "host": "node-b", "environment": {"host": ["h"]}}, "node-c"]}
+    (run / "environment.json").write_text(json.dumps(hostile))
+    read = rundir.load(run).environment
+    assert read == {"captured_at": env["captured_at"], "os": {"release": "6.1"}, "shadowlab": env["shadowlab"],
+                    "shards": [{"host": "node-b", "environment": {}}]}
+    html = render_run(run).html.read_text()
+    assert "<th>packages</th><td colspan=\"3\" class=\"small\"></td>" in html and "torch 2.4" not in html
+    (run / "environment.json").write_text(json.dumps(good))
+    assert rundir.load(run).environment == good
+
+
 # ---------------------------------------------------------------- compare (text rendering only)
 
 
