@@ -230,7 +230,8 @@ class CellMeta:
     cell_id: str = doc("Cell id, unique in the run (the cell directory's name).")
     cell: dict[str, Any] = doc(
         "The planned cell as in plan.json: kind (`warm`, `cold`, `control`), engine, "
-        "configuration, sequence, turns."
+        "configuration, sequence, turns (read back only in that shape: names text or null, "
+        "turns objects with an integer index)."
     )
     status: CellStatus = doc("`ok`, `failed`, `skipped` or `aborted`.")
     reason: str | None = doc("Why the cell is not `ok`.")
@@ -272,11 +273,33 @@ def meta_from_dict(data: dict[str, Any], *, source: str = "<meta>") -> CellMeta:
     (RunDirError naming the file and the field)."""
     data = META.read(data, source=source)
     try:
-        return checked(CellMeta, data)
+        meta = checked(CellMeta, data)
+        _check_planned_cell(meta.cell)
+        return meta
     except FieldError as exc:
         raise RunDirError(f"not a valid cell record: {exc}", path=source,
                           hint="the record was damaged or written by something else; "
                                "rerun the cell with `shadowlab run --resume`") from None
+
+
+_PLANNED_TEXT = ("kind", "engine", "configuration", "sequence", "control_of")
+
+
+def _check_planned_cell(cell: dict[str, Any]) -> None:
+    """The planned cell a record holds (`cell`, free-form in the schema) in the shape its readers
+    take: its names text (or null), its turns objects with an integer index. FieldError names
+    the field."""
+    for key in _PLANNED_TEXT:
+        if cell.get(key) is not None and not isinstance(cell[key], str):
+            raise FieldError(f"cell.{key}", f"expected a string, got {json_type_name(cell[key])}")
+    turns = cell.get("turns", [])
+    if not isinstance(turns, list):
+        raise FieldError("cell.turns", f"expected a list, got {json_type_name(turns)}")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise FieldError(f"cell.turns[{i}]", f"expected an object, got {json_type_name(turn)}")
+        if isinstance(turn.get("index"), bool) or not isinstance(turn.get("index"), int):
+            raise FieldError(f"cell.turns[{i}].index", f"expected an integer, got {json_type_name(turn.get('index'))}")
 
 
 def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:

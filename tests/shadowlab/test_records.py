@@ -117,6 +117,11 @@ def test_wrong_field_types_are_refused_with_their_path(tmp_path: Path):
         (lambda d: d.update(env_delta={"X": 1}), "env_delta.X: expected a string"),
         (lambda d: d.pop("turns"), "turns: missing or null"),
         (lambda d: d.update(stop=[]), "stop: expected an object, got a list"),
+        # the planned cell, free-form in the schema, in the shape its readers take
+        (lambda d: d["cell"].update(turns=["x"]), "cell.turns[0]: expected an object, got the string 'x'"),
+        (lambda d: d["cell"].update(turns={}), "cell.turns: expected a list, got an object"),
+        (lambda d: d["cell"].update(turns=[{"index": "0"}]), "cell.turns[0].index: expected an integer"),
+        (lambda d: d["cell"].update(engine=["ref"]), "cell.engine: expected a string, got a list"),
     ]:
         data = json.loads(json.dumps(good))
         change(data)
