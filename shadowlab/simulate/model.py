@@ -159,7 +159,8 @@ def _value(key: str, value: str, text: str) -> Any:
             return value.lower() in ("1", "true")
         return kind(value)  # bounds (finite, in range) are checked by Policy itself
     except ValueError:
-        raise TrafficError(f"policy {text!r}: {key}={value!r} is not a {kind.__name__}") from None
+        what = {int: "an integer", float: "a number", bool: "true or false (1 or 0)"}.get(kind, "text")
+        raise TrafficError(f"policy {text!r}: {key}={value!r} is not {what}") from None
 
 
 def _check_policy(p: Policy) -> None:

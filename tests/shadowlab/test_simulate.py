@@ -385,13 +385,17 @@ def test_cli_table_json_and_html(tmp_path, capsys):
     assert "<svg" in (tmp_path / "o" / "simulate.html").read_text()
 
 
-@pytest.mark.parametrize("policy", ["nope", "baseline:slots=0", "baseline:colour=red", "baseline:slots=two",
-                                    "llama-1slot:affinity=1"])
-def test_cli_refuses_a_bad_policy(policy, tmp_path, capsys):
+@pytest.mark.parametrize("policy, says", [
+    ("nope", "unknown"), ("baseline:slots=0", "outside its bounds [1, 256]"), ("baseline:colour=red", "known key"),
+    ("baseline:slots=two", "slots='two' is not an integer"), ("baseline:cache_ram_mib=lots", "cache_ram_mib='lots' is not a number"),
+    ("baseline:affinity=maybe", "is not true or false (1 or 0)"), ("llama-1slot:affinity=1", "reference engine"),
+])
+def test_cli_refuses_a_bad_policy(policy, says, tmp_path, capsys):
     shape = tmp_path / "shape.yaml"
     shape.write_text("conversations: 1\n")
     assert run_cli(str(shape), "--policy", policy) == 2
-    assert "shadowlab simulate:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("shadowlab simulate:") and says in err, err
 
 
 def test_cli_names_the_bad_line(tmp_path, capsys):
