@@ -131,6 +131,7 @@ def render_text(c: Comparison) -> str:
     lines += [f"note: {n}" for n in c.notes]
     metrics = {m.name: m for m in METRICS}
     shown: list[Row] = []
+    head = 0  # the line of the last table's heading (set with its first row)
     for row in c.rows:
         if shown and (row.repeats, row.deltas) == (shown[-1].repeats, shown[-1].deltas):
             # an aggregate of one cell (or one kind) is that cell's table again: say so, once
