@@ -73,6 +73,10 @@ def parse_sweeps(texts: Sequence[str]) -> Sweep:
                                hint="keys: " + ", ".join(sorted({*ALIASES, *(k for k in _FIELDS if k != 'name')})))
         if key in keys:
             raise TrafficError(f"--sweep {text!r}: {key} is swept twice", hint="give all its values in one --sweep")
+        repeated = sorted({v for v in items if items.count(v) > 1})
+        if repeated:  # the grid would hold the same point twice, and the knee would read it twice
+            raise TrafficError(f"--sweep {text!r}: {', '.join(repeated)} given more than once",
+                               hint="give each value once, from the least to the most")
         keys.append(key)
         values.append(items)
     count = math.prod(len(v) for v in values)

@@ -137,9 +137,11 @@ def test_a_sweep_gives_the_same_json_on_one_or_two_processes(tmp_path, capsys):
 
 def test_a_bad_sweep_is_refused(tmp_path, capsys):
     source = str(_shape_file(tmp_path))
-    for bad in ("colour=1,2", "slots", "slots=0,1"):
+    for bad, says in (("colour=1,2", "known key"), ("slots", "known key"), ("slots=0,1", "outside its bounds"),
+                      ("cms=256,512,256", "256 given more than once")):
         assert run_cli(source, "--sweep", bad) == 2
-        assert "shadowlab simulate:" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert err.startswith("shadowlab simulate:") and says in err, err
 
 
 def test_the_cluster_without_its_extra_says_how_to_install(tmp_path, capsys, monkeypatch):
