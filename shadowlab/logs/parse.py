@@ -40,12 +40,10 @@ each). Figures: benchmarks/bench_logparse.py and benchmarks/README.md.
 
 Other forks: ``extra_patterns`` (a matrix's ``log_patterns``): see ``shadowlab.logs.events``.
 
-Unknown lines: a line holding a trigger word (``checkpoint``, ``memory_seq_rm``, ...) that no
-pattern explains, including one cut short or with a value broken by other text (a value is read
-only when its delimiter, ``,`` ``)`` whitespace or the end, follows it), is counted in ``ParsedLog.unknown_count`` with a few
-samples; it is never fatal. So is a line with an integer of 10**18 or more (``events.believable``:
-no engine counts tokens or numbers slots that high). Lines without a trigger word are not events
-and not unknown.
+Unknown lines: a line with a trigger word (``checkpoint``, ``memory_seq_rm``, ...) that no pattern explains,
+cut short, with a value broken by other text (read only when ``,`` ``)`` whitespace or the end follows
+it) or a number no engine prints (``events.believable``: 10**18 or more) is counted in ``unknown_count``
+with a few samples, never fatal. Lines without a trigger word are not events and not unknown.
 """
 
 from __future__ import annotations
@@ -456,9 +454,8 @@ class _Scanner(_MessageReader):
 
     def _fast_event(self, body: bytes, start: int, stop: int, word: int, ln: int, off: int) -> Any:
         """The event of a candidate line whose first trigger is scan word `word`, by that word's
-        whole-line regex (undecoded); `_IGNORED` for a known benign line; None: not matched,
-        the line is for `_slow_line` (so is one with an integer of more than MAX_DIGITS digits:
-        the regexes take no more, `_slow_line` judges its value)."""
+        whole-line regex (undecoded); `_IGNORED` for a known benign line; None: not matched (a
+        number of more than MAX_DIGITS digits neither), the line is for `_slow_line`."""
         match = self.fast[word] if word < len(self.fast) else None
         m = match(body, start, stop) if match is not None and stop - start <= MAX_LINE else None
         if m is None:
@@ -573,8 +570,6 @@ class _Scanner(_MessageReader):
             return
         for slot, task, message, headless in segments:
             ev, known = self._message(message, slot, task, headless, line_no, offset, body, start)
-            if ev is not None and not believable(ev):
-                ev, known = None, False  # a number no engine prints: the line is not understood
             if ev is not None:
                 self._count(ev)
                 understood = True

@@ -31,6 +31,7 @@ from shadowlab.logs.events import (
     Event, CheckpointEvent, CheckpointCreated, CheckpointRestored, CheckpointErased, CheckpointErasedOld,
     CheckpointErasedTooClose, CheckpointSuperseded, ForcedReprocessing, NewPrompt, CacheTrim, PromptEval,
     SlotSelected, PromptCacheSaved, PromptCacheLoaded, PromptCleared, ServerStart, EVENT_TYPES, ExtraPattern,
+    believable,
 )
 
 LOOK_BACK = accel.LOOK_BACK  # how far `found better prompt` looks back for its prompt-cache candidate
@@ -404,7 +405,8 @@ class _MessageReader:
             msg = msg[pos:]
         common = {"line": line_no, "offset": offset, "slot": slot, "task": task}
         try:
-            return _build(msg, common, self, body, start), False
+            ev = _build(msg, common, self, body, start)
+            return (ev, False) if ev is None or believable(ev) else (None, False)  # a number no engine prints
         except _Benign:
             return None, True
         except (ValueError, KeyError, OverflowError):  # OverflowError: int(float("9" * 400))
