@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import repo_scripts
 
 from shadowlab import cli
 from shadowlab.results import records, rundir
@@ -272,17 +273,6 @@ def test_the_terminal_gets_no_engine_control_bytes(tmp_path):
 # ---------------------------------------------------------------- hostile inputs (scripts/fuzz_inputs.py)
 
 
-def _fuzz_inputs():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "fuzz_inputs.py"
-    spec = importlib.util.spec_from_file_location("fuzz_inputs", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fuzz_inputs", module)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("kind, rounds", [
     # matrices 21, 163, 166, 274 drop `version` (an internal error once); runs 599 holds a planned
     # turn of the wrong type (`shadowlab report` failed in triage)
@@ -292,7 +282,7 @@ def test_edited_matrices_traces_and_run_directories_end_in_a_documented_exit(kin
     """Seeded rounds of scripts/fuzz_inputs.py: every edited input ends in an exit code its
     command documents (a refusal names the file and key), never an internal error; simulate's
     figures stay consistent and the report escapes what the records hold."""
-    fuzz = _fuzz_inputs()
+    fuzz = repo_scripts.load("fuzz_inputs")
     seeds = fuzz.Seeds(tmp_path)
     for n in rounds:
         problem = fuzz.one_round(kind, n, seeds, 4, tmp_path / f"{kind}-{n}")

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+import repo_scripts
 
 from shadowlab.logs import lifecycle, parse as logparse
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "logs"
-spec = importlib.util.spec_from_file_location("make_prodlogs", ROOT / "scripts" / "make_prodlogs.py")
-make_prodlogs = importlib.util.module_from_spec(spec)
-sys.modules["make_prodlogs"] = make_prodlogs
-spec.loader.exec_module(make_prodlogs)
+make_prodlogs = repo_scripts.load("make_prodlogs")
 
 
 def _requests(path: Path, family: str = "llama.cpp") -> list[lifecycle.Request]:

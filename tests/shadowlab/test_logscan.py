@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 
 import pytest
+import repo_scripts
 
 from shadowlab.logs import parse as lp
 
@@ -356,20 +357,8 @@ def _three_ways(paths, monkeypatch, options_of=None):
     return docs, folded
 
 
-def _script(name: str):
-    """scripts/NAME.py as a module."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(name, LOGS.parents[2] / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _make_prodlogs():
-    return _script("make_prodlogs")
+    return repo_scripts.load("make_prodlogs")
 
 
 @needs_c
@@ -607,7 +596,7 @@ def test_mutated_captures_read_alike_three_ways(tmp_path):
     trace, and none raises. 104092 and 104883 hold a line with a task and no slot, which the
     fold wrote as slot -2**63; 303979 rotated pieces, one ending in a cut line across a block
     end, whose start was carried into the next piece."""
-    fuzz = _script("fuzz_logs")
+    fuzz = repo_scripts.load("fuzz_logs")
     texts = fuzz.sources()
     pool = [line for text in texts for line in text]
     for n in [*range(120), 104092, 104883, 303979]:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import repo_scripts
 
 from shadowlab import simulate, traffic
 from shadowlab.simulate import parse_policy
@@ -79,15 +80,7 @@ def test_a_trace_is_read_as_a_stream(tmp_path):
 
 def _mooncake(tmp_path: Path, requests: int = 400) -> Path:
     """A generated Mooncake-shaped trace with session ids (scripts/make_mooncake_conversations.py)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_mooncake", REPO / "scripts" / "make_mooncake_conversations.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
+    module = repo_scripts.load("make_mooncake_conversations")
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in module.generate(3, requests, live=12)))
     return path

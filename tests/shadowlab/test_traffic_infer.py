@@ -5,7 +5,6 @@ here). Floors are the measured precision and recall rounded down (docs/DESIGN.md
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import repo_scripts
 
 from shadowlab import simulate, traffic
 from shadowlab.traffic import infer as traffic_infer
@@ -40,11 +40,7 @@ def test_inferred_links_are_the_true_next_turns(lane):
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("make_mooncake_conversations",
-                                                  REPO / "scripts" / "make_mooncake_conversations.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return repo_scripts.load("make_mooncake_conversations")
 
 
 @pytest.fixture(scope="module")
