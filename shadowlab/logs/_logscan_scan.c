@@ -606,6 +606,13 @@ static int ck_line(const ctx_t *c, cp s, cp e, rec_t *r, int *kind)
         p = LIT(uint_(p, e, &n), e, ", min spacing = ");
         return end_(uint_(p, e, &n), e) ? R_BENIGN : R_SLOW;
     }
+    /* common/arg.cpp's warning for an option given twice (`-ctxcp 8 --ctx-checkpoints 32`), once
+     * per start: stamp DEPRECATED: argument '--ctx-checkpoints' specified multiple times, use
+     * comma-separated values instead (only last value will be used). The tolerant path knows it
+     * by _BENIGN's "ctx-checkpoints"; it holds no event phrase. */
+    if (end_(LIT(LIT(stamp(s, e), e, "DEPRECATED: argument '--ctx-checkpoints' specified multiple times, "),
+                 e, "use comma-separated values instead (only last value will be used)"), e))
+        return R_BENIGN;
     /* srv + update: +- prompt 0x[0-9a-f]+: +\d+ tokens, checkpoints: +\d+, +\d+\.\d+ MiB */
     p = LIT(srv_head(s, e), e, "update:");
     p = LIT(spaces(p, e), e, "- prompt 0x");

@@ -817,10 +817,10 @@ def test_the_fold_reads_the_b11434_start_up_and_idle_slot_lines_itself(monkeypat
     logs = _logs()
     paths = [p for p in ALL_LOGS if "b11434" in p.parent.name or p.parent.name == "llama-server"]
     assert len(paths) >= 20
+    # the argument parser's warning about a repeated flag included (read as benign in C too)
+    assert any(b"W DEPRECATED: argument '--ctx-checkpoints'" in p.read_bytes() for p in paths)
     doc = logs.analyse([str(p) for p in paths], logs.Options())
-    # but one kind of line: the argument parser's warning about a repeated flag
-    warnings = sum(p.read_bytes().count(b"W DEPRECATED: argument '--ctx-checkpoints'") for p in paths)
-    assert doc["reader"] == {"c_fold": len(paths), "python_replay": [], "lines_handed_back": warnings}, doc["reader"]
+    assert doc["reader"] == {"c_fold": len(paths), "python_replay": [], "lines_handed_back": 0}, doc["reader"]
 
 
 @needs_c
