@@ -10,8 +10,9 @@ setup(
     ext_modules=[
         Extension(
             "shadowlab.logs._logscan",
-            # the module, its line scanner and `shadowlab logs`' fold (shadowlab/logs/_logscan.h)
-            ["shadowlab/logs/_logscan.c", "shadowlab/logs/_logscan_scan.c", "shadowlab/logs/_logscan_fold.c"],
+            # the module, its line scanner, `shadowlab logs`' fold and figures (shadowlab/logs/_logscan.h)
+            ["shadowlab/logs/_logscan.c", "shadowlab/logs/_logscan_scan.c", "shadowlab/logs/_logscan_fold.c",
+             "shadowlab/logs/_logscan_figures.c"],
             depends=["shadowlab/logs/_logscan.h", "shadowlab/logs/_logscan_constants.h"],
             optional=True,
             extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],

@@ -26,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "logs"
-SOURCES = [ROOT / "shadowlab" / "logs" / name for name in ("_logscan.c", "_logscan_scan.c", "_logscan_fold.c")]
+SOURCES = [ROOT / "shadowlab" / "logs" / name for name in ("_logscan.c", "_logscan_scan.c", "_logscan_fold.c",
+                                                        "_logscan_figures.c")]
 
 
 def build(into: Path) -> Path:

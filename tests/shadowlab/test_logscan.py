@@ -856,3 +856,38 @@ def test_trace_times_are_the_printed_microseconds_also_after_a_restart(tmp_path,
     assert n > 50 and len(folded) == 2 * n
     base = Decimal(folded[n - 1])
     assert [Decimal(t) for t in folded[n:]] == [Decimal(t) + base for t in folded[:n]]
+
+
+@needs_c
+def test_the_figures_over_every_request_read_the_same_in_c_and_python(monkeypatch):
+    """The over-time bins (analysis._over_time) and the ranked arrays (figures._ordered) are
+    computed in C when it is built: the same JSON as the Python (signed zeros, equal times, one
+    request, int64's ends, times in one bin or at the end of the last); outcome codes outside
+    the outcomes are refused, not counted."""
+    from array import array
+
+    from shadowlab.logs import analysis, figures, lifecycle
+
+    rng = random.Random(11)
+    n_out = len(lifecycle.OUTCOMES)
+    for _ in range(300):
+        n = rng.choice((1, 2, 3, 17, 500))
+        pick = rng.choice((
+            lambda: rng.uniform(-1e7, 1e7), lambda: rng.choice((0.0, -0.0, 3.5)), lambda: float(rng.randint(-3, 3)),
+            lambda: rng.uniform(0, 1) * 10 ** rng.randint(-6, 12),
+        ))
+        times = array("d", (pick() for _ in range(n)))
+        codes = array("b", (rng.randrange(n_out) for _ in range(n)))
+        values = array("q", (rng.choice((rng.randint(-2**63, 2**63 - 1), rng.randint(0, 70000), 0, 512))
+                             for _ in range(n)))
+        in_c = json.dumps(analysis._over_time(times, codes)), list(figures._ordered(values))
+        with monkeypatch.context() as m:
+            m.setattr(lp, "_logscan", None)
+            in_python = json.dumps(analysis._over_time(times, codes)), list(figures._ordered(values))
+        assert in_c == in_python
+    with pytest.raises(ValueError, match="outcome code 7"):
+        analysis._over_time(array("d", [1.0, 2.0]), array("b", [0, 7]))
+    with pytest.raises(TypeError, match="array"):
+        lp.folder().sort_q(array("d", [1.0]))
+    with pytest.raises(ValueError, match="as many codes"):
+        lp.folder().bin_outcomes(array("d", [1.0, 2.0]), array("b", [0]), 10, n_out)
