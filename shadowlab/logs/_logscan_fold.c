@@ -1474,7 +1474,7 @@ PyObject *fold_new(PyObject *self, PyObject *args)
 }
 
 /* the notes before `offset`, taken as Replay.run drains them: before the event at offset */
-static void take_notes_before(fold_t *f, int64_t offset)
+static inline void take_notes_before(fold_t *f, int64_t offset)
 {
     while (f->next_note < f->n_block_notes && f->block_notes[f->next_note].offset < offset)
         take_note(f, &f->block_notes[f->next_note++]);
