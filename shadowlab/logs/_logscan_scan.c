@@ -901,23 +901,75 @@ static int read_line(const ctx_t *c, cp s, cp e, int word, rec_t *r)
 
 /* ------------------------------------------------------------------ finding and reading lines */
 
+#ifdef VECTOR_SEARCH
+/* memchr(p, '\n', e - p) and the start of the line holding `at` (memrchr) inside find_batch's
+ * AVX2 copy: the spans are within one line (a hundred bytes or so), shorter than the library
+ * call costs. The loads stay inside the span. */
+__attribute__((target("avx2"))) static inline cp next_newline_v32(cp p, cp e)
+{
+    const __m256i nl = _mm256_set1_epi8('\n');
+    for (; e - p >= 32; p += 32) {
+        uint32_t m = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)p), nl));
+        if (m)
+            return p + __builtin_ctz(m);
+    }
+    for (; p < e; p++)
+        if (*p == '\n')
+            return p;
+    return NULL;
+}
+
+__attribute__((target("avx2"))) static inline cp line_start_v32(cp low, cp at)
+{
+    const __m256i nl = _mm256_set1_epi8('\n');
+    for (; at - low >= 32; at -= 32) {
+        uint32_t m = (uint32_t)_mm256_movemask_epi8(
+            _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(at - 32)), nl));
+        if (m)
+            return at - 32 + (31 - __builtin_clz(m)) + 1;
+    }
+    while (at > low && at[-1] != '\n')
+        at--;
+    return at;
+}
+#endif
+
 /* The next batch of the region [c->from, limit): the region is searched for the next trigger
  * word, its line is read, and the search goes on after that line. Lines are numbered by
  * counting the newlines skipped. The loads of the vector search may read on to `readable`.
- * Touches no Python object. Returns 1 when the region is done. */
-int find_batch(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search)
+ * Touches no Python object. Returns 1 when the region is done. `v32`, a constant in each copy
+ * below: the AVX2 copy calls the AVX2 search, newline count and line bounds directly (inlined),
+ * the other the picked search and the library's memchr / memrchr. */
+static inline __attribute__((always_inline)) int find_batch_(finder_t *f, const ctx_t *c, cp limit, cp readable,
+                                                             search_fn search, int v32)
 {
     f->n = 0;
     while (f->p < limit && f->n < f->max) {
-        hit_t hit = search(c->from, limit, f->p, readable);
-        if (hit.at == NULL) {
-            f->p = limit;
-            break;
+        hit_t hit;
+        cp s, nl;
+#ifdef VECTOR_SEARCH
+        if (v32) {
+            hit = search_v32(c->from, limit, f->p, readable);
+            if (hit.at == NULL) {
+                f->p = limit;
+                break;
+            }
+            s = line_start_v32(f->p, hit.at);
+            nl = next_newline_v32(hit.at, limit);
+            f->newlines += count_newlines_v32(f->counted, s);
+        } else
+#endif
+        {
+            hit = search(c->from, limit, f->p, readable);
+            if (hit.at == NULL) {
+                f->p = limit;
+                break;
+            }
+            s = line_start(f->p, hit.at);
+            nl = memchr(hit.at, '\n', (size_t)(limit - hit.at));
+            f->newlines += count_newlines(f->counted, s);
         }
-        cp s = line_start(f->p, hit.at);
-        cp nl = memchr(hit.at, '\n', (size_t)(limit - hit.at));
         cp e = nl != NULL ? nl : limit;
-        f->newlines += count_newlines(f->counted, s);
         f->counted = s;
         rec_t *r = &f->recs[f->n];
         int res = (e - s > MAX_LINE) ? R_SLOW : read_line(c, s, e, hit.word, r);
@@ -939,6 +991,25 @@ int find_batch(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn sea
     f->newlines += count_newlines(f->counted, limit);
     f->counted = limit;
     return 1;
+}
+
+#ifdef VECTOR_SEARCH
+__attribute__((target("avx2,popcnt"))) static int find_batch_v32(finder_t *f, const ctx_t *c, cp limit, cp readable)
+{
+    return find_batch_(f, c, limit, readable, search_v32, 1);
+}
+#endif
+
+int find_batch(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search)
+{
+#ifdef VECTOR_SEARCH
+    static int avx2 = -1;
+    if (avx2 < 0)
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+    if (search == search_v32 && avx2)
+        return find_batch_v32(f, c, limit, readable);
+#endif
+    return find_batch_(f, c, limit, readable, search, 0);
 }
 
 /* ------------------------------------------------------------------ building objects */
