@@ -22,8 +22,6 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
     f = _fields(body, at, "engine")
     kind = _choice(*f["kind"], tuple(known_kinds()))
     adapter = get_adapter(kind)  # the kind's own facts: defaults, model sources, presets
-    if ctx.check_files:
-        _check_requirements(adapter, f["kind"][1])
     if "model" in f:
         model = _model(*f["model"], ctx, adapter)
     elif not adapter.model_required:
@@ -59,16 +57,12 @@ def _engine(name: str, body: Any, at: _At, ctx: _Context) -> EngineSpec:
 ENGINE_INSTALL = "pip install torch==2.13.0 && pip install -e '.[engine]'"
 
 
-def _check_requirements(adapter: EngineAdapter, at: _At) -> None:
+def missing_requirements(adapter: EngineAdapter) -> list[str]:
     """The Python modules an engine kind's processes import (the reference engine: pyproject's
-    `engine` extra, which `pip install -e .` alone leaves out) must be installed here: else every
-    cell would fail minutes later, one by one."""
-    missing = [m for m in getattr(adapter, "python_requirements", ()) if not _importable(m)]
-    if missing:
-        at.fail(f"the {adapter.kind} engine needs {', '.join(missing)}, not installed in this Python "
-                f"({sys.executable})",
-                f"install the engine extra: {ENGINE_INSTALL} (from the repository root; torch first, "
-                "so pip takes the CPU wheel), or use an engine of kind llama-server")
+    `engine` extra, which `pip install -e .` alone leaves out) that this Python lacks.
+    validate.check_machine refuses a run on them (else every cell would fail minutes later, one
+    by one) and warns in a dry run."""
+    return [m for m in getattr(adapter, "python_requirements", ()) if not _importable(m)]
 
 
 def _importable(module: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from shadowlab.engines import get_adapter
 from shadowlab.errors import MatrixError
 from shadowlab.matrix.read_cells import _cells, _generation, _identity, _isolation
-from shadowlab.matrix.read_engines import ENGINE_INSTALL, _configuration, _engine
+from shadowlab.matrix.read_engines import ENGINE_INSTALL, _configuration, _engine, missing_requirements
 from shadowlab.matrix.read_expectations import _baseline_and_budgets, _expectation
 from shadowlab.matrix.read_prompts import _prompts, _sequences
 from shadowlab.matrix.read_traffic import MAX_TRACE_BYTES
@@ -148,7 +148,9 @@ def _matrix(data: Any, ctx: _Context, path: Path) -> Matrix:
         isolation=isolation,
         identity=identity,
         expectations=default("matrix", "expectations"),
-        lines={"isolation.cores_per_cell": _line_of(data, "isolation", "cores_per_cell")},
+        lines={"isolation.cores_per_cell": _line_of(data, "isolation", "cores_per_cell"),
+               **{f"engines.{name}.kind": _line_of(data["engines"], name, "kind")
+                  for name in engines if isinstance(data.get("engines"), LineMap)}},
     )
     if not matrix.selected():
         (f["cells"][1] if "cells" in f else root).fail("the matrix selects no cells",
@@ -259,16 +261,31 @@ def _check_traffic_context(matrix: Matrix, at: _At, raw: LineMap) -> None:
 
 def check_machine(matrix: Matrix, *, cores: int, warn: Callable[[str], None] | None = None) -> None:
     """What this machine must offer before anything starts: more cores per cell than the process
-    may use can never be leased. MatrixError, or with `warn` (a dry run) a warning."""
+    may use can never be leased, and an engine of the selected cells whose Python modules are
+    missing here (the reference engine's torch) fails every cell. MatrixError (MatrixErrors for
+    more than one), or with `warn` (a dry run: the plan is still printed) a warning each."""
+    problems = []
     need = matrix.isolation.cores_per_cell
-    if need <= cores:
-        return
-    error = MatrixError(
-        f"{need} cores per cell, but this process may use only {cores}",
-        file=str(matrix.path), line=matrix.lines.get("isolation.cores_per_cell"),
-        key_path="isolation.cores_per_cell",
-        hint=f"lower isolation.cores_per_cell (and engine threads) to at most {cores}, "
-             "or run on a machine with more cores")
-    if warn is None:
-        raise error
-    warn(f"shadowlab: warning: {error}")
+    if need > cores:
+        problems.append(MatrixError(
+            f"{need} cores per cell, but this process may use only {cores}",
+            file=str(matrix.path), line=matrix.lines.get("isolation.cores_per_cell"),
+            key_path="isolation.cores_per_cell",
+            hint=f"lower isolation.cores_per_cell (and engine threads) to at most {cores}, "
+                 "or run on a machine with more cores"))
+    for name in dict.fromkeys(engine for engine, _, _ in matrix.selected()):
+        spec = matrix.engines[name]
+        missing = missing_requirements(get_adapter(spec.kind))
+        if missing:
+            problems.append(MatrixError(
+                f"the {spec.kind} engine needs {', '.join(missing)}, not installed in this Python ({sys.executable})",
+                file=str(matrix.path), line=matrix.lines.get(f"engines.{name}.kind"), key_path=f"engines.{name}.kind",
+                hint=f"install the engine extra: {ENGINE_INSTALL} (from the repository root; torch first, so pip "
+                     "takes the CPU wheel), or use an engine of kind llama-server"))
+    if warn is not None:
+        for problem in problems:
+            warn(f"shadowlab: warning: {problem}")
+    elif len(problems) == 1:
+        raise problems[0]
+    elif problems:
+        raise MatrixErrors(problems)

@@ -4,6 +4,7 @@ that failed is not reported again (its error would only echo the first)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,57 @@ def test_the_cli_prints_them_all_with_exit_2(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"shadowlab: {path}: 8 errors\n")
     assert f"  {path}:14: generation.n_predict:" in done.stderr and "Traceback" not in done.stderr
+
+
+def _without_torch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`shadowlab ARGS` in a Python where torch cannot be imported (as on a machine without the
+    engine extra)."""
+    code = ("import sys; sys.modules['torch'] = None\n"  # find_spec('torch') then fails, as for a missing one
+            "from shadowlab.cli import main\n"
+            f"raise SystemExit(main({list(args)!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_a_missing_engine_module_refuses_the_run_and_only_warns_in_a_dry_run(tmp_path):
+    """The reference engine's processes import torch: without it a run is refused before anything
+    starts (the engine's `kind` line, the install command), and a dry run still prints the plan
+    with the same words as a warning. An engine no selected cell uses needs nothing."""
+    matrix = REPO / "matrices" / "ckpt.yaml"
+    out = tmp_path / "run"
+    refused = _without_torch("run", str(matrix), "--out", str(out), cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    line = next(i for i, text in enumerate(matrix.read_text().splitlines(), 1) if text.strip() == "kind: reference")
+    assert refused.stderr.startswith(f"shadowlab: {matrix}:{line}: engines.reference.kind: the reference engine "
+                                     "needs torch, not installed in this Python"), refused.stderr
+    assert "pip install torch==2.13.0" in refused.stderr and "Traceback" not in refused.stderr
+    assert not out.exists()
+    dry = _without_torch("run", str(matrix), "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "reference.prompt_end.A-C" in dry.stdout
+    assert dry.stderr.startswith(f"shadowlab: warning: {matrix}:{line}: engines.reference.kind: the reference "
+                                 "engine needs torch"), dry.stderr
+
+
+def test_only_the_engines_of_the_selected_cells_must_be_runnable_here(monkeypatch):
+    """check_machine asks for the Python modules of the engines the selected cells use: a
+    reference engine that cells.include leaves out needs no torch; both problems are reported
+    (cores, and each engine), with the line of the engine's kind."""
+    from shadowlab.matrix.validate import check_machine
+
+    two = GOOD.replace("engines:\n", "engines:\n  ref2: {kind: reference, model: {preset: tiny, seed: 0}}\n")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    only_ref = loads(two + "cells: {include: [{engine: ref}]}\n", file="m.yaml", check_files=False)
+    with pytest.raises(MatrixError) as one:
+        check_machine(only_ref, cores=64)
+    assert (one.value.line, one.value.key_path) == (5, "engines.ref.kind") and "needs torch" in one.value.message
+    both = loads(two, file="m.yaml", check_files=False)
+    with pytest.raises(MatrixErrors) as several:
+        check_machine(both, cores=0)
+    assert [e.key_path for e in several.value.errors] == ["engines.ref2.kind", "engines.ref.kind",
+                                                          "isolation.cores_per_cell"]
+    warned: list[str] = []
+    check_machine(both, cores=0, warn=warned.append)
+    assert len(warned) == 3 and all(w.startswith("shadowlab: warning: m.yaml") for w in warned)
+    monkeypatch.delitem(sys.modules, "torch")
+    if importlib.util.find_spec("torch") is not None:  # where the engine extra is installed
+        check_machine(only_ref, cores=64)
