@@ -7,7 +7,6 @@ import importlib.util
 import re
 import shutil
 import string
-import sys
 from pathlib import Path
 from typing import Any
 
