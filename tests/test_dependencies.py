@@ -305,11 +305,17 @@ def test_a_llama_server_matrix_plans_without_them(blocked, tmp_path):
 def test_a_reference_engine_matrix_without_them_names_the_install_command(blocked, tmp_path):
     from shadowlab.matrix.validate import ENGINE_INSTALL
 
-    done = blocked.shadowlab("run", str(REPO / "matrices" / "ckpt.yaml"), "--dry-run", cwd=tmp_path)
+    out = tmp_path / "run"
+    done = blocked.shadowlab("run", str(REPO / "matrices" / "ckpt.yaml"), "--out", str(out), cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "engines.reference.kind: the reference engine needs torch, safetensors, numpy" in done.stderr
     assert ENGINE_INSTALL in done.stderr and ENGINE_INSTALL in (REPO / "README.md").read_text()
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
+    # a dry run shows the plan, the same words as a warning
+    dry = blocked.shadowlab("run", str(REPO / "matrices" / "ckpt.yaml"), "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "reference.prompt_end.A-C" in dry.stdout
+    assert "shadowlab: warning:" in dry.stderr and "the reference engine needs torch, safetensors, numpy" in dry.stderr
 
 
 @pytest.mark.llama
