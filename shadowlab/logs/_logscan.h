@@ -121,7 +121,6 @@ PyObject *fold_events(PyObject *self, PyObject *args);
 PyObject *fold_finish(PyObject *self, PyObject *args);
 PyObject *fold_trace(PyObject *self, PyObject *args);
 /* _logscan_figures.c */
-void sort_int64(int64_t *v, Py_ssize_t n);
 PyObject *sort_q(PyObject *self, PyObject *arg);
 PyObject *bin_outcomes(PyObject *self, PyObject *args);
 

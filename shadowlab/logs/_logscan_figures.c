@@ -3,7 +3,7 @@
  * logs.analysis call these when the accelerator is built, and compute the same in Python when
  * it is not; tests/shadowlab/test_logscan.py compares both on random arrays).
  *
- *   sort_q(a)  sorts an array('q') in place (the fold's per-slot arrays, and Figures' ranks)
+ *   sort_q(a)  sorts an array('q') in place (Figures' ranks: its shared prefixes and prompt sizes)
  *   bin_outcomes(times, codes, nbins, noutcomes) -> (start, width, bins): analysis._over_time's
  *       counts: times an array('d'), codes an array('b') of outcome indices; start the least
  *       time, width ((max - start) or 1.0) / nbins, bins[i][o] the requests of outcome o whose
@@ -20,7 +20,7 @@ static int int64_order(const void *a, const void *b)
 /* An LSD radix sort by the bytes that differ (token counts differ in 2-3 of 8: ~5x faster
  * than qsort here); keys offset by 2^63 so that unsigned order is signed order. qsort when
  * there is no memory for the second buffer. */
-void sort_int64(int64_t *v, Py_ssize_t n)
+static void sort_int64(int64_t *v, Py_ssize_t n)
 {
     const uint64_t sign = (uint64_t)1 << 63;
     uint64_t *tmp = n > 1 ? PyMem_Malloc((size_t)n * sizeof *tmp) : NULL;
@@ -57,7 +57,6 @@ void sort_int64(int64_t *v, Py_ssize_t n)
         v[i] = (int64_t)((uint64_t)v[i] ^ sign);
     PyMem_Free(tmp);
 }
-
 
 static int buffer_of(PyObject *o, Py_buffer *b, int writable, const char *format, Py_ssize_t itemsize,
                      const char *what)

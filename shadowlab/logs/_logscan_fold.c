@@ -1719,10 +1719,9 @@ PyObject *fold_trace(PyObject *self, PyObject *args)
     return out;
 }
 
-/* sorted: logs.Figures only counts and ranks these, and Python's sort merges sorted runs fast */
+/* in request order: logs.Figures sorts them once for its ranks (figures._ordered, sort_q) */
 static PyObject *vec_bytes(vec_t *a)
 {
-    sort_int64(a->v, a->n);
     return PyBytes_FromStringAndSize((const char *)a->v, a->n * (Py_ssize_t)sizeof(int64_t));
 }
 
