@@ -73,7 +73,7 @@ def fuzz(module_path: Path, rounds: int, seed: int) -> None:
                                    b"load:  - found better prompt with f_keep = 0.5, f_sim = 0.5",
                                    b"prompt with length 12, lcp = 1, f_keep = 0.5, f_sim = 0.5"]
     variants = []
-    for variant in (1, 2, 3):
+    for variant in (1, 2, 3, 4):
         try:
             sanitized.scan(b"x\n", 0, 2, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
             variants.append(variant)

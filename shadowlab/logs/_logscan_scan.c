@@ -200,7 +200,7 @@ static cp srv_head(cp s, cp e)
 /* Is there a trigger of `word` at p (p holds the word's first byte)? The phrases around
  * "prompt" are logparse._TRIGGERS. [s, e) is the region searched: no trigger holds a newline,
  * so comparing across the region instead of the line finds the same triggers. */
-static int trigger_at(cp s, cp e, cp p, int word)
+static inline __attribute__((always_inline)) int trigger_at(cp s, cp e, cp p, int word)
 {
     size_t left = (size_t)(p - s), right = (size_t)(e - p);
 #define AFTER(str) (right >= sizeof(str) - 1 && memcmp(p, str, sizeof(str) - 1) == 0)
@@ -230,7 +230,7 @@ static int trigger_at(cp s, cp e, cp p, int word)
 }
 
 /* The scan word whose trigger starts at `at` in [s, e), or W_NONE. */
-static int trigger_word(cp s, cp e, cp at)
+static inline __attribute__((always_inline)) int trigger_word(cp s, cp e, cp at)
 {
     int w;
     switch (*at) {
@@ -902,9 +902,8 @@ static int read_line(const ctx_t *c, cp s, cp e, int word, rec_t *r)
 /* ------------------------------------------------------------------ finding and reading lines */
 
 #ifdef VECTOR_SEARCH
-/* memchr(p, '\n', e - p) and the start of the line holding `at` (memrchr) inside find_batch's
- * AVX2 copy: the spans are within one line (a hundred bytes or so), shorter than the library
- * call costs. The loads stay inside the span. */
+/* memchr(p, '\n', e - p) inside the fused finders: the span is the rest of a line (a hundred
+ * bytes or so), shorter than the library call costs. The loads stay inside the span. */
 __attribute__((target("avx2"))) static inline cp next_newline_v32(cp p, cp e)
 {
     const __m256i nl = _mm256_set1_epi8('\n');
@@ -918,57 +917,24 @@ __attribute__((target("avx2"))) static inline cp next_newline_v32(cp p, cp e)
             return p;
     return NULL;
 }
-
-__attribute__((target("avx2"))) static inline cp line_start_v32(cp low, cp at)
-{
-    const __m256i nl = _mm256_set1_epi8('\n');
-    for (; at - low >= 32; at -= 32) {
-        uint32_t m = (uint32_t)_mm256_movemask_epi8(
-            _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(at - 32)), nl));
-        if (m)
-            return at - 32 + (31 - __builtin_clz(m)) + 1;
-    }
-    while (at > low && at[-1] != '\n')
-        at--;
-    return at;
-}
 #endif
 
-/* The next batch of the region [c->from, limit): the region is searched for the next trigger
- * word, its line is read, and the search goes on after that line. Lines are numbered by
- * counting the newlines skipped. The loads of the vector search may read on to `readable`.
- * Touches no Python object. Returns 1 when the region is done. `v32`, a constant in each copy
- * below: the AVX2 copy calls the AVX2 search, newline count and line bounds directly (inlined),
- * the other the picked search and the library's memchr / memrchr. */
-static inline __attribute__((always_inline)) int find_batch_(finder_t *f, const ctx_t *c, cp limit, cp readable,
-                                                             search_fn search, int v32)
+/* The next batch of the region [c->from, limit) (f->n records so far: f->max at most): the
+ * region is searched for the next trigger word, its line is read, and the search goes on after
+ * that line. Lines are numbered by counting the newlines skipped. The loads of the vector search
+ * may read on to `readable`. Touches no Python object. Returns 1 when the region is done. The
+ * generic way: the picked search, the library's memchr / memrchr, then the newline count. */
+static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search)
 {
-    f->n = 0;
     while (f->p < limit && f->n < f->max) {
-        hit_t hit;
-        cp s, nl;
-#ifdef VECTOR_SEARCH
-        if (v32) {
-            hit = search_v32(c->from, limit, f->p, readable);
-            if (hit.at == NULL) {
-                f->p = limit;
-                break;
-            }
-            s = line_start_v32(f->p, hit.at);
-            nl = next_newline_v32(hit.at, limit);
-            f->newlines += count_newlines_v32(f->counted, s);
-        } else
-#endif
-        {
-            hit = search(c->from, limit, f->p, readable);
-            if (hit.at == NULL) {
-                f->p = limit;
-                break;
-            }
-            s = line_start(f->p, hit.at);
-            nl = memchr(hit.at, '\n', (size_t)(limit - hit.at));
-            f->newlines += count_newlines(f->counted, s);
+        hit_t hit = search(c->from, limit, f->p, readable);
+        if (hit.at == NULL) {
+            f->p = limit;
+            break;
         }
+        cp s = line_start(f->p, hit.at);
+        cp nl = memchr(hit.at, '\n', (size_t)(limit - hit.at));
+        f->newlines += count_newlines(f->counted, s);
         cp e = nl != NULL ? nl : limit;
         f->counted = s;
         rec_t *r = &f->recs[f->n];
@@ -994,22 +960,155 @@ static inline __attribute__((always_inline)) int find_batch_(finder_t *f, const 
 }
 
 #ifdef VECTOR_SEARCH
+/* The fused finder of the AVX2 and AVX-512 machines: the trigger search and the newline count in
+ * one pass over the region, from the same loads. A chunk of WIDTH positions gives two masks: the
+ * pair hits of SEARCH_BODY (checked by trigger_word, in position order) and its newlines. A
+ * chunk without a trigger adds its newlines to the count and, when it has one, moves the start of
+ * the current line; at a trigger the line's start is the last newline before it in the chunk (or
+ * that start), its end the next newline after it (in the chunk, or searched on), and its number
+ * the count plus the newlines before it in the chunk. The search goes on after the line's
+ * newline (the counted point, so no span is counted twice). Near `readable` (the loads would pass
+ * it) the rest goes the generic way, from the start of the current line (the chunks already
+ * searched held no trigger: searching them again finds none). Same records, same counts as
+ * find_generic's; the tests run every search variant against the others. */
+#define FUSED_BODY(WIDTH, CHUNK, SEARCH, NEXT_NEWLINE)                                                         \
+    cp p = f->p, begin = f->p; /* begin: the start of the line holding p */                                    \
+    int64_t nls = f->newlines; /* newlines before p (f->counted == f->p here) */                               \
+    while (p < limit && f->n < f->max) {                                                                        \
+        if (p + 15 + WIDTH > readable) { /* the generic way for the rest, from the current line */             \
+            f->p = f->counted = begin;                                                                          \
+            f->newlines = nls;                                                                                  \
+            return find_generic(f, c, limit, readable, SEARCH);                                                 \
+        }                                                                                                       \
+        uint64_t nlm, hits = CHUNK(p, &nlm);                                                                    \
+        if (limit - p < WIDTH) { /* the region ends inside the chunk */                                        \
+            uint64_t valid = (1ull << (limit - p)) - 1;                                                         \
+            hits &= valid;                                                                                      \
+            nlm &= valid;                                                                                       \
+        }                                                                                                       \
+        int w = W_NONE, i = 0;                                                                                  \
+        for (; hits != 0; hits &= hits - 1) {                                                                   \
+            i = __builtin_ctzll(hits);                                                                          \
+            if ((w = trigger_word(c->from, limit, p + i)) != W_NONE)                                            \
+                break;                                                                                          \
+        }                                                                                                       \
+        if (w == W_NONE) { /* no trigger in the chunk */                                                       \
+            if (nlm) {                                                                                          \
+                nls += __builtin_popcountll(nlm);                                                               \
+                begin = p + (63 - __builtin_clzll(nlm)) + 1;                                                    \
+            }                                                                                                   \
+            p += WIDTH;                                                                                         \
+            continue;                                                                                           \
+        }                                                                                                       \
+        uint64_t before = nlm & ((1ull << i) - 1), after = i == 63 ? 0 : nlm & ~((2ull << i) - 1);              \
+        cp s = before ? p + (63 - __builtin_clzll(before)) + 1 : begin;                                         \
+        int64_t line = nls + __builtin_popcountll(before);                                                      \
+        cp nl = after ? p + __builtin_ctzll(after) : NEXT_NEWLINE(p + WIDTH, limit);                            \
+        cp e = nl != NULL ? nl : limit;                                                                         \
+        rec_t *r = &f->recs[f->n];                                                                              \
+        int res = (e - s > MAX_LINE) ? R_SLOW : read_line(c, s, e, w, r);                                       \
+        if (res == R_BENIGN || res == R_KNOWN) {                                                                \
+            f->candidates++;                                                                                    \
+            f->ignored += res == R_BENIGN;                                                                      \
+        } else {                                                                                                \
+            r->result = (int8_t)res;                                                                            \
+            r->word = (int8_t)w;                                                                                \
+            r->line = line;                                                                                     \
+            r->start = s - c->body;                                                                             \
+            r->stop = e - c->body;                                                                              \
+            f->n++;                                                                                             \
+        }                                                                                                       \
+        if (nl == NULL) { /* the line runs to the region's end: no newline left to count */                    \
+            f->p = f->counted = limit;                                                                          \
+            f->newlines = line;                                                                                 \
+            return 1;                                                                                           \
+        }                                                                                                       \
+        p = begin = nl + 1;                                                                                     \
+        nls = line + 1;                                                                                         \
+    }                                                                                                           \
+    f->p = f->counted = p < limit ? p : limit;                                                                  \
+    f->newlines = nls;                                                                                          \
+    if (p < limit)                                                                                              \
+        return 0;                                                                                               \
+    return 1;
+
+/* next_newline at 64 bytes a time */
+__attribute__((target("avx512f,avx512bw"))) static inline cp next_newline_v64(cp p, cp e)
+{
+    const __m512i nl = _mm512_set1_epi8('\n');
+    for (; e - p >= 64; p += 64) {
+        uint64_t m = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)p), nl);
+        if (m)
+            return p + __builtin_ctzll(m);
+    }
+    return next_newline_v32(p, e);
+}
+
+/* A chunk's pair hits (SEARCH_BODY's pairs) and, in *nl, its newlines: a bit per position. */
+__attribute__((target("avx2"))) static inline uint64_t chunk_v32(cp p, uint64_t *nl)
+{
+    const v32 zero = {0};
+    v32 a0, a1, a3, a4, a5, a9, a10, a15;
+    memcpy(&a0, p, 32);
+    memcpy(&a1, p + 1, 32);
+    memcpy(&a3, p + 3, 32);
+    memcpy(&a4, p + 4, 32);
+    memcpy(&a5, p + 5, 32);
+    memcpy(&a9, p + 9, 32);
+    memcpy(&a10, p + 10, 32);
+    memcpy(&a15, p + 15, 32);
+    v32 hit = (v32)(((a4 == zero + 'k') & (a5 == zero + 'p')) | ((a0 == zero + 'p') & (a3 == zero + 'm')) |
+                    ((a0 == zero + 'm') & ((a9 == zero + 'q') | (a9 == zero + 'd'))) |
+                    ((a1 == zero + 'v') & (a10 == zero + 'm')) | ((a4 == zero + 'c') & (a15 == zero + 'y')));
+    *nl = MASK32((v32)(a0 == zero + '\n'));
+    return MASK32(hit);
+}
+
+/* the same with AVX-512BW's compares into mask registers, each pair's second compare masked by
+ * its first */
+__attribute__((target("avx512f,avx512bw"))) static inline uint64_t chunk_v64(cp p, uint64_t *nl)
+{
+#define AT(i) _mm512_loadu_si512((const void *)(p + (i)))
+#define B(ch) _mm512_set1_epi8(ch)
+    __m512i a0 = AT(0), a4 = AT(4), a9 = AT(9);
+    __mmask64 ck = _mm512_mask_cmpeq_epi8_mask(_mm512_cmpeq_epi8_mask(a4, B('k')), AT(5), B('p'));
+    __mmask64 pr = _mm512_mask_cmpeq_epi8_mask(_mm512_cmpeq_epi8_mask(a0, B('p')), AT(3), B('m'));
+    __mmask64 m0 = _mm512_cmpeq_epi8_mask(a0, B('m'));
+    __mmask64 mq = _mm512_mask_cmpeq_epi8_mask(m0, a9, B('q')) | _mm512_mask_cmpeq_epi8_mask(m0, a9, B('d'));
+    __mmask64 kv = _mm512_mask_cmpeq_epi8_mask(_mm512_cmpeq_epi8_mask(AT(1), B('v')), AT(10), B('m'));
+    __mmask64 sel = _mm512_mask_cmpeq_epi8_mask(_mm512_cmpeq_epi8_mask(a4, B('c')), AT(15), B('y'));
+    *nl = _mm512_cmpeq_epi8_mask(a0, B('\n'));
+    return ck | pr | mq | kv | sel;
+#undef AT
+#undef B
+}
+
 __attribute__((target("avx2,popcnt"))) static int find_batch_v32(finder_t *f, const ctx_t *c, cp limit, cp readable)
 {
-    return find_batch_(f, c, limit, readable, search_v32, 1);
+    FUSED_BODY(32, chunk_v32, search_v32, next_newline_v32)
+}
+
+__attribute__((target("avx512f,avx512bw,avx2,popcnt"))) static int find_batch_v64(finder_t *f, const ctx_t *c, cp limit,
+                                                                                 cp readable)
+{
+    FUSED_BODY(64, chunk_v64, search_v64, next_newline_v64)
 }
 #endif
 
 int find_batch(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search)
 {
+    f->n = 0;
 #ifdef VECTOR_SEARCH
-    static int avx2 = -1;
-    if (avx2 < 0)
-        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
-    if (search == search_v32 && avx2)
+    static int popcnt = -1;
+    if (popcnt < 0)
+        popcnt = __builtin_cpu_supports("popcnt");
+    /* pick_search gives these only where the CPU runs them */
+    if (search == search_v32 && popcnt)
         return find_batch_v32(f, c, limit, readable);
+    if (search == search_v64 && popcnt)
+        return find_batch_v64(f, c, limit, readable);
 #endif
-    return find_batch_(f, c, limit, readable, search, 0);
+    return find_generic(f, c, limit, readable, search);
 }
 
 /* ------------------------------------------------------------------ building objects */

@@ -275,6 +275,41 @@ def test_every_trigger_search_the_cpu_has_finds_the_same_lines():
 
 
 @needs_c
+def test_the_fused_finders_count_lines_at_every_chunk_position():
+    """The AVX2 / AVX-512 finders (variants 3 and 4) search 32 / 64 positions at a time and count
+    newlines from the same loads: a trigger's line starts at the chunk's last newline before it
+    or earlier, ends in the chunk or later, and near the buffer's end (the loads would pass it)
+    the rest goes the generic way. Lines of every length from 0 to 200 bytes put each trigger at
+    every position of a chunk, lines run over two chunks and more, and regions end at the
+    buffer's end (no byte readable past it) and mid-line; each variant must give the scalar
+    search's records, line numbers and counts."""
+    variants = _search_variants()
+    rng = random.Random(11)
+    trigger_lines = _candidate_lines()[:300]
+    lines = []
+    for _ in range(6000):
+        pick = rng.random()
+        if pick < 0.45:
+            lines.append(rng.choice(trigger_lines))
+        elif pick < 0.55:
+            lines.append(b"")
+        else:
+            lines.append(bytes(rng.choice(b"abcdefghijklmnop |:=.0123456789") for _ in range(rng.randrange(201))))
+    data = b"\n".join(lines) + b"\n"
+    regions = [(0, len(data))] + [(rng.randrange(len(data)), len(data)) for _ in range(30)]
+    regions += [tuple(sorted(rng.sample(range(len(data)), 2))) for _ in range(30)]
+    for lo, hi in regions:
+        want = _scan(data, lo, hi, 1)
+        for v in variants:
+            assert _scan(data, lo, hi, v) == want, (v, lo, hi)
+            assert _scan(data[:hi], lo, hi, v) == want, ("at the buffer's end", v, lo, hi)
+    for cut in range(1, 400):  # short buffers: every line near the end, each region its whole
+        piece = data[:cut]
+        want = _scan(piece, 0, cut, 1)
+        assert all(_scan(piece, 0, cut, v) == want for v in variants), cut
+
+
+@needs_c
 def test_a_region_of_many_batches_reads_as_one(tmp_path, monkeypatch):
     """scan() reads a block in batches of 2048 lines (records, then objects): a block of many
     batches, read as a file and as a line list, gives what the pure-Python parser gives."""
