@@ -4,7 +4,6 @@ qualify (shadowlab/logs/analysis.py does the reading; docs/DESIGN.md §7)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from shadowlab.errors import LogSourceError
 from shadowlab.exitcodes import EXIT_NOT_VERBOSE, EXIT_QUALIFIED, EXIT_USAGE
 from shadowlab.logs import parse as logparse
 from shadowlab.logs.analysis import STDIN, Options, UsageError, analyse, parse_time, render_html, summary
+from shadowlab.logs.outputs import json_text
 from shadowlab.escape import visible as terminal_safe  # records' terminal_safe, without importing records
 
 EXITS = (
@@ -99,7 +99,7 @@ def main(args: argparse.Namespace) -> int:
         print("shadowlab logs: no readable input", file=sys.stderr)
         return EXIT_USAGE
     hist = doc.pop("_hist", None)
-    text = json.dumps(doc, indent=1, ensure_ascii=True)
+    text = json_text(doc) if args.json or args.out is not None else ""
     if args.out is not None:
         try:
             args.out.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@ Split out of `shadowlab.logs.analysis` (``shadowlab logs``), which re-exports th
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +13,23 @@ from shadowlab.logs.figures import PERCENTILES
 
 
 # --------------------------------------------------------------------------- outputs
+
+
+def json_text(doc: dict[str, Any]) -> str:
+    """`--json`'s text: `doc` indented by one space a level as ``json.dumps(doc, indent=1,
+    ensure_ascii=True)`` writes it, but each request of ``requests`` on a line of its own, a
+    table of rows. An indented dump runs json's pure-Python encoder: on a 0.3 GB log its 200
+    rows were a fifth of the command's time; one row a line is the C encoder's. ASCII JSON holds
+    no raw newline inside a string, so a value's lines are indented by a replace."""
+    row = json.JSONEncoder(ensure_ascii=True).encode
+    parts = []
+    for key, value in doc.items():
+        if key == "requests" and value:
+            text = "[\n" + ",\n".join("  " + row(r) for r in value) + "\n ]"
+        else:
+            text = json.dumps(value, indent=1, ensure_ascii=True).replace("\n", "\n ")
+        parts.append(f" {json.dumps(key, ensure_ascii=True)}: {text}")
+    return "{\n" + ",\n".join(parts) + "\n}" if parts else "{}"
 
 
 def summary(doc: dict[str, Any]) -> str:

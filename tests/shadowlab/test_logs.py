@@ -242,3 +242,27 @@ def test_idle_slot_saves_and_loads_across_four_slots_name_the_request_they_came_
     assert all(r["shared_with"] is not None for r in loaded if r["shared_exact"]), loaded
     for r in rows:  # never a shared prefix below what the engine reused
         assert r["shared_prefix"] is None or r["reused"] is None or r["shared_prefix"] >= r["reused"], r
+
+
+def test_json_output_is_the_indented_document_with_a_request_a_line(tmp_path):
+    """--json writes the document as json.dumps(indent=1) does, but each request of `requests`
+    on one line (the indented dump runs json's pure-Python encoder: a fifth of a 0.3 GB log's
+    time); the text reads back to the same document, hostile strings included, and --out's
+    logs.json is the same text."""
+    from shadowlab.logs.outputs import json_text
+
+    hostile = {"a\nb": "line\nbreak \"quoted\" \u00e9\u2028 </script>", "n": [1, 2.5, None, True], "e": {}, "l": []}
+    doc = {"version": 1, "servers": [hostile], "requests": [dict(hostile, i=i) for i in range(3)], "notes": []}
+    text = json_text(doc)
+    assert json.loads(text) == doc and text.isascii()
+    lines = text.split("\n")
+    first = lines.index(' "requests": [')
+    rows = lines[first + 1 : lines.index(" ],", first)]
+    assert len(rows) == 3 and [json.loads(r.rstrip(",")) for r in rows] == doc["requests"]
+    without = dict(doc, requests=[])
+    assert json_text(without) == json.dumps(without, indent=1, ensure_ascii=True)
+    out = tmp_path / "out"
+    p = cli(str(FIX / "llama.cpp-b11434" / "A-B-C.cram8192.log"), "--json", "--out", str(out))
+    got = p.stdout
+    assert json.loads(got)["requests"] and got == (out / "logs.json").read_text()
+    assert sum(ln.startswith("  {\"time\"") for ln in got.split("\n")) == len(json.loads(got)["requests"])
