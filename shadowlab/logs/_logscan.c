@@ -19,6 +19,8 @@ static PyMethodDef methods[] = {
                                                "None | str"},
     {"fold_finish", fold_finish, METH_VARARGS, "fold_finish(state) -> dict | str"},
     {"fold_trace", fold_trace, METH_VARARGS, "fold_trace(state) -> (bytes, lines): the trace lines since the last call"},
+    {"hecking_all", hecking_all, METH_VARARGS, "hecking_all(body, lo, hi, variant) -> [offset, ...]: the side notes' "
+                                               "word, by one search variant (for the tests)"},
     {"sort_q", sort_q, METH_O, "sort_q(a): sorts an array('q') in place"},
     {"bin_outcomes", bin_outcomes, METH_VARARGS, "bin_outcomes(times, codes, nbins, noutcomes) -> (start, width, bins)"},
     {NULL, NULL, 0, NULL},

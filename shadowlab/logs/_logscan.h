@@ -120,6 +120,7 @@ PyObject *fold_block(PyObject *self, PyObject *args);
 PyObject *fold_events(PyObject *self, PyObject *args);
 PyObject *fold_finish(PyObject *self, PyObject *args);
 PyObject *fold_trace(PyObject *self, PyObject *args);
+PyObject *hecking_all(PyObject *self, PyObject *args);
 /* _logscan_figures.c */
 PyObject *sort_q(PyObject *self, PyObject *arg);
 PyObject *bin_outcomes(PyObject *self, PyObject *args);

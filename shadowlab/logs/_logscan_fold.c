@@ -381,13 +381,15 @@ static int notes_push(note_t **v, Py_ssize_t *n, Py_ssize_t *cap, const note_t *
 }
 
 /* The next "hecking " (the word both side notes hold) entirely inside [p, end); the loads may
- * read on to `readable`. AVX2 where the CPU has it (a filter on 'h' +0, 'k' +3, ' ' +7, each
- * hit checked whole), memmem otherwise and for the tail: the same occurrences either way. */
+ * read on to `readable`. AVX-512BW or AVX2 where the CPU has it (a filter on 'h' +0, 'k' +3,
+ * ' ' +7, each hit checked whole), memmem otherwise and for the tail: the same occurrences
+ * whichever runs (hecking_all() runs each for the tests). */
 static const char HECKING[] = "hecking ";
 #define HECKING_LEN (sizeof HECKING - 1)
 
-static cp hecking_memmem(cp p, cp end)
+static cp hecking_memmem(cp p, cp end, cp readable)
 {
+    (void)readable;
     return end - p < (ptrdiff_t)HECKING_LEN ? NULL : memmem(p, (size_t)(end - p), HECKING, HECKING_LEN);
 }
 
@@ -408,18 +410,73 @@ __attribute__((target("avx2"))) static cp hecking_v32(cp p, cp end, cp readable)
                 return at;
         }
     }
-    return hecking_memmem(p, end);
+    return hecking_memmem(p, end, readable);
+}
+
+__attribute__((target("avx512f,avx512bw"))) static cp hecking_v64(cp p, cp end, cp readable)
+{
+    const __m512i h = _mm512_set1_epi8('h'), k = _mm512_set1_epi8('k'), sp = _mm512_set1_epi8(' ');
+    for (; p + 64 <= end && p + 64 + 7 <= readable; p += 64) {
+        __mmask64 bits = _mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)p), h);
+        bits = _mm512_mask_cmpeq_epi8_mask(bits, _mm512_loadu_si512((const void *)(p + 3)), k);
+        bits = _mm512_mask_cmpeq_epi8_mask(bits, _mm512_loadu_si512((const void *)(p + 7)), sp);
+        for (; bits != 0; bits &= bits - 1) {
+            cp at = p + __builtin_ctzll(bits);
+            if (at + HECKING_LEN <= end && memcmp(at, HECKING, HECKING_LEN) == 0)
+                return at;
+        }
+    }
+    return hecking_v32(p, end, readable);
 }
 #endif
 
-static cp next_hecking(cp p, cp end, cp readable)
+typedef cp (*hecking_fn)(cp p, cp end, cp readable);
+
+/* variant as scan()'s search: 0 the widest this CPU runs, 1 memmem, 3 AVX2, 4 AVX-512BW; NULL if
+ * this build or CPU lacks it */
+static hecking_fn pick_hecking(int variant)
 {
 #ifdef VECTOR_SEARCH
-    if (__builtin_cpu_supports("avx2"))
-        return hecking_v32(p, end, readable);
+    int avx2 = __builtin_cpu_supports("avx2");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    if (variant == 4 || (variant == 0 && avx512))
+        return avx512 ? hecking_v64 : NULL;
+    if (variant == 3 || (variant == 0 && avx2))
+        return avx2 ? hecking_v32 : NULL;
 #endif
-    (void)readable;
-    return hecking_memmem(p, end);
+    return variant == 0 || variant == 1 ? hecking_memmem : NULL;
+}
+
+/* hecking_all(body, lo, hi, variant) -> [offset, ...]: every "hecking " inside body[lo:hi), by
+ * the search `variant` (for the tests: each variant the machine has must find the same) */
+PyObject *hecking_all(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t lo, hi;
+    int variant;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nni", &buf, &lo, &hi, &variant))
+        return NULL;
+    PyObject *out = NULL;
+    hecking_fn next = pick_hecking(variant);
+    if (next == NULL)
+        PyErr_Format(PyExc_ValueError, "hecking_all: variant %d is not available here", variant);
+    else if (lo < 0 || hi < lo || hi > buf.len)
+        PyErr_SetString(PyExc_ValueError, "hecking_all: 0 <= lo <= hi <= len(body) expected");
+    else if ((out = PyList_New(0)) != NULL) {
+        cp body = buf.buf;
+        for (cp h = next(body + lo, body + hi, body + buf.len); h != NULL; h = next(h + 1, body + hi, body + buf.len)) {
+            PyObject *at = PyLong_FromSsize_t(h - body);
+            if (at == NULL || PyList_Append(out, at) < 0) {
+                Py_XDECREF(at);
+                Py_CLEAR(out);
+                break;
+            }
+            Py_DECREF(at);
+        }
+    }
+    PyBuffer_Release(&buf);
+    return out;
 }
 
 /* The notes of body[0, n) in offset order (sims before checks on one line), as _side_notes
@@ -433,6 +490,7 @@ static int side_notes(fold_t *f, cp body, Py_ssize_t n, cp readable, int64_t bas
     note_t *sims = NULL, *checks = NULL;
     Py_ssize_t ns = 0, nc = 0, cs = 0, cc = 0;
     cp end = body + n;
+    hecking_fn next_hecking = pick_hecking(0);
     for (cp h = next_hecking(body, end, readable); h != NULL; h = next_hecking(h + 1, end, readable)) {
         cp after = h + HECKING_LEN;
         if (h > body && h[-1] == 'c' && (size_t)(end - after) >= sizeof sim_rest - 1 &&

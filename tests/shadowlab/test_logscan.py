@@ -275,6 +275,37 @@ def test_every_trigger_search_the_cpu_has_finds_the_same_lines():
 
 
 @needs_c
+def test_every_side_note_search_the_cpu_has_finds_the_same_words():
+    """The fold finds its side notes by "hecking " (AVX-512BW, AVX2 or memmem: the widest the
+    CPU runs). Each variant must find what bytes.find finds: words at every chunk position,
+    overlapping near-misses, regions ending mid-word and at the buffer's end."""
+    rng = random.Random(5)
+    pieces = [b"hecking ", b"checking sim = ", b"hecking", b"heck", b"h", b"k", b" ", b"x" * 40, b"\n"]
+    data = b"".join(rng.choice(pieces) for _ in range(20000))
+    variants = [v for v in (1, 3, 4) if _hecking_available(v)]
+    assert 1 in variants
+    regions = [(0, len(data))] + [tuple(sorted(rng.sample(range(len(data)), 2))) for _ in range(40)]
+    for lo, hi in regions:
+        want, i = [], data.find(b"hecking ", lo, hi)
+        while i >= 0:
+            want.append(i)
+            i = data.find(b"hecking ", i + 1, hi)
+        for v in variants:
+            assert lp._logscan.hecking_all(data, lo, hi, v) == want, (v, lo, hi)
+            assert lp._logscan.hecking_all(data[:hi], lo, hi, v) == want, ("at the buffer's end", v, lo, hi)
+    with pytest.raises(ValueError):
+        lp._logscan.hecking_all(b"x", 0, 1, 2)
+
+
+def _hecking_available(variant: int) -> bool:
+    try:
+        lp._logscan.hecking_all(b"x", 0, 1, variant)
+    except ValueError:
+        return False
+    return True
+
+
+@needs_c
 def test_the_fused_finders_count_lines_at_every_chunk_position():
     """The AVX2 / AVX-512 finders (variants 3 and 4) search 32 / 64 positions at a time and count
     newlines from the same loads: a trigger's line starts at the chunk's last newline before it
