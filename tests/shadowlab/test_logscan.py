@@ -13,6 +13,7 @@ import io
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -806,6 +807,26 @@ def test_fold_reads_filters_and_trace_as_the_python_replay_does(monkeypatch, nam
         assert all("dates not applied" in s["notes"][0] for s in fold["servers"])
     elif name != "slot 2":
         assert 0 < fold["overall"]["requests"] < _three_ways(paths, monkeypatch)[0][0]["overall"]["requests"]
+
+
+@needs_c
+def test_fold_trace_writes_numbers_of_every_length_as_json_does(tmp_path, monkeypatch):
+    """The fold writes the trace's integers itself (two digits a step, the length counted
+    first): task ids of every length from 1 to 18 digits, at each power of ten and one below
+    it, written as the Python replay's json.dumps writes them."""
+    _make_prodlogs().generate(tmp_path, "b11434", seed=11, requests=60, slots=2, pieces=1, days=1)
+    text = (tmp_path / "server0.log").read_bytes()
+    tasks = sorted({int(t) for t in re.findall(rb"\| task (\d+) \|", text)})
+    big = sorted({0} | {10**k for k in range(1, 18)} | {10**k - 1 for k in range(1, 19)})
+    assert len(tasks) >= len(big)
+    renamed = dict(zip(tasks, big + [10**17 + i for i in range(len(tasks) - len(big))]))  # in order: no restart
+    text = re.sub(rb"\| task (\d+) \|", lambda m: b"| task %d |" % renamed[int(m[1])], text)
+    path = tmp_path / "big-tasks.log"
+    path.write_bytes(text)
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded == [str(path)] and fold == replay == pure
+    shown = {r["task"] for r in fold["requests"]}
+    assert {9, 10, 10**17, 10**18 - 1} <= shown, sorted(shown)[:5]
 
 
 @needs_c
