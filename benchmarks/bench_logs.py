@@ -15,7 +15,9 @@ Each file is read once just before (every command reads from the page cache, sai
 output). Then, interleaved --repeat times: `grep -c "context checkpoint"` writing to a pipe
 (GNU grep given /dev/null as its output stops at the first match and times nothing), and the
 command three ways: `shadowlab logs --json`, `shadowlab logs --trace FILE` (the summary and the
-trace written), `shadowlab logs --slot 0 --json` (a filter). The figures are the median of each
+trace written), `shadowlab logs --slot 0 --json` (a filter). Before each, untimed, the last trace
+file is deleted and dirty pages are written back (`settle`): truncating the last ~100 MB trace
+and its writeback would otherwise be charged to, or run under, the next command. The figures are the median of each
 (wall clock and CPU, user + sys: on a shared machine the wall clock mostly measures the other
 load, so the ratios are given for both; every run is listed), and the peak RSS of each mode on
 the 0.1 GB head and on the whole file (flat: within 50 MiB). The .gz of the generated log is
@@ -91,6 +93,14 @@ def warm(path: Path) -> int:
     return lines
 
 
+def settle(trace: Path) -> None:
+    """Before each timed command, untimed: the last --trace file goes (opening it again with "w"
+    would truncate ~100 MB of it, the kernel's work charged to the next run) and the dirty pages
+    are written back (or their writeback would run under the next command)."""
+    trace.unlink(missing_ok=True)
+    os.sync()
+
+
 def median_run(runs: list[tuple[float, float, int]]) -> tuple[float, float, int]:
     """The run of median CPU time (its wall clock and RSS with it)."""
     return sorted(runs, key=lambda r: r[1])[len(runs) // 2]
@@ -107,10 +117,15 @@ def bench(name: str, big: Path, small: Path, repeat: int, work: Path) -> None:
     grep = f'grep -c "context checkpoint" {big} | cat'
     runs: dict[str, list[tuple[float, float, int]]] = {"grep": [], **{m: [] for m, _ in MODES}}
     for _ in range(repeat):  # interleaved: the load changes under all of them alike
+        settle(trace)
         runs["grep"].append(timed(grep, out))
         for mode, args in MODES:
+            settle(trace)
             runs[mode].append(timed(command(big, args, trace), out))
-    heads = {mode: timed(command(small, args, trace), out) for mode, args in MODES}
+    heads = {}
+    for mode, args in MODES:
+        settle(trace)
+        heads[mode] = timed(command(small, args, trace), out)
     g = median_run(runs["grep"])
     print(f"\n{name}: {big.stat().st_size / 1e9:.2f} GB, {lines:,} lines; grep -c to a pipe: "
           f"{g[0]:.2f} s wall, {g[1]:.2f} s CPU (runs: {', '.join(f'{r[1]:.2f}' for r in runs['grep'])})")
