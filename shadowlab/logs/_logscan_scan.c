@@ -923,7 +923,9 @@ __attribute__((target("avx2"))) static inline cp next_newline_v32(cp p, cp e)
  * region is searched for the next trigger word, its line is read, and the search goes on after
  * that line. Lines are numbered by counting the newlines skipped. The loads of the vector search
  * may read on to `readable`. Touches no Python object. Returns 1 when the region is done. The
- * generic way: the picked search, the library's memchr / memrchr, then the newline count. */
+ * generic way: the picked search, the library's memchr / memrchr, then the newline count. It
+ * may take over from a fused finder near `readable` with the batch part full; either leaves
+ * f->counted at f->p. */
 static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search)
 {
     while (f->p < limit && f->n < f->max) {
@@ -952,11 +954,10 @@ static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, sear
         }
         f->p = nl != NULL ? nl + 1 : limit;
     }
-    if (f->p < limit)
-        return 0;
-    f->newlines += count_newlines(f->counted, limit);
-    f->counted = limit;
-    return 1;
+    /* between batches f->counted == f->p, whichever finder ran last (the fused ones start so) */
+    f->newlines += count_newlines(f->counted, f->p);
+    f->counted = f->p;
+    return f->p >= limit;
 }
 
 #ifdef VECTOR_SEARCH
