@@ -11,8 +11,8 @@
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, "scan(body, lo, hi, base_line, base_offset, classes, strings, search=0) -> "
                                  "(events, slow, newlines, candidates, ignored, counts)"},
-    {"fold_new", fold_new, METH_VARARGS, "fold_new(rows, server_json=None, slot=None, since=None, until=None) -> "
-                                         "the state of one server's fold"},
+    {"fold_new", fold_new, METH_VARARGS, "fold_new(rows, server_json=None, slot=None, since=None, until=None, search=0) "
+                                         "-> the state of one server's fold"},
     {"fold_block", fold_block, METH_VARARGS, "fold_block(state, body, lo, n, base_line, base_offset, piece_line=0) -> "
                                              "newlines | (start, stop, line_no, word) | str"},
     {"fold_events", fold_events, METH_VARARGS, "fold_events(state, body, n, base_offset, [(kind, event), ...]) -> "

@@ -151,6 +151,7 @@ typedef struct {
     held_t *held; /* Replay._held's prompt-cache lines (its slot selections change nothing) */
     Py_ssize_t n_held, cap_held, last_save; /* last_save: Replay._last_save's index in held, -1: None */
     int64_t saved_checkpoints; /* in every slot's entries */
+    int search;                                /* the trigger and side-note search variant (fold_new) */
     int has_slot_filter, has_since, has_until; /* the filters (logs.Options) */
     int64_t slot_filter, piece_line;           /* piece_line: the stream line its piece starts after */
     double since, until;
@@ -490,7 +491,7 @@ static int side_notes(fold_t *f, cp body, Py_ssize_t n, cp readable, int64_t bas
     note_t *sims = NULL, *checks = NULL;
     Py_ssize_t ns = 0, nc = 0, cs = 0, cc = 0;
     cp end = body + n;
-    hecking_fn next_hecking = pick_hecking(0);
+    hecking_fn next_hecking = pick_hecking(f->search == 2 ? 1 : f->search); /* SSE2: no copy of its own */
     for (cp h = next_hecking(body, end, readable); h != NULL; h = next_hecking(h + 1, end, readable)) {
         cp after = h + HECKING_LEN;
         if (h > body && h[-1] == 'c' && (size_t)(end - after) >= sizeof sim_rest - 1 &&
@@ -1532,9 +1533,15 @@ PyObject *fold_new(PyObject *self, PyObject *args)
 {
     Py_ssize_t rows;
     PyObject *server_json = Py_None, *slot = Py_None, *since = Py_None, *until = Py_None;
+    int search = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "n|OOOO", &rows, &server_json, &slot, &since, &until))
+    if (!PyArg_ParseTuple(args, "n|OOOOi", &rows, &server_json, &slot, &since, &until, &search))
         return NULL;
+    /* search: as scan()'s (0 the widest this CPU runs): the tests fold with each variant */
+    if (pick_search(search) == NULL || pick_hecking(search == 2 ? 1 : search) == NULL) {
+        PyErr_Format(PyExc_ValueError, "fold_new: search variant %d is not available here", search);
+        return NULL;
+    }
     if (server_json != Py_None && !PyBytes_Check(server_json)) {
         PyErr_SetString(PyExc_TypeError, "fold_new: the server's JSON name must be bytes or None");
         return NULL;
@@ -1549,6 +1556,7 @@ PyObject *fold_new(PyObject *self, PyObject *args)
     fold_t *f = PyMem_Calloc(1, sizeof *f);
     if (f == NULL)
         return PyErr_NoMemory();
+    f->search = search;
     f->has_slot_filter = slot != Py_None;
     f->slot_filter = slot_filter;
     f->has_since = has_since;
@@ -1639,7 +1647,7 @@ PyObject *fold_block(PyObject *self, PyObject *args)
     fi->p = fi->counted = body + lo;
     fi->newlines = fi->candidates = fi->ignored = 0;
     fi->max = FOLD_BATCH;
-    search_fn search = pick_search(0);
+    search_fn search = pick_search(f->search);
     int finished;
     do {
         finished = find_batch(fi, &c, body + n, body + buf.len, search);

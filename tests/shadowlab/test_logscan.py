@@ -810,6 +810,26 @@ def test_fold_reads_filters_and_trace_as_the_python_replay_does(monkeypatch, nam
 
 
 @needs_c
+def test_fold_reads_the_same_with_every_search_the_cpu_has(tmp_path, monkeypatch):
+    """The fold runs the widest trigger and side-note search the CPU has, so on an AVX-512
+    machine its AVX2 and generic ways would go untested: each variant folds the real captures
+    and a generated log in small blocks (many batches, block ends mid-way through dense lines)
+    as the Python replay reads them."""
+    from shadowlab.logs import analysis as logs
+
+    _make_prodlogs().generate(tmp_path, "b11434", seed=13, requests=300, slots=3, pieces=1, days=1)
+    generated = tmp_path / "server0.log"
+    for variant in _search_variants():
+        for paths, block in ((_fold_logs(), 1 << 20), ([generated], 4099)):
+            monkeypatch.setattr(logs, "_FOLD_SEARCH", variant)
+            monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
+            (fold, replay, pure), folded = _three_ways(paths, monkeypatch)
+            assert fold == replay == pure and len(folded) == len(paths), (variant, block)
+    with pytest.raises(ValueError):
+        lp._logscan.fold_new(1, None, None, None, None, 9)
+
+
+@needs_c
 def test_fold_trace_writes_numbers_of_every_length_as_json_does(tmp_path, monkeypatch):
     """The fold writes the trace's integers itself (two digits a step, the length counted
     first): task ids of every length from 1 to 18 digits, at each power of ten and one below
