@@ -726,18 +726,9 @@ static inline __attribute__((always_inline)) int put(fold_t *f, const char *text
 
 #define PUT(f, lit) put((f), (lit), sizeof(lit) - 1)
 
-/* "%lld" without printf's machinery (a third of the trace's cost once), written in place: its
- * length first, then two digits a step from a table (no variable-length copy: a memcpy call per
- * number was the trace's largest cost after the fold) */
-static int put_int(fold_t *f, int64_t v)
+/* u's decimal digits: how many, and written to out[0, len) two a step from a table */
+static size_t uint_len(uint64_t u)
 {
-    static const char pairs[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-                                   "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-                                   "8081828384858687888990919293949596979899";
-    if (reserve(f, 21) < 0) /* '-' and 20 digits */
-        return -1;
-    char *out = f->tr + f->tr_n;
-    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
     static const uint64_t tens[20] = {1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull,
                                       100000000ull, 1000000000ull, 10000000000ull, 100000000000ull,
                                       1000000000000ull, 10000000000000ull, 100000000000000ull,
@@ -746,8 +737,14 @@ static int put_int(fold_t *f, int64_t v)
     size_t len = 1;
     while (len < 20 && u >= tens[len])
         len++;
-    if (v < 0)
-        *out++ = '-';
+    return len;
+}
+
+static void uint_text(char *out, uint64_t u, size_t len)
+{
+    static const char pairs[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                   "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                   "8081828384858687888990919293949596979899";
     char *p = out + len;
     while (u >= 100) {
         unsigned i = (unsigned)(u % 100) * 2;
@@ -761,6 +758,20 @@ static int put_int(fold_t *f, int64_t v)
     } else {
         *--p = (char)('0' + u);
     }
+}
+
+/* "%lld" without printf's machinery (a third of the trace's cost once), written in place (no
+ * variable-length copy: a memcpy call per number was the trace's largest cost after the fold) */
+static int put_int(fold_t *f, int64_t v)
+{
+    if (reserve(f, 21) < 0) /* '-' and 20 digits */
+        return -1;
+    char *out = f->tr + f->tr_n;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    size_t len = uint_len(u);
+    if (v < 0)
+        *out++ = '-';
+    uint_text(out, u, len);
     f->tr_n += len + (v < 0);
     return 0;
 }
@@ -786,20 +797,14 @@ static size_t repr_short(double v, char *out)
         frac /= 10;
         places--;
     }
-    size_t len = 1; /* whole's digits (below 10^9) */
-    for (int64_t t = whole; t >= 10; t /= 10)
-        len++;
-    size_t n = (size_t)(v < 0) + len + 1 + (size_t)places;
+    size_t len = uint_len((uint64_t)whole), n = (size_t)(v < 0) + len + 1 + (size_t)places;
     char *p = out + n; /* written in place, backwards */
     for (int i = 0; i < places; i++, frac /= 10)
         *--p = (char)('0' + frac % 10);
     *--p = '.';
-    do {
-        *--p = (char)('0' + whole % 10);
-        whole /= 10;
-    } while (whole);
     if (v < 0)
-        *--p = '-';
+        *out++ = '-';
+    uint_text(out, (uint64_t)whole, len);
     return n;
 }
 
