@@ -151,7 +151,8 @@ typedef struct {
     held_t *held; /* Replay._held's prompt-cache lines (its slot selections change nothing) */
     Py_ssize_t n_held, cap_held, last_save; /* last_save: Replay._last_save's index in held, -1: None */
     int64_t saved_checkpoints; /* in every slot's entries */
-    int search;                                /* the trigger and side-note search variant (fold_new) */
+    int search;                                /* the trigger search variant (fold_new) */
+    cp (*next_hecking)(cp p, cp end, cp readable); /* the side notes' search of the same variant */
     int has_slot_filter, has_since, has_until; /* the filters (logs.Options) */
     int64_t slot_filter, piece_line;           /* piece_line: the stream line its piece starts after */
     double since, until;
@@ -491,7 +492,7 @@ static int side_notes(fold_t *f, cp body, Py_ssize_t n, cp readable, int64_t bas
     note_t *sims = NULL, *checks = NULL;
     Py_ssize_t ns = 0, nc = 0, cs = 0, cc = 0;
     cp end = body + n;
-    hecking_fn next_hecking = pick_hecking(f->search == 2 ? 1 : f->search); /* SSE2: no copy of its own */
+    hecking_fn next_hecking = f->next_hecking;
     for (cp h = next_hecking(body, end, readable); h != NULL; h = next_hecking(h + 1, end, readable)) {
         cp after = h + HECKING_LEN;
         if (h > body && h[-1] == 'c' && (size_t)(end - after) >= sizeof sim_rest - 1 &&
@@ -1542,8 +1543,10 @@ PyObject *fold_new(PyObject *self, PyObject *args)
     (void)self;
     if (!PyArg_ParseTuple(args, "n|OOOOi", &rows, &server_json, &slot, &since, &until, &search))
         return NULL;
-    /* search: as scan()'s (0 the widest this CPU runs): the tests fold with each variant */
-    if (pick_search(search) == NULL || pick_hecking(search == 2 ? 1 : search) == NULL) {
+    /* search: as scan()'s (0 the widest this CPU runs): the tests fold with each variant; the
+     * side notes' search has no SSE2 copy (2 takes memmem's) */
+    hecking_fn next_hecking = pick_hecking(search == 2 ? 1 : search);
+    if (pick_search(search) == NULL || next_hecking == NULL) {
         PyErr_Format(PyExc_ValueError, "fold_new: search variant %d is not available here", search);
         return NULL;
     }
@@ -1562,6 +1565,7 @@ PyObject *fold_new(PyObject *self, PyObject *args)
     if (f == NULL)
         return PyErr_NoMemory();
     f->search = search;
+    f->next_hecking = next_hecking;
     f->has_slot_filter = slot != Py_None;
     f->slot_filter = slot_filter;
     f->has_since = has_since;
