@@ -266,22 +266,28 @@ static hit_t search_tail(cp s, cp e, cp p)
 #define READ_AHEAD (15 + 32)
 
 /* MASK(hit) turns a vector of 0x00 / 0xff lanes into an integer with a bit per lane (pmovmskb). */
+/* The pair hits of the WIDTH positions from `at` (a 0x00 / 0xff lane each) into `hit`, its
+ * first load into `a0`: the search's and the fused finder's chunk (chunk_v32); chunk_v64 writes
+ * the same pairs with AVX-512 mask compares. */
+#define PAIR_HITS(V, WIDTH, at, hit, a0)                                                                    \
+    const V zero_ = {0};                                                                                   \
+    V a0, a1_, a3_, a4_, a5_, a9_, a10_, a15_;                                                              \
+    memcpy(&a0, (at), WIDTH);                                                                              \
+    memcpy(&a1_, (at) + 1, WIDTH);                                                                         \
+    memcpy(&a3_, (at) + 3, WIDTH);                                                                         \
+    memcpy(&a4_, (at) + 4, WIDTH);                                                                         \
+    memcpy(&a5_, (at) + 5, WIDTH);                                                                         \
+    memcpy(&a9_, (at) + 9, WIDTH);                                                                         \
+    memcpy(&a10_, (at) + 10, WIDTH);                                                                       \
+    memcpy(&a15_, (at) + 15, WIDTH);                                                                       \
+    V hit = (V)(((a4_ == zero_ + 'k') & (a5_ == zero_ + 'p')) | ((a0 == zero_ + 'p') & (a3_ == zero_ + 'm')) | \
+                ((a0 == zero_ + 'm') & ((a9_ == zero_ + 'q') | (a9_ == zero_ + 'd'))) |                    \
+                ((a1_ == zero_ + 'v') & (a10_ == zero_ + 'm')) | ((a4_ == zero_ + 'c') & (a15_ == zero_ + 'y')))
+
 #define SEARCH_BODY(V, WIDTH, MASK)                                                   \
-    const V zero = {0};                                                                                   \
-    const V k = zero + 'k', p_ = zero + 'p', m = zero + 'm', q = zero + 'q', v = zero + 'v',              \
-            c = zero + 'c', y = zero + 'y', d = zero + 'd';                                              \
     for (; p < e && p + (15 + WIDTH > READ_AHEAD ? 15 + WIDTH : READ_AHEAD) <= readable; p += WIDTH) {  \
-        V a0, a1, a3, a4, a5, a9, a10, a15;                                                               \
-        memcpy(&a0, p, WIDTH);                                                                           \
-        memcpy(&a1, p + 1, WIDTH);                                                                       \
-        memcpy(&a3, p + 3, WIDTH);                                                                       \
-        memcpy(&a4, p + 4, WIDTH);                                                                       \
-        memcpy(&a5, p + 5, WIDTH);                                                                       \
-        memcpy(&a9, p + 9, WIDTH);                                                                       \
-        memcpy(&a10, p + 10, WIDTH);                                                                     \
-        memcpy(&a15, p + 15, WIDTH);                                                                     \
-        V hit = (V)(((a4 == k) & (a5 == p_)) | ((a0 == p_) & (a3 == m)) | ((a0 == m) & ((a9 == q) | (a9 == d))) | \
-                    ((a1 == v) & (a10 == m)) | ((a4 == c) & (a15 == y)));                                \
+        PAIR_HITS(V, WIDTH, p, hit, a0);                                                                 \
+        (void)a0;                                                                                        \
         for (uint64_t bits = MASK(hit); bits != 0; bits &= bits - 1) {                                   \
             cp at = p + __builtin_ctzll(bits);                                                           \
             if (at >= e)                                                                                 \
@@ -1029,9 +1035,7 @@ static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, sear
     }                                                                                                           \
     f->p = f->counted = p < limit ? p : limit;                                                                  \
     f->newlines = nls;                                                                                          \
-    if (p < limit)                                                                                              \
-        return 0;                                                                                               \
-    return 1;
+    return p >= limit;
 
 /* next_newline at 64 bytes a time */
 __attribute__((target("avx512f,avx512bw"))) static inline cp next_newline_v64(cp p, cp e)
@@ -1048,20 +1052,8 @@ __attribute__((target("avx512f,avx512bw"))) static inline cp next_newline_v64(cp
 /* A chunk's pair hits (SEARCH_BODY's pairs) and, in *nl, its newlines: a bit per position. */
 __attribute__((target("avx2"))) static inline uint64_t chunk_v32(cp p, uint64_t *nl)
 {
-    const v32 zero = {0};
-    v32 a0, a1, a3, a4, a5, a9, a10, a15;
-    memcpy(&a0, p, 32);
-    memcpy(&a1, p + 1, 32);
-    memcpy(&a3, p + 3, 32);
-    memcpy(&a4, p + 4, 32);
-    memcpy(&a5, p + 5, 32);
-    memcpy(&a9, p + 9, 32);
-    memcpy(&a10, p + 10, 32);
-    memcpy(&a15, p + 15, 32);
-    v32 hit = (v32)(((a4 == zero + 'k') & (a5 == zero + 'p')) | ((a0 == zero + 'p') & (a3 == zero + 'm')) |
-                    ((a0 == zero + 'm') & ((a9 == zero + 'q') | (a9 == zero + 'd'))) |
-                    ((a1 == zero + 'v') & (a10 == zero + 'm')) | ((a4 == zero + 'c') & (a15 == zero + 'y')));
-    *nl = MASK32((v32)(a0 == zero + '\n'));
+    PAIR_HITS(v32, 32, p, hit, a0);
+    *nl = MASK32((v32)(a0 == zero_ + '\n'));
     return MASK32(hit);
 }
 
