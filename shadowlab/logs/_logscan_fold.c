@@ -1,10 +1,14 @@
 #include "_logscan.h"
 
+#include <errno.h>
+#include <unistd.h>
+
 /* ================================================================== fold: shadowlab logs' replay
  *
  *   fold_new(rows) -> state
  *   fold_block(state, body, lo, n, base_line, base_offset) -> newlines | (start, stop, line_no, word) | str
  *   fold_events(state, body, n, base_offset, [(kind, event), ...]) -> None | str
+ *   fold_trace(state, fd=-1) -> (bytes | None, lines)   the --trace lines so far (written to fd if given)
  *   fold_finish(state) -> dict | str
  *
  * What `shadowlab logs` does with a b11434 log, per block and without a Python object per line:
@@ -1822,20 +1826,43 @@ static fold_t *state_arg(PyObject *args)
     return PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
 }
 
-/* fold_trace(state) -> (bytes, lines): the trace lines written since the last call (and
- * forgotten here), and how many */
+/* fold_trace(state, fd=-1) -> (bytes, lines): the trace lines written since the last call (and
+ * forgotten here), and how many; with a file descriptor, (None, lines): they are written to it
+ * (without the GIL; a short write goes on, an interrupted one too unless a signal handler
+ * raised), not copied into a bytes object first (~100 MB per GB of log). OSError: not written. */
 PyObject *fold_trace(PyObject *self, PyObject *args)
 {
+    PyObject *capsule;
+    int fd = -1;
     (void)self;
-    fold_t *f = state_arg(args);
+    if (!PyArg_ParseTuple(args, "O|i", &capsule, &fd))
+        return NULL;
+    fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
     if (f == NULL)
         return NULL;
-    PyObject *out = Py_BuildValue("(y#n)", f->tr, (Py_ssize_t)f->tr_n, f->tr_lines);
-    if (out != NULL) {
-        f->tr_n = 0;
-        f->tr_lines = 0;
+    Py_ssize_t lines = f->tr_lines;
+    if (fd < 0) {
+        PyObject *out = Py_BuildValue("(y#n)", f->tr, (Py_ssize_t)f->tr_n, lines);
+        if (out != NULL)
+            f->tr_n = f->tr_lines = 0;
+        return out;
     }
-    return out;
+    size_t done = 0;
+    while (done < f->tr_n) {
+        ssize_t w;
+        Py_BEGIN_ALLOW_THREADS
+        w = write(fd, f->tr + done, f->tr_n - done);
+        Py_END_ALLOW_THREADS
+        if (w < 0) {
+            if (errno == EINTR && PyErr_CheckSignals() == 0)
+                continue;
+            f->tr_n = f->tr_lines = 0;
+            return PyErr_Occurred() ? NULL : PyErr_SetFromErrno(PyExc_OSError);
+        }
+        done += (size_t)w;
+    }
+    f->tr_n = f->tr_lines = 0;
+    return Py_BuildValue("(On)", Py_None, lines);
 }
 
 /* in request order: logs.Figures sorts them once for its ranks (figures._ordered, sort_q) */

@@ -286,13 +286,13 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
             lo, line = stop + 1, line_no
         reader.block_read(buf, 0, n, line - stats.lines)
         if trace is not None:
-            written += _write_trace(trace, fold.fold_trace(state))
+            written += _write_trace(trace, fold, state)
     stream.settle()
     done = fold.fold_finish(state)
     if isinstance(done, str):
         raise _Unfoldable(done, written)
     if trace is not None:
-        _write_trace(trace, fold.fold_trace(state))
+        _write_trace(trace, fold, state)
     reading["kinds"] = dict(zip(logparse.ACCEL_KINDS, done["kinds"]))
     rows += [_row(server, _fold_row(t), stream) for t in done["rows"]]
     times.frombytes(bytes(done["times"]))
@@ -305,18 +305,20 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
                        server_notes + done["notes"][:5] + done["ring_notes"][:5]), fig
 
 
-def _write_trace(trace: TextIO, taken: tuple[bytes, int]) -> int:
-    """The fold's trace lines (ASCII JSON) and their count (the fold counts them: no pass over
-    the text): the number of lines written. To a file's binary layer when it has one (no
-    decoding and encoding again), after what its text layer holds."""
-    text, lines = taken
-    if not text:
-        return 0
-    raw = getattr(trace, "buffer", None)
-    if raw is not None:
+def _write_trace(trace: TextIO, fold: Any, state: Any) -> int:
+    """The fold's trace lines so far (ASCII JSON), after what the file's own layers hold: the
+    number written (the fold counts them: no pass over the text). A file with a descriptor gets
+    them from the C buffer directly (no bytes object of ~100 KB per block in between); others
+    (io.StringIO) as text."""
+    try:
+        fd = trace.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        fd = -1
+    if fd >= 0:
         trace.flush()
-        raw.write(text)
-    else:
+        return fold.fold_trace(state, fd)[1]
+    text, lines = fold.fold_trace(state)
+    if text:
         trace.write(text.decode("ascii"))
     return lines
 

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -411,8 +412,13 @@ def _three_ways(paths, monkeypatch, options_of=None):
         return doc
 
     readers: list[dict] = []
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as fh:  # a file: the fold writes to its descriptor
+        logs.analyse([str(p) for p in paths], logs.Options(**(options_of() if options_of else {}), trace=fh))
+        fh.seek(0)
+        to_file = fh.read()
     monkeypatch.setattr(logs, "_server_fold", spy)
     docs = [analyse()]
+    assert to_file == traces[0]
     monkeypatch.setattr(logs, "_FOLD_BLOCK", 1 << 20)
     monkeypatch.setattr(logs, "FOLD", False)
     docs.append(analyse())
