@@ -28,8 +28,9 @@
 #define FOLD_BATCH 16       /* records read before they are folded: still in L1 (2048: 30% of the
                                fold's own time went to reading them back from further out) */
 #define FOLD_RING 4096      /* checkpoints alive in one slot; more: the Python replay */
-#define CHECK_TABLE 16384   /* open addressing, > 2 * PENDING_CHECKS */
-#define TOUCHED 64
+#define CHECK_TABLE 16384   /* open addressing, its most entries: > 2 * PENDING_CHECKS */
+#define CHECK_FIRST 64      /* its first size: a log has a note or two per slot pending, and a
+                               table sized for the most (512 KB) missed the cache at every note */
 #define SAVED_CHECKPOINTS (1 << 20) /* checkpoints in all entries together; more: the Python replay */
 
 typedef struct {
@@ -143,9 +144,9 @@ typedef struct {
     int has_n_swa, has_first, has_clock, began; /* began: a start line or a request was seen */
     double first_time;
     int64_t clock_base, clock_last; /* microseconds (logs._Clock's base_us, last_us) */
-    check_t checks[CHECK_TABLE];
-    int checks_live, checks_used; /* used: entries not empty (live or removed) */
-    int touched[TOUCHED];         /* the first entries used, to clear them one by one */
+    check_t checks[CHECK_TABLE];              /* the first checks_cap in use (a power of two) */
+    check_t checks_moved[PENDING_CHECKS];     /* the live ones while the table is rebuilt */
+    int checks_live, checks_used, checks_cap; /* used: entries not empty (live or removed) */
     PyObject *notes, *rows, *times, *codes; /* lists and bytearrays */
     const char *fallback;
     struct note_s *block_notes; /* the side notes of the block being read, and the next to take */
@@ -203,9 +204,9 @@ static uint64_t check_hash(int64_t slot, int64_t task)
 
 static check_t *check_find(fold_t *f, int64_t slot, int64_t task, int insert)
 {
-    uint64_t i = check_hash(slot, task) & (CHECK_TABLE - 1);
+    uint64_t mask = (uint64_t)f->checks_cap - 1, i = check_hash(slot, task) & mask;
     check_t *free_at = NULL;
-    for (;; i = (i + 1) & (CHECK_TABLE - 1)) {
+    for (;; i = (i + 1) & mask) {
         check_t *c = &f->checks[i];
         if (c->state == 0)
             return insert ? (free_at != NULL ? free_at : c) : NULL;
@@ -218,41 +219,30 @@ static check_t *check_find(fold_t *f, int64_t slot, int64_t task, int insert)
     }
 }
 
-static void mark_used(fold_t *f, const check_t *c)
+static void checks_clear(fold_t *f) /* every restart: the table back to its first size */
 {
-    if (f->checks_used < TOUCHED)
-        f->touched[f->checks_used] = (int)(c - f->checks);
-    f->checks_used++;
-}
-
-static void checks_clear(fold_t *f)
-{
-    if (f->checks_used == 0)
-        return; /* every restart clears them: most find the table empty (a memset of it was the
-                   fold's largest cost on logs of short sessions) */
-    if (f->checks_used <= TOUCHED)
-        for (int i = 0; i < f->checks_used; i++)
-            f->checks[f->touched[i]].state = 0;
-    else
-        memset(f->checks, 0, sizeof f->checks);
+    if (f->checks_used > 0) /* most restarts find it empty */
+        memset(f->checks, 0, (size_t)f->checks_cap * sizeof *f->checks);
     f->checks_live = f->checks_used = 0;
+    f->checks_cap = CHECK_FIRST;
 }
 
-static void checks_rehash(fold_t *f) /* drop the removed marks */
+/* The table again without its removed marks, sized for its live entries: at most a quarter
+ * full (the insert that asked finds room), at least CHECK_FIRST. live < PENDING_CHECKS here, so
+ * the size stays within CHECK_TABLE. */
+static void checks_rebuild(fold_t *f)
 {
-    check_t *old = PyMem_Malloc(sizeof f->checks);
-    if (old == NULL)
-        return; /* probing stays correct, only slower */
-    memcpy(old, f->checks, sizeof f->checks);
-    checks_clear(f);
-    for (int i = 0; i < CHECK_TABLE; i++)
-        if (old[i].state == 1) {
-            check_t *c = check_find(f, old[i].slot, old[i].task, 1);
-            *c = old[i];
-            f->checks_live++;
-            mark_used(f, c);
-        }
-    PyMem_Free(old);
+    int n = 0, cap = CHECK_FIRST;
+    for (int i = 0; i < f->checks_cap; i++)
+        if (f->checks[i].state == 1)
+            f->checks_moved[n++] = f->checks[i];
+    while (cap < 4 * (n + 1))
+        cap *= 2;
+    memset(f->checks, 0, (size_t)f->checks_cap * sizeof *f->checks);
+    f->checks_cap = cap;
+    f->checks_used = f->checks_live = n;
+    for (int i = 0; i < n; i++)
+        *check_find(f, f->checks_moved[i].slot, f->checks_moved[i].task, 1) = f->checks_moved[i];
 }
 
 /* Replay._take_note of a CheckpointCheck: clear at the cap, then setdefault */
@@ -260,13 +250,13 @@ static void check_take(fold_t *f, int64_t slot, int64_t task, int64_t against)
 {
     if (f->checks_live >= PENDING_CHECKS)
         checks_clear(f);
-    if (f->checks_used >= CHECK_TABLE * 3 / 4)
-        checks_rehash(f);
+    if (f->checks_used >= f->checks_cap * 3 / 4)
+        checks_rebuild(f);
     check_t *c = check_find(f, slot, task, 1);
     if (c->state == 1)
         return;
     if (c->state == 0)
-        mark_used(f, c);
+        f->checks_used++;
     *c = (check_t){slot, task, against, 1};
     f->checks_live++;
 }
@@ -1570,6 +1560,7 @@ PyObject *fold_new(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     f->search = search;
     f->next_hecking = next_hecking;
+    f->checks_cap = CHECK_FIRST;
     f->has_slot_filter = slot != Py_None;
     f->slot_filter = slot_filter;
     f->has_since = has_since;

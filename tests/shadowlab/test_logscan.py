@@ -722,6 +722,47 @@ def test_fold_takes_one_check_note_per_run_of_lines_even_across_a_block_end(tmp_
         (0, 100, "n_past"), (1, 0, "re_entry")]
 
 
+def test_fold_holds_pending_check_notes_as_replay_does_as_they_come_and_go_and_past_the_cap(tmp_path, monkeypatch):
+    """`checking checkpoint` notes pending: a few at a time over many requests (the C table
+    rebuilt again and again without its taken notes), then more than lifecycle's PENDING_CHECKS
+    of tasks that never come (all dropped at the cap, the later ones kept); each request takes
+    its own task's note, on every path alike."""
+    from shadowlab.logs import accel
+
+    def line(slot: int, task: int, text: str) -> str:
+        return f"0.00.000.000 I slot update_slots: id  {slot} | task {task} | {text}\n"
+
+    def request(slot: int, task: int) -> str:
+        return (line(slot, task, "new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 500") +
+                line(slot, task, "erased invalidated context checkpoint (pos_min = 10, pos_max = 10, n_tokens = 11, "
+                                 "n_swa = 0, pos_next = 0, size = 0.111 MiB)") +
+                line(slot, task, "cached n_tokens = 0, memory_seq_rm [0, end)"))
+
+    def note(slot: int, task: int) -> str:  # `against` says which task's note a request took
+        return line(slot, task, f"checking checkpoint with [1, 1] against {task % 400 + 20}...")
+
+    ahead = 40  # each request's note this many tasks ahead: as many pending, the table rebuilt often
+    text = [note(t % 2, t) for t in range(ahead)]
+    for t in range(300):
+        text.append(note(t % 2, t + ahead))
+        text.append(request(t % 2, t))
+    late = 300 + accel.PENDING_CHECKS + 50  # tasks 300 + ahead.. never come: the cap drops them all once
+    text += [note(0, t) for t in range(300 + ahead, late)]
+    text += [request(1, 301), request(0, late - 1)]  # 301: dropped at the cap; the last: kept
+    path = tmp_path / "pending.log"
+    path.write_text("".join(text))
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded and fold == replay == pure
+    with (tmp_path / "trace.jsonl").open("w") as trace:
+        from shadowlab.logs import analysis as logs
+        logs.analyse([str(path)], logs.Options(trace=trace))
+    rows = [json.loads(x) for x in (tmp_path / "trace.jsonl").read_text().splitlines()[1:]]
+    shared = {r["task"]: (r["shared_source"], r["shared_prefix"]) for r in rows}
+    # a request closes when its slot's next one starts: 298 and 299 after the cap dropped their notes
+    assert [t for t in range(300) if shared[t] != ("n_past", t % 400 + 20)] == [298, 299]
+    assert shared[301] == ("re_entry", 0) and shared[late - 1] == ("n_past", (late - 1) % 400 + 20)
+
+
 @needs_c
 def test_fold_closes_requests_that_started_on_one_line_in_the_order_they_started(tmp_path, monkeypatch):
     """Two writers' lines run into one: both requests start at the same offset, and the end of
