@@ -721,35 +721,35 @@ static inline __attribute__((always_inline)) int put(fold_t *f, const char *text
 
 #define PUT(f, lit) put((f), (lit), sizeof(lit) - 1)
 
-/* u's decimal digits: how many, and written to out[0, len) two a step from a table */
-static size_t uint_len(uint64_t u)
+static const uint64_t TENS[20] = {1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull,
+                                  100000000ull, 1000000000ull, 10000000000ull, 100000000000ull,
+                                  1000000000000ull, 10000000000000ull, 100000000000000ull,
+                                  1000000000000000ull, 10000000000000000ull, 100000000000000000ull,
+                                  1000000000000000000ull, 10000000000000000000ull};
+static const char PAIRS[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                               "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                               "8081828384858687888990919293949596979899";
+
+/* u's decimal digits: how many (from its bit length: log10(2) ~ 1233 / 4096, one compare to
+ * settle it, no loop), and written to out[0, len) two a step from a table */
+static inline __attribute__((always_inline)) size_t uint_len(uint64_t u)
 {
-    static const uint64_t tens[20] = {1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull,
-                                      100000000ull, 1000000000ull, 10000000000ull, 100000000000ull,
-                                      1000000000000ull, 10000000000000ull, 100000000000000ull,
-                                      1000000000000000ull, 10000000000000000ull, 100000000000000000ull,
-                                      1000000000000000000ull, 10000000000000000000ull};
-    size_t len = 1;
-    while (len < 20 && u >= tens[len])
-        len++;
-    return len;
+    size_t t = (size_t)(((64 - __builtin_clzll(u | 1)) * 1233) >> 12); /* 10^t <= u < 10^(t+1), or t one too high */
+    return t + (u >= TENS[t]) + (u == 0);
 }
 
-static void uint_text(char *out, uint64_t u, size_t len)
+static inline __attribute__((always_inline)) void uint_text(char *out, uint64_t u, size_t len)
 {
-    static const char pairs[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-                                   "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-                                   "8081828384858687888990919293949596979899";
     char *p = out + len;
     while (u >= 100) {
         unsigned i = (unsigned)(u % 100) * 2;
         u /= 100;
-        *--p = pairs[i + 1];
-        *--p = pairs[i];
+        *--p = PAIRS[i + 1];
+        *--p = PAIRS[i];
     }
     if (u >= 10) {
-        *--p = pairs[u * 2 + 1];
-        *--p = pairs[u * 2];
+        *--p = PAIRS[u * 2 + 1];
+        *--p = PAIRS[u * 2];
     } else {
         *--p = (char)('0' + u);
     }
@@ -757,7 +757,7 @@ static void uint_text(char *out, uint64_t u, size_t len)
 
 /* "%lld" without printf's machinery (a third of the trace's cost once), written in place (no
  * variable-length copy: a memcpy call per number was the trace's largest cost after the fold) */
-static int put_int(fold_t *f, int64_t v)
+static inline __attribute__((always_inline)) int put_int(fold_t *f, int64_t v)
 {
     if (reserve(f, 21) < 0) /* '-' and 20 digits */
         return -1;
@@ -777,7 +777,8 @@ static int put_opt_int(fold_t *f, int has, int64_t v) { return has ? put_int(f, 
  * times and milliseconds): that decimal is then the shortest that reads back as v (two decimals
  * of 15 digits or fewer are two doubles), the one repr writes. (double)k / 1e6 is the correctly
  * rounded value of k * 10^-6 (k and 10^6 are exact, IEEE division rounds once), as strtod gives.
- * 0: not such a value (repr's own conversion, the bignum one, writes it). */
+ * 0: not such a value (repr's own conversion, the bignum one, writes it). out has room for 24
+ * bytes: all six places are copied, the length returned drops the trailing zeros. */
 static size_t repr_short(double v, char *out)
 {
     double a = v < 0 ? -v : v;
@@ -787,19 +788,20 @@ static size_t repr_short(double v, char *out)
     if ((double)k / 1e6 != a)
         return 0;
     int64_t frac = k % 1000000, whole = k / 1000000;
-    int places = 6;
-    while (places > 1 && frac % 10 == 0) { /* trailing zeros go; "X.0" keeps one */
-        frac /= 10;
-        places--;
+    char six[6]; /* frac's six places, zeros first included */
+    for (int i = 4; i >= 0; i -= 2, frac /= 100) {
+        six[i] = PAIRS[frac % 100 * 2];
+        six[i + 1] = PAIRS[frac % 100 * 2 + 1];
     }
+    int places = 6;
+    while (places > 1 && six[places - 1] == '0') /* trailing zeros go; "X.0" keeps one */
+        places--;
     size_t len = uint_len((uint64_t)whole), n = (size_t)(v < 0) + len + 1 + (size_t)places;
-    char *p = out + n; /* written in place, backwards */
-    for (int i = 0; i < places; i++, frac /= 10)
-        *--p = (char)('0' + frac % 10);
-    *--p = '.';
     if (v < 0)
         *out++ = '-';
     uint_text(out, (uint64_t)whole, len);
+    out[len] = '.';
+    memcpy(out + len + 1, six, 6); /* the room holds six places: put_float reserves 24 */
     return n;
 }
 

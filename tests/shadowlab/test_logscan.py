@@ -896,6 +896,25 @@ def test_fold_trace_writes_numbers_of_every_length_as_json_does(tmp_path, monkey
     assert {9, 10, 10**17, 10**18 - 1} <= shown, sorted(shown)[:5]
 
 
+def test_fold_trace_writes_milliseconds_of_every_shape_as_json_does(tmp_path, monkeypatch):
+    """The fold writes short decimals itself (float.__repr__'s text, from the digits): prefill
+    milliseconds with no places to six, trailing zeros, at and past both ends of the range it
+    writes (1e-4, 1e9: repr's own conversion there), written as json.dumps writes them."""
+    _make_prodlogs().generate(tmp_path, "b11434", seed=12, requests=60, slots=2, pieces=1, days=1)
+    text = (tmp_path / "server0.log").read_bytes()
+    shapes = [b"5", b"0.1", b"0.0001", b"0.00009", b"0.000123", b"10.50", b"100.000", b"100.000001",
+              b"1234.5678", b"123456789.123456", b"999999999.999999", b"1000000000", b"1000000000.5",
+              b"0.30000000000000004", b"42.000010", b"7.25", b"3"]
+    found = iter(range(1 << 30))
+    text = re.sub(rb"prompt eval time = +\d+(?:\.\d+)? ms",
+                  lambda m: b"prompt eval time = %s ms" % shapes[next(found) % len(shapes)], text)
+    assert next(found) > len(shapes)
+    path = tmp_path / "ms.log"
+    path.write_bytes(text)
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded == [str(path)] and fold == replay == pure
+
+
 @needs_c
 def test_fold_reads_prompt_cache_lines_in_any_order_as_the_python_replay_does(tmp_path, monkeypatch):
     """The real `-cram 8192` captures (prompt-cache saves, `found better prompt` loads, idle-slot
