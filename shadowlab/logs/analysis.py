@@ -262,8 +262,12 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
     state = fold.fold_new(MAX_ROWS - len(rows), None if trace is None else json.dumps(server).encode(),
                           options.slot, since, until, _FOLD_SEARCH)
     written = 0  # trace lines
-    buf = bytearray(_FOLD_BLOCK)
+    # two buffers in turn: the block before stays whole while the next one is read, so a line
+    # handed back looks back into it there (reader.block_read's `kept`: no copy of its end)
+    buffers = [bytearray(_FOLD_BLOCK), bytearray(_FOLD_BLOCK)]
     while True:
+        buffers.reverse()
+        buf = buffers[0]
         n = stream.readinto(buf)
         if not n:
             break
@@ -284,7 +288,7 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
             if why is not None:
                 raise _Unfoldable(why, written)
             lo, line = stop + 1, line_no
-        reader.block_read(buf, 0, n, line - stats.lines)
+        reader.block_read(buf, 0, n, line - stats.lines, kept=True)
         if trace is not None:
             written += _write_trace(trace, fold, state)
     stream.settle()

@@ -641,6 +641,30 @@ def test_a_headless_prompt_eval_finds_its_header_as_far_back_wherever_a_block_en
 
 
 @needs_c
+def test_a_line_handed_back_looks_back_into_the_block_before_as_it_was_read(tmp_path, monkeypatch):
+    """Blocks of LOOK_BACK bytes or more: the fold keeps the block before whole (in the other of
+    its two buffers) instead of copying its end, and a headless `prompt eval time` line at the
+    start of a block finds its header at the end of the block before, on every path alike."""
+    from shadowlab.logs import analysis as logs
+
+    text = (LOGS / "llama.cpp-b9093" / "A-C.cram0.log").read_bytes()
+    header = b"| task 15 | \n"
+    at = text.index(header) + len(header)
+    filler = b"srv  log_server_r: request: GET /health 127.0.0.1 200\n"
+    block = 2 * lp.LOOK_BACK
+    plain = logs.analyse([str(LOGS / "llama.cpp-b9093" / "A-C.cram0.log")], logs.Options())["overall"]
+    # the header ~1000 bytes before the first block's end, its line ~1000 bytes after it
+    before = filler * ((block - 1000 - at) // len(filler))
+    path = tmp_path / "across.log"
+    path.write_bytes(before + text[:at] + filler * (2000 // len(filler)) + text[at:] + filler * (block // len(filler)))
+    monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded == [str(path)] and fold == replay == pure
+    assert (fold["overall"]["prefill_ms"], fold["overall"]["processed_tokens"]) == (
+        plain["prefill_ms"], plain["processed_tokens"])
+
+
+@needs_c
 def test_a_piece_whose_cut_last_line_spans_a_block_end_leaves_the_next_piece_whole(tmp_path, monkeypatch):
     """A rotated piece ends in a line cut mid-write that began before the last block end: its
     start was carried to the next read, which found no newline. That start was once carried on
