@@ -688,7 +688,10 @@ static int taken(const fold_t *f, const slot_t *s, const req_t *o)
     return !(f->has_since && value < f->since) && !(f->has_until && value > f->until);
 }
 
-/* ------------------------------------------------------------------ --trace: logs._row as json.dumps writes it */
+/* ------------------------------------------------------------------ --trace: logs._row as json.dumps writes it
+ * Room for a whole row is reserved once (ROW_MOST: the most bytes it can take), then it is
+ * written through a cursor, no piece checked for room (a check and the buffer's length in memory
+ * per piece were most of the trace's cost). */
 
 /* room for n more bytes in the trace buffer */
 static __attribute__((noinline)) int reserve_grown(fold_t *f, size_t n)
@@ -709,17 +712,20 @@ static inline __attribute__((always_inline)) int reserve(fold_t *f, size_t n)
     return __builtin_expect(f->tr_n + n > f->tr_cap, 0) ? reserve_grown(f, n) : 0;
 }
 
-/* inlined: a literal's length is a constant, so its copy is a few moves, not a memcpy call */
-static inline __attribute__((always_inline)) int put(fold_t *f, const char *text, size_t n)
+#define INT_MOST 20 /* an int64's text: '-' and 19 digits, or 20 digits of its magnitude */
+#define FLOAT_MOST 32 /* float.__repr__'s: 24 at most ("-2.2250738585072014e-308") */
+#define CK_MOST (3 * INT_MOST + 4) /* "[a,b,c]" and a comma */
+#define NAME_MOST 24 /* a quoted name of this file's own and a separator */
+
+/* the most bytes one row takes: its literals (under 512), its numbers, names and lists */
+static size_t row_most(const fold_t *f, const req_t *o)
 {
-    if (reserve(f, n) < 0)
-        return -1;
-    memcpy(f->tr + f->tr_n, text, n);
-    f->tr_n += n;
-    return 0;
+    return 512 + (size_t)PyBytes_GET_SIZE(f->server_json) + 12 * INT_MOST + 2 * FLOAT_MOST + 8 * NAME_MOST +
+           (size_t)(o->alive_before.n + o->created.n + 1) * CK_MOST + (size_t)o->n_erase_kinds * (NAME_MOST + INT_MOST);
 }
 
-#define PUT(f, lit) put((f), (lit), sizeof(lit) - 1)
+/* a literal's length is a constant: its copy is a few moves, not a memcpy call */
+#define W_LIT(w, lit) (memcpy((w), (lit), sizeof(lit) - 1), (w) + sizeof(lit) - 1)
 
 static const uint64_t TENS[20] = {1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull,
                                   100000000ull, 1000000000ull, 10000000000ull, 100000000000ull,
@@ -755,23 +761,21 @@ static inline __attribute__((always_inline)) void uint_text(char *out, uint64_t 
     }
 }
 
-/* "%lld" without printf's machinery (a third of the trace's cost once), written in place (no
- * variable-length copy: a memcpy call per number was the trace's largest cost after the fold) */
-static inline __attribute__((always_inline)) int put_int(fold_t *f, int64_t v)
+/* "%lld" without printf's machinery (a third of the trace's cost once) */
+static inline __attribute__((always_inline)) char *w_int(char *w, int64_t v)
 {
-    if (reserve(f, 21) < 0) /* '-' and 20 digits */
-        return -1;
-    char *out = f->tr + f->tr_n;
     uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
     size_t len = uint_len(u);
     if (v < 0)
-        *out++ = '-';
-    uint_text(out, u, len);
-    f->tr_n += len + (v < 0);
-    return 0;
+        *w++ = '-';
+    uint_text(w, u, len);
+    return w + len;
 }
 
-static int put_opt_int(fold_t *f, int has, int64_t v) { return has ? put_int(f, v) : PUT(f, "null"); }
+static inline __attribute__((always_inline)) char *w_opt_int(char *w, int has, int64_t v)
+{
+    return has ? w_int(w, v) : W_LIT(w, "null");
+}
 
 /* float.__repr__ of v when a decimal of at most 6 places, 15 significant digits, is v (the log's
  * times and milliseconds): that decimal is then the shortest that reads back as v (two decimals
@@ -801,57 +805,62 @@ static size_t repr_short(double v, char *out)
         *out++ = '-';
     uint_text(out, (uint64_t)whole, len);
     out[len] = '.';
-    memcpy(out + len + 1, six, 6); /* the room holds six places: put_float reserves 24 */
+    memcpy(out + len + 1, six, 6);
     return n;
 }
 
-static int put_float(fold_t *f, int has, double v) /* float.__repr__, as json.dumps writes it */
+/* float.__repr__, as json.dumps writes it; NULL: no memory (repr's own conversion) */
+static char *w_float(char *w, int has, double v)
 {
     if (!has)
-        return PUT(f, "null");
-    if (reserve(f, 24) < 0) /* '-', 9 digits, '.', 6 places */
-        return -1;
-    size_t n = repr_short(v, f->tr + f->tr_n);
-    if (n) {
-        f->tr_n += n;
-        return 0;
-    }
+        return W_LIT(w, "null");
+    size_t n = repr_short(v, w);
+    if (n)
+        return w + n;
     char *text = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (text == NULL)
-        return -1;
-    int r = put(f, text, strlen(text));
+        return NULL;
+    n = strlen(text);
+    if (n > FLOAT_MOST) { /* no double's repr is this long */
+        PyMem_Free(text);
+        return NULL;
+    }
+    memcpy(w, text, n);
     PyMem_Free(text);
-    return r;
+    return w + n;
 }
 
-static int put_ck(fold_t *f, const ck_t *c)
+static inline __attribute__((always_inline)) char *w_ck(char *w, const ck_t *c)
 {
-    return PUT(f, "[") || put_int(f, c->pmin) || PUT(f, ",") || put_int(f, c->pmax) || PUT(f, ",") ||
-           put_int(f, c->n) || PUT(f, "]");
+    *w++ = '[';
+    w = w_int(w, c->pmin);
+    *w++ = ',';
+    w = w_int(w, c->pmax);
+    *w++ = ',';
+    w = w_int(w, c->n);
+    *w++ = ']';
+    return w;
 }
 
-static int put_cks(fold_t *f, const cks_t *a)
+static char *w_cks(char *w, const cks_t *a)
 {
-    if (PUT(f, "["))
-        return -1;
-    for (Py_ssize_t i = 0; i < a->n; i++)
-        if ((i && PUT(f, ",")) || put_ck(f, &a->v[i]))
-            return -1;
-    return PUT(f, "]");
+    *w++ = '[';
+    for (Py_ssize_t i = 0; i < a->n; i++) {
+        if (i)
+            *w++ = ',';
+        w = w_ck(w, &a->v[i]);
+    }
+    *w++ = ']';
+    return w;
 }
 
-static int put_str(fold_t *f, const char *name) /* names of this file's own: ASCII, nothing to escape */
+static inline __attribute__((always_inline)) char *w_str(char *w, const char *name) /* names of this file's own: ASCII, nothing to escape */
 {
-    size_t n = strlen(name);
-    if (reserve(f, n + 2) < 0)
-        return -1;
-    char *out = f->tr + f->tr_n;
-    *out++ = '"';
-    for (size_t i = 0; i < n; i++) /* a few bytes: no memcpy call */
-        *out++ = name[i];
-    *out = '"';
-    f->tr_n += n + 2;
-    return 0;
+    *w++ = '"';
+    while (*name)
+        *w++ = *name++;
+    *w++ = '"';
+    return w;
 }
 
 /* One trace line (docs/trace.md), the fields of logs._row in its order. -1: no memory. */
@@ -859,42 +868,56 @@ static int trace_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt,
                      int source, int64_t re_entry, int has_re, int outcome, int retention, int baseline,
                      int placement)
 {
-    if (PUT(f, "{\"time\":") || put_float(f, o->has_time, o->time) || PUT(f, ",\"server\":") ||
-        put(f, PyBytes_AS_STRING(f->server_json), (size_t)PyBytes_GET_SIZE(f->server_json)) ||
-        PUT(f, ",\"slot\":") || put_opt_int(f, s->id != NO_INT, s->id) || PUT(f, ",\"task\":") ||
-        put_opt_int(f, o->task != NO_INT, o->task) ||
-        PUT(f, ",\"line\":") || put_int(f, o->line - o->piece_line) || PUT(f, ",\"prompt_tokens\":") ||
-        put_opt_int(f, has_prompt, prompt) || PUT(f, ",\"shared_prefix\":") ||
-        put_opt_int(f, source != S_NONE, shared) || PUT(f, ",\"shared_source\":") ||
-        (source != S_NONE ? put_str(f, SOURCE_NAMES[source]) : PUT(f, "null")) || PUT(f, ",\"shared_with\":") ||
-        put_opt_int(f, source != S_NONE && o->shared_with != NO_INT, o->shared_with) ||
-        PUT(f, ",\"shared_exact\":") ||
-        (source == S_NONE ? PUT(f, "null") : source != S_RE_ENTRY ? PUT(f, "true") : PUT(f, "false")) ||
-        PUT(f, ",\"reused\":") ||
-        put_opt_int(f, has_re, re_entry) || PUT(f, ",\"processed\":") ||
-        put_opt_int(f, o->has_processed, o->processed) || PUT(f, ",\"outcome\":") ||
-        put_str(f, OUTCOME_NAMES[outcome]) || PUT(f, ",\"prefill_ms\":") ||
-        put_float(f, o->has_processed, o->ms) || PUT(f, ",\"checkpoints\":{\"alive_before\":") ||
-        put_cks(f, &o->alive_before) || PUT(f, ",\"created\":") || put_cks(f, &o->created) ||
-        PUT(f, ",\"restored\":") || (o->has_restored ? put_ck(f, &o->restored) : PUT(f, "null")) ||
-        PUT(f, ",\"erased\":{"))
+    if (reserve(f, row_most(f, o)) < 0)
         return -1;
-    for (int i = 0; i < o->n_erase_kinds; i++)
-        if ((i && PUT(f, ",")) || put_str(f, ERASE_NAMES[o->erase_kind[i]]) || PUT(f, ":") ||
-            put_int(f, o->erase_count[i]))
-            return -1;
-    if (PUT(f, "},\"forced\":") || (o->forced ? PUT(f, "true") : PUT(f, "false")) ||
-        PUT(f, ",\"cache_saved\":") || put_int(f, o->cache_saved) || PUT(f, ",\"cache_loaded\":") ||
-        put_int(f, o->cache_loaded) || PUT(f, "},\"failures\":["))
+    char *w = f->tr + f->tr_n;
+    w = W_LIT(w, "{\"time\":");
+    if ((w = w_float(w, o->has_time, o->time)) == NULL)
         return -1;
+    w = W_LIT(w, ",\"server\":");
+    memcpy(w, PyBytes_AS_STRING(f->server_json), (size_t)PyBytes_GET_SIZE(f->server_json));
+    w += PyBytes_GET_SIZE(f->server_json);
+    w = w_opt_int(W_LIT(w, ",\"slot\":"), s->id != NO_INT, s->id);
+    w = w_opt_int(W_LIT(w, ",\"task\":"), o->task != NO_INT, o->task);
+    w = w_int(W_LIT(w, ",\"line\":"), o->line - o->piece_line);
+    w = w_opt_int(W_LIT(w, ",\"prompt_tokens\":"), has_prompt, prompt);
+    w = w_opt_int(W_LIT(w, ",\"shared_prefix\":"), source != S_NONE, shared);
+    w = W_LIT(w, ",\"shared_source\":");
+    w = source != S_NONE ? w_str(w, SOURCE_NAMES[source]) : W_LIT(w, "null");
+    w = w_opt_int(W_LIT(w, ",\"shared_with\":"), source != S_NONE && o->shared_with != NO_INT, o->shared_with);
+    w = W_LIT(w, ",\"shared_exact\":");
+    w = source == S_NONE ? W_LIT(w, "null") : source != S_RE_ENTRY ? W_LIT(w, "true") : W_LIT(w, "false");
+    w = w_opt_int(W_LIT(w, ",\"reused\":"), has_re, re_entry);
+    w = w_opt_int(W_LIT(w, ",\"processed\":"), o->has_processed, o->processed);
+    w = w_str(W_LIT(w, ",\"outcome\":"), OUTCOME_NAMES[outcome]);
+    if ((w = w_float(W_LIT(w, ",\"prefill_ms\":"), o->has_processed, o->ms)) == NULL)
+        return -1;
+    w = w_cks(W_LIT(w, ",\"checkpoints\":{\"alive_before\":"), &o->alive_before);
+    w = w_cks(W_LIT(w, ",\"created\":"), &o->created);
+    w = W_LIT(w, ",\"restored\":");
+    w = o->has_restored ? w_ck(w, &o->restored) : W_LIT(w, "null");
+    w = W_LIT(w, ",\"erased\":{");
+    for (int i = 0; i < o->n_erase_kinds; i++) {
+        if (i)
+            *w++ = ',';
+        w = w_int(W_LIT(w_str(w, ERASE_NAMES[o->erase_kind[i]]), ":"), o->erase_count[i]);
+    }
+    w = W_LIT(w, "},\"forced\":");
+    w = o->forced ? W_LIT(w, "true") : W_LIT(w, "false");
+    w = w_int(W_LIT(w, ",\"cache_saved\":"), o->cache_saved);
+    w = w_int(W_LIT(w, ",\"cache_loaded\":"), o->cache_loaded);
+    w = W_LIT(w, "},\"failures\":[");
     int k = 0;
     const char *names[3] = {"placement", "retention", "baseline_loss"};
     int flags[3] = {placement, retention, baseline};
     for (int i = 0; i < 3; i++)
-        if (flags[i] && ((k++ && PUT(f, ",")) || put_str(f, names[i])))
-            return -1;
-    if (PUT(f, "]}\n"))
-        return -1;
+        if (flags[i]) {
+            if (k++)
+                *w++ = ',';
+            w = w_str(w, names[i]);
+        }
+    w = W_LIT(w, "]}\n");
+    f->tr_n = (size_t)(w - f->tr);
     f->tr_lines++;
     return 0;
 }
@@ -1033,7 +1056,7 @@ static int close_emit(fold_t *f, slot_t *s)
         return -1;
     if (f->server_json != NULL && trace_row(f, s, o, prompt, has_prompt, shared, source, re_entry, has_re, outcome,
                                             retention, baseline, placement) < 0)
-        return PyErr_NoMemory(), -1;
+        return PyErr_Occurred() ? -1 : (PyErr_NoMemory(), -1);
     return 0;
 }
 
