@@ -41,20 +41,19 @@ static int is_word(unsigned char c)
     return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
 }
 
-/* \d+ into *v (at most MAX_DIGITS digits, else NULL: Python reads it) */
+/* \d+ into *v (at most MAX_DIGITS digits, else NULL: Python reads it). The digits are read up
+ * to a limit set once (no count kept per digit: this loop was ~6% of the fold's instructions) */
 static cp uint_(cp p, cp e, int64_t *v)
 {
     if (p == NULL || p >= e || !is_digit(*p))
         return NULL;
-    int64_t x = 0;
-    cp s = p;
-    while (p < e && is_digit(*p)) {
-        if (p - s >= MAX_DIGITS)
-            return NULL;
-        x = x * 10 + (*p - '0');
-        p++;
-    }
-    *v = x;
+    cp lim = e - p > MAX_DIGITS ? p + MAX_DIGITS : e;
+    uint64_t x = (uint64_t)(*p++ - '0');
+    while (p < lim && is_digit(*p))
+        x = x * 10 + (uint64_t)(*p++ - '0');
+    if (p < e && is_digit(*p)) /* a digit past the MAX_DIGITS read */
+        return NULL;
+    *v = (int64_t)x;
     return p;
 }
 
