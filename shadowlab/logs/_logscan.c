@@ -18,7 +18,7 @@ static PyMethodDef methods[] = {
     {"fold_events", fold_events, METH_VARARGS, "fold_events(state, body, n, base_offset, [(kind, event), ...]) -> "
                                                "None | str"},
     {"fold_finish", fold_finish, METH_VARARGS, "fold_finish(state) -> dict | str"},
-    {"fold_trace", fold_trace, METH_VARARGS, "fold_trace(state, fd=-1) -> (bytes or None, lines): the trace lines since the last call, written to fd if given"},
+    {"fold_trace", fold_trace, METH_VARARGS, "fold_trace(state, fd=-1, least=0) -> (bytes or None, lines): the trace lines since the last call, written to fd if given (once least bytes wait)"},
     {"hecking_all", hecking_all, METH_VARARGS, "hecking_all(body, lo, hi, variant) -> [offset, ...]: the side notes' "
                                                "word, by one search variant (for the tests)"},
     {"sort_q", sort_q, METH_O, "sort_q(a): sorts an array('q') in place"},

@@ -8,7 +8,7 @@
  *   fold_new(rows) -> state
  *   fold_block(state, body, lo, n, base_line, base_offset) -> newlines | (start, stop, line_no, word) | str
  *   fold_events(state, body, n, base_offset, [(kind, event), ...]) -> None | str
- *   fold_trace(state, fd=-1) -> (bytes | None, lines)   the --trace lines so far (written to fd if given)
+ *   fold_trace(state, fd=-1, least=0) -> (bytes | None, lines)   the --trace lines so far (written to fd if given)
  *   fold_finish(state) -> dict | str
  *
  * What `shadowlab logs` does with a b11434 log, per block and without a Python object per line:
@@ -1842,16 +1842,19 @@ static fold_t *state_arg(PyObject *args)
     return PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
 }
 
-/* fold_trace(state, fd=-1) -> (bytes, lines): the trace lines written since the last call (and
- * forgotten here), and how many; with a file descriptor, (None, lines): they are written to it
- * (without the GIL; a short write goes on, an interrupted one too unless a signal handler
- * raised), not copied into a bytes object first (~100 MB per GB of log). OSError: not written. */
+/* fold_trace(state, fd=-1, least=0) -> (bytes, lines): the trace lines written since the last
+ * call (and forgotten here), and how many; with a file descriptor, (None, lines): they are
+ * written to it (without the GIL; a short write goes on, an interrupted one too unless a signal
+ * handler raised), not copied into a bytes object first (~100 MB per GB of log) - or kept for
+ * a later call while fewer than `least` bytes wait (a write of 4 MiB costs the kernel less per
+ * byte than one of a block's ~100 KB; (None, 0) then). OSError: not written. */
 PyObject *fold_trace(PyObject *self, PyObject *args)
 {
     PyObject *capsule;
     int fd = -1;
+    Py_ssize_t least = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O|i", &capsule, &fd))
+    if (!PyArg_ParseTuple(args, "O|in", &capsule, &fd, &least))
         return NULL;
     fold_t *f = PyCapsule_GetPointer(capsule, "shadowlab.logs._logscan.fold");
     if (f == NULL)
@@ -1863,6 +1866,8 @@ PyObject *fold_trace(PyObject *self, PyObject *args)
             f->tr_n = f->tr_lines = 0;
         return out;
     }
+    if (least > 0 && f->tr_n < (size_t)least)
+        return Py_BuildValue("(On)", Py_None, (Py_ssize_t)0);
     size_t done = 0;
     while (done < f->tr_n) {
         ssize_t w;

@@ -412,8 +412,12 @@ def _three_ways(paths, monkeypatch, options_of=None):
         return doc
 
     readers: list[dict] = []
-    with tempfile.TemporaryFile("w+", encoding="utf-8") as fh:  # a file: the fold writes to its descriptor
-        logs.analyse([str(p) for p in paths], logs.Options(**(options_of() if options_of else {}), trace=fh))
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as fh:  # a file: the fold writes to its descriptor,
+        piece, logs._TRACE_WRITE = logs._TRACE_WRITE, 1000  # here in pieces of 1000 bytes or more
+        try:
+            logs.analyse([str(p) for p in paths], logs.Options(**(options_of() if options_of else {}), trace=fh))
+        finally:
+            logs._TRACE_WRITE = piece
         fh.seek(0)
         to_file = fh.read()
     monkeypatch.setattr(logs, "_server_fold", spy)
