@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path  # imported where a traceback is written: ~5% of every start otherwise
 
 EXIT_QUALIFIED = 0
 EXIT_CHECK_FAILED = 1
@@ -58,23 +61,24 @@ exit codes:
 TRACEBACK_NAME = "shadowlab-error.txt"
 
 
-def write_traceback(run_dir: Path | None) -> Path:
+def write_traceback(run_dir: Path | str | None) -> Path:
     """The current exception's traceback in ``run_dir/shadowlab-error.txt`` (else a temp file):
     an internal error is exit 3 with its traceback kept, never Python's exit 1 ("a check failed")."""
-    import tempfile  # here, not at the top: ~6 ms of every start, needed only after a bug
+    import pathlib  # here, not at the top, as tempfile: needed only after a bug
+    import tempfile  # ~6 ms of every start
     import traceback
 
     text = traceback.format_exc()
     if run_dir is not None:
         with contextlib.suppress(OSError):
-            if run_dir.is_dir():
-                path = run_dir / TRACEBACK_NAME
+            if pathlib.Path(run_dir).is_dir():
+                path = pathlib.Path(run_dir, TRACEBACK_NAME)
                 path.write_text(text, encoding="utf-8")
                 return path
     fd, name = tempfile.mkstemp(prefix="shadowlab-error-", suffix=".txt")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
-    return Path(name)
+    return pathlib.Path(name)
 
 
 __all__ = ["EPILOG", "EXIT_CHECK_FAILED", "EXIT_INFRASTRUCTURE", "EXIT_NOT_VERBOSE", "EXIT_QUALIFIED", "EXIT_SIGINT", "EXIT_SIGTERM",

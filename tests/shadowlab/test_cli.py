@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 import subprocess
@@ -247,11 +248,59 @@ def test_help_and_a_bare_command_line_import_no_command():
 def test_a_module_backed_command_builds_only_its_own_options():
     """`shadowlab logs` on a large log is timed against grep: the other subcommands' modules
     (httpx, the matrix package, ...) stay unimported; every command still parses its options."""
-    code = ("import sys; from shadowlab import cli; p = cli.build_parser('logs'); "
-            "p.parse_args(['logs', 'x.log', '--json']); "
-            "print(sorted(m for m in ('shadowlab.simulate', 'shadowlab.compare', 'httpx') if m in sys.modules))")
+    code = ("import sys; before = set(sys.modules); from shadowlab import cli; p = cli.build_parser('logs'); "
+            "p.parse_args(['logs', 'x.log', '--json', '--out', 'd']); "
+            "print(sorted(m for m in ('shadowlab.simulate', 'shadowlab.compare', 'httpx') if m in sys.modules))\n"
+            # pathlib and shutil (its compression modules) were ~10% of the start: imported when
+            # needed (an editable install's finder may have imported pathlib before: not counted)
+            "print(sorted(m for m in ('pathlib', 'shutil', 'urllib.parse') if m in set(sys.modules) - before))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert out.split() == ["[]", "[]"]
     for argv in (["simulate", "x.yaml", "--json"], ["compare", "a", "b", "--json"], ["logs", "x.log", "--json"]):
         assert cli.build_parser(argv[0]).parse_args(argv).json is True
         assert cli.build_parser().parse_args(argv).json is True
+
+
+def test_the_help_is_as_wide_as_shutil_says_and_collection_is_back_on_after_the_start(monkeypatch, capsys):
+    """The formatter finds the terminal's width as shutil.get_terminal_size does, without
+    importing it; the garbage collector, off while the command's modules load, is on again."""
+    import gc
+    import shutil
+
+    for columns in ("60", "132", "", "junk"):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert cli._columns() == shutil.get_terminal_size().columns, columns
+    monkeypatch.setenv("COLUMNS", "60")
+    with pytest.raises(SystemExit):
+        cli.main(["logs", "--help"])
+    ours = capsys.readouterr().out
+    monkeypatch.setattr(cli, "_Formatter", argparse.RawDescriptionHelpFormatter)  # argparse's, shutil's width
+    with pytest.raises(SystemExit):
+        cli.main(["logs", "--help"])
+    assert ours == capsys.readouterr().out and "\n                        " in ours  # wrapped alike
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with pytest.raises(SystemExit):
+            cli.main(["logs", "--help"])
+        assert not gc.isenabled()  # the caller's choice stands
+    finally:
+        gc.enable()
+
+
+def test_an_internal_error_of_logs_writes_its_traceback_into_out(tmp_path, monkeypatch, capsys):
+    """--out is kept as the text given (pathlib is imported only to write it): a bug still
+    leaves its traceback there."""
+    from shadowlab.commands import logs
+
+    def boom(*_args, **_kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(logs, "analyse", boom)
+    log = tmp_path / "server.log"
+    log.write_text("0.00.000.000 I srv  update_slots: all slots are idle\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert cli.main(["logs", str(log), "--out", str(out)]) == 3
+    assert "internal error: RuntimeError: a bug" in capsys.readouterr().err
+    assert "RuntimeError: a bug" in (out / cli.TRACEBACK_NAME).read_text()
