@@ -316,19 +316,7 @@ class _Scanner(_MessageReader):
         self.offset = 0  # byte offset of the next piece
         self.line_no = 0  # lines completed so far
         self.lo = 0  # where the lines of the body being read start
-        self.tail = b""  # the text before it (at most LOOK_BACK bytes): what lines look back into
-        self._kept: tuple[Any, int] | None = None  # (body, hi): the tail, still in the caller's block
-
-    @property
-    def tail(self) -> bytes:
-        if self._kept is not None:  # taken from the block it was kept in, when a line asks
-            body, hi = self._kept
-            self._tail, self._kept = bytes(body[hi - LOOK_BACK : hi]), None
-        return self._tail
-
-    @tail.setter
-    def tail(self, value: bytes) -> None:
-        self._tail, self._kept = value, None
+        self.tail = b""  # the text before it: what lines look back into (_MessageReader.tail)
 
     def process(self, pieces: list[tuple]) -> list[Event]:
         """The events of `_Splitter` pieces, in order."""
@@ -372,18 +360,10 @@ class _Scanner(_MessageReader):
         return events
 
     def block_read(self, body: bytes | bytearray, lo: int, hi: int, lines: int, kept: bool = False) -> None:
-        """body[lo:hi] (`lines` lines) has been read: count it, keep its end for look-backs.
-        ``kept``: the caller leaves body as it is until its next block_read (it reads the next
-        block into another buffer), so the end is copied only if a line looks back into it (a
-        copy of 64 KiB per block otherwise, ~3% of the C fold's time)."""
+        """body[lo:hi] (`lines` lines) has been read: count it, keep its end for look-backs
+        (``kept``: left in place, keep_tail)."""
         self._advance(hi - lo, lines)
-        if hi - lo >= LOOK_BACK:
-            if kept:
-                self._kept = (body, hi)
-            else:
-                self.tail = bytes(body[hi - LOOK_BACK : hi])
-        else:
-            self.tail = (self.tail + body[lo:hi])[-LOOK_BACK:]
+        self.keep_tail(body, lo, hi, kept)
 
     def handed_back(self, body: bytes | bytearray, start: int, stop: int, line_no: int, word: int,
                     offset: int) -> list[Event]:

@@ -445,3 +445,30 @@ class _MessageReader:
             return body, start - span, start
         window = self.tail[max(0, len(self.tail) - (span - (start - self.lo))):] + body[self.lo:start]
         return window, 0, len(window)
+
+    _tail = b""
+    _kept: tuple[Any, int] | None = None  # (body, hi): the tail, still in the caller's block
+
+    @property
+    def tail(self) -> bytes:
+        """The text before the body being read (at most LOOK_BACK bytes): what lines look back
+        into. Taken from the block it was kept in (`keep_tail`) the first time a line asks."""
+        if self._kept is not None:
+            body, hi = self._kept
+            self._tail, self._kept = bytes(body[hi - LOOK_BACK : hi]), None
+        return self._tail
+
+    @tail.setter
+    def tail(self, value: bytes) -> None:
+        self._tail, self._kept = value, None
+
+    def keep_tail(self, body: bytes | bytearray, lo: int, hi: int, kept: bool) -> None:
+        """body[lo:hi] has been read: its end is the tail now. ``kept``: the caller leaves body
+        as it is until the next block is read (into another buffer), so the end is copied only
+        if a line looks back into it (a copy of 64 KiB per block otherwise, ~3% of the C fold)."""
+        if hi - lo < LOOK_BACK:
+            self.tail = (self.tail + body[lo:hi])[-LOOK_BACK:]
+        elif kept:
+            self._kept = (body, hi)
+        else:
+            self.tail = bytes(body[hi - LOOK_BACK : hi])
