@@ -1,7 +1,7 @@
 """shadowlab logs, the command, side by side with `grep -c` on real captures and a generated log.
 
     python benchmarks/bench_logs.py [--real-gb 0.5] [--gb 1.0] [--repeat 3] [--dir /tmp/bench_logs]
-                                    [--only real|generated] [--dense] [--no-gz]
+                                    [--only real|generated] [--dense] [--no-gz] [--base CHECKOUT]
 
 Two logs, each with a 0.1 GB head of its own (the peak RSS at 0.1 GB against the whole):
 
@@ -28,6 +28,10 @@ no recycling). The figures are the median of each
 load, so the ratios are given for both; every run is listed), and the peak RSS of each mode on
 the 0.1 GB head and on the whole file (flat: within 50 MiB). The .gz of the generated log is
 read against `zcat | grep -c` once.
+
+`--base CHECKOUT` (another tree, its accelerator built in place: `git worktree add ../base REV`,
+`python setup.py build_ext --inplace` there) runs every mode of that tree too, in the same
+rounds, each command from its own tree: a change measured side by side under the same load.
 
 shadowlab's modules are byte-compiled first, as `pip install` does (where PYTHONDONTWRITEBYTECODE
 is set, every start would otherwise compile them from source), and the start-up alone
@@ -81,13 +85,13 @@ def head_of(big: Path, small: Path, size: int) -> None:
         dst.write(src.read(size).rsplit(b"\n", 1)[0] + b"\n")
 
 
-def timed(cmd: str, out: Path) -> tuple[float, float, int]:
-    """(wall s, CPU s, peak RSS KiB) of a shell command whose stdout goes to `out`."""
+def timed(cmd: str, out: Path, tree: Path = ROOT) -> tuple[float, float, int]:
+    """(wall s, CPU s, peak RSS KiB) of a shell command whose stdout goes to `out`, run in `tree`."""
     with open(out, "wb") as fh:
-        # cwd=ROOT: `python -m shadowlab` puts the working directory first on sys.path, so run
+        # cwd=tree: `python -m shadowlab` puts the working directory first on sys.path, so run
         # from elsewhere it would time whichever shadowlab lies there, not this tree's
         p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", "sh", "-c", cmd], stdout=fh, stderr=subprocess.PIPE,
-                           text=True, check=False, cwd=ROOT)
+                           text=True, check=False, cwd=tree)
     wall, user, system, rss = p.stderr.strip().splitlines()[-1].split()
     return float(wall), float(user) + float(system), int(rss)
 
@@ -138,36 +142,44 @@ def command(log: Path, args: tuple[str, ...], trace: Path) -> str:
     return " ".join([sys.executable, "-m", "shadowlab", "logs", *(a.format(trace=trace) for a in args), str(log)])
 
 
-def bench(name: str, big: Path, small: Path, repeat: int, work: Path) -> None:
+def bench(name: str, big: Path, small: Path, repeat: int, work: Path, base: Path | None = None) -> None:
+    """Every mode, interleaved with grep; with `base` (another checkout, built), every mode of
+    that tree too, in the same rounds: the two trees side by side under the same load."""
     lines = warm(big)
     warm(small)
     out, trace = work / "out.txt", work / "trace.jsonl"
     grep = f'grep -c "context checkpoint" {big} | cat'
-    runs: dict[str, list[tuple[float, float, int]]] = {"grep": [], **{m: [] for m, _ in MODES}, COLD: []}
+    trees = {"": ROOT} if base is None else {" (base)": base, "": ROOT}
+    runs: dict[str, list[tuple[float, float, int]]] = {"grep": []}
     for _ in range(repeat):  # interleaved: the load changes under all of them alike
         settle(trace)
         runs["grep"].append(timed(grep, out))
         for mode, args in MODES:
-            settle(trace)
-            runs[mode].append(timed(command(big, args, trace), out))
-        settle(trace, cold=True)
-        runs[COLD].append(timed(command(big, dict(MODES)["--trace"], trace), out))
+            for label, tree in trees.items():
+                settle(trace)
+                runs.setdefault(mode + label, []).append(timed(command(big, args, trace), out, tree))
+        for label, tree in trees.items():
+            settle(trace, cold=True)
+            runs.setdefault(COLD + label, []).append(timed(command(big, dict(MODES)["--trace"], trace), out, tree))
     heads = {}
     for mode, args in MODES:
-        settle(trace)
-        heads[mode] = timed(command(small, args, trace), out)
+        for label, tree in trees.items():
+            settle(trace)
+            heads[mode + label] = timed(command(small, args, trace), out, tree)
     g = median_run(runs["grep"])
     print(f"\n{name}: {big.stat().st_size / 1e9:.2f} GB, {lines:,} lines; grep -c to a pipe: "
           f"{g[0]:.2f} s wall, {g[1]:.2f} s CPU (runs: {', '.join(f'{r[1]:.2f}' for r in runs['grep'])})")
     for mode, _ in MODES:
-        s = median_run(runs[mode])
-        print(f"  shadowlab logs {mode}: {s[0]:.2f} s wall, {s[1]:.2f} s CPU = {lines / s[1] / 1e6:.2f}M lines/s CPU; "
-              f"ratio {g[0] / s[0]:.2f}x wall, {g[1] / s[1]:.2f}x CPU (runs: "
-              f"{', '.join(f'{r[1]:.2f}' for r in runs[mode])}); peak RSS 0.1 GB {heads[mode][2] / 1024:.0f} MiB, "
-              f"whole {s[2] / 1024:.0f} MiB (+{(s[2] - heads[mode][2]) / 1024:.0f})")
-    s = median_run(runs[COLD])
-    print(f"  shadowlab logs {COLD}: {s[0]:.2f} s wall, {s[1]:.2f} s CPU; ratio {g[1] / s[1]:.2f}x CPU (runs: "
-          f"{', '.join(f'{r[1]:.2f}' for r in runs[COLD])})")
+        for label in trees:
+            s, head = median_run(runs[mode + label]), heads[mode + label]
+            print(f"  shadowlab logs {mode}{label}: {s[0]:.2f} s wall, {s[1]:.2f} s CPU = {lines / s[1] / 1e6:.2f}M "
+                  f"lines/s CPU; ratio {g[0] / s[0]:.2f}x wall, {g[1] / s[1]:.2f}x CPU (runs: "
+                  f"{', '.join(f'{r[1]:.2f}' for r in runs[mode + label])}); peak RSS 0.1 GB {head[2] / 1024:.0f} MiB, "
+                  f"whole {s[2] / 1024:.0f} MiB (+{(s[2] - head[2]) / 1024:.0f})")
+    for label in trees:
+        s = median_run(runs[COLD + label])
+        print(f"  shadowlab logs {COLD}{label}: {s[0]:.2f} s wall, {s[1]:.2f} s CPU; ratio {g[1] / s[1]:.2f}x CPU (runs: "
+              f"{', '.join(f'{r[1]:.2f}' for r in runs[COLD + label])})")
 
 
 def main() -> int:
@@ -179,10 +191,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", choices=("real", "generated"), default=None)
     ap.add_argument("--no-gz", action="store_true", help="skip the .gz of the generated log")
+    ap.add_argument("--base", type=Path, default=None,
+                    help="another checkout (built in place) timed side by side with this one")
     a = ap.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
-    for package in (ROOT / "shadowlab", ROOT / "engine"):
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True, stdout=subprocess.DEVNULL)
+    for tree in (ROOT, a.base) if a.base is not None else (ROOT,):
+        for package in (tree / "shadowlab", tree / "engine"):
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True, stdout=subprocess.DEVNULL)
     load0 = os.getloadavg()
     print(f"nproc {os.cpu_count()}; load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           "every file read from the page cache (each read once just before)")
@@ -193,12 +208,13 @@ def main() -> int:
         n = build_real(real, int(a.real_gb * 1e9))
         head_of(real, real_head, int(0.1e9))
         bench(f"real captures ({n} b11434 captures over and over, a restart between each)", real, real_head,
-              a.repeat, a.dir)
+              a.repeat, a.dir, a.base)
     if a.only in (None, "generated"):
         big, small = a.dir / "generated.log", a.dir / "generated-0.1.log"
         build_generated(big, int(a.gb * 1e9), a.dense)
         head_of(big, small, int(0.1e9))
-        bench(f"generated ({'dense' if a.dense else 'realistic'}, make_prodlogs.py)", big, small, a.repeat, a.dir)
+        bench(f"generated ({'dense' if a.dense else 'realistic'}, make_prodlogs.py)", big, small, a.repeat, a.dir,
+              a.base)
         if not a.no_gz:
             gz = Path(str(big) + ".gz")
             with open(big, "rb") as src, gzip.open(gz, "wb", compresslevel=1) as dst:
