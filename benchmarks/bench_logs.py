@@ -180,6 +180,11 @@ def bench(name: str, big: Path, small: Path, repeat: int, work: Path, base: Path
         s = median_run(runs[COLD + label])
         print(f"  shadowlab logs {COLD}{label}: {s[0]:.2f} s wall, {s[1]:.2f} s CPU; ratio {g[1] / s[1]:.2f}x CPU (runs: "
               f"{', '.join(f'{r[1]:.2f}' for r in runs[COLD + label])})")
+    if base is not None:  # each round's two runs ran a few seconds apart: their ratio shares its load
+        for mode in [m for m, _ in MODES] + [COLD]:
+            pairs = sorted(a[1] / b[1] for a, b in zip(runs[mode], runs[mode + " (base)"]))
+            print(f"  {mode}: this tree / base, round by round: median {pairs[len(pairs) // 2]:.2f} "
+                  f"({', '.join(f'{x:.2f}' for x in pairs)})")
 
 
 def main() -> int:
