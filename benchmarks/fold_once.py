@@ -1,0 +1,55 @@
+"""One `shadowlab logs` read of a log in this process, for a tool that counts or samples it.
+
+    valgrind --tool=callgrind python benchmarks/fold_once.py LOG [--trace] [--build SO]
+    perf record -g python benchmarks/fold_once.py LOG --trace
+
+This VM's CPU time moves by +-25 % between processes (benchmarks/README.md, "shadowlab logs"),
+so a change of a few per cent to the C fold is measured in instructions: callgrind counts them
+the same on every run. `--build` loads another build of the accelerator (a .so built in another
+checkout) in place of this tree's, so two builds are counted on the same Python code and the
+same log. valgrind runs the AVX2 finder (it has no AVX-512), so the finder's own share is not the
+one an AVX-512 machine runs; the rest of the fold is the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "engine")]
+
+from shadowlab.logs import analysis, parse as logparse  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("log", type=Path)
+    ap.add_argument("--trace", action="store_true", help="write the trace too (to a temporary file)")
+    ap.add_argument("--build", type=Path, default=None, help="another build of shadowlab/logs/_logscan*.so")
+    a = ap.parse_args()
+    if a.build is not None:
+        spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", a.build)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if getattr(module, "ABI", None) != logparse.accel.ABI:
+            print(f"{a.build}: ABI {getattr(module, 'ABI', None)}, this tree speaks {logparse.accel.ABI}", file=sys.stderr)
+            return 2
+        logparse.folder = lambda: module
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = open(os.path.join(tmp, "trace.jsonl"), "w", encoding="utf-8") if a.trace else None
+        try:
+            doc = analysis.analyse([str(a.log)], analysis.Options(trace=trace))
+        finally:
+            if trace is not None:
+                trace.close()
+    print(f"{doc['lines_read']:,} lines, {doc['overall']['requests']:,} requests; reader {doc['reader']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
