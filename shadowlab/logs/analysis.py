@@ -263,6 +263,7 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
     state = fold.fold_new(MAX_ROWS - len(rows), None if trace is None else json.dumps(server).encode(),
                           options.slot, since, until, _FOLD_SEARCH)
     written = 0  # trace lines
+    fd = -1 if trace is None else _trace_fd(trace)
     # two buffers in turn: the block before stays whole while the next one is read, so a line
     # handed back looks back into it there (reader.block_read's `kept`: no copy of its end)
     buffers = [bytearray(_FOLD_BLOCK), bytearray(_FOLD_BLOCK)]
@@ -291,13 +292,13 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
             lo, line = stop + 1, line_no
         reader.block_read(buf, 0, n, line - stats.lines, kept=True)
         if trace is not None:
-            written += _write_trace(trace, fold, state, _TRACE_WRITE)
+            written += _write_trace(trace, fd, fold, state, _TRACE_WRITE)
     stream.settle()
     done = fold.fold_finish(state)
     if isinstance(done, str):
         raise _Unfoldable(done, written)
     if trace is not None:
-        _write_trace(trace, fold, state)
+        _write_trace(trace, fd, fold, state)
     reading["kinds"] = dict(zip(logparse.ACCEL_KINDS, done["kinds"]))
     rows += [_row(server, _fold_row(t), stream) for t in done["rows"]]
     times.frombytes(bytes(done["times"]))
@@ -310,18 +311,23 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
                        server_notes + done["notes"][:5] + done["ring_notes"][:5]), fig
 
 
-def _write_trace(trace: TextIO, fold: Any, state: Any, least: int = 0) -> int:
-    """The fold's trace lines so far (ASCII JSON), after what the file's own layers hold: the
-    number written (the fold counts them: no pass over the text). A file with a descriptor gets
-    them from the C buffer directly (no bytes object of ~100 KB per block in between), once
-    `least` bytes wait (4 MiB writes cost the kernel ~25% less than a block's ~100 KB ones);
-    others (io.StringIO) as text."""
+def _trace_fd(trace: TextIO) -> int:
+    """The trace file's descriptor, after what its own layers hold is written (the fold writes
+    to it directly: no bytes object of ~100 KB per block in between); -1 for a file without one
+    (io.StringIO), which gets text."""
     try:
         fd = trace.fileno()
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
-        fd = -1
+        return -1
+    trace.flush()
+    return fd
+
+
+def _write_trace(trace: TextIO, fd: int, fold: Any, state: Any, least: int = 0) -> int:
+    """The fold's trace lines so far (ASCII JSON), to `fd` (_trace_fd) once `least` bytes wait
+    (4 MiB writes cost the kernel ~25% less than a block's ~100 KB ones), else as text: the
+    number written (the fold counts them: no pass over the text)."""
     if fd >= 0:
-        trace.flush()
         return fold.fold_trace(state, fd, least)[1]
     text, lines = fold.fold_trace(state)
     if text:
