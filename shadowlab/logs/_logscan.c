@@ -2,7 +2,7 @@
  *
  *   scan()    _logscan_scan.c: a block's candidate lines as event records (logparse's fast path)
  *   fold_*()  _logscan_fold.c: `shadowlab logs`' replay of a b11434 log, no Python object per line
- *   sort_q(), bin_outcomes()  _logscan_figures.c: the figures over every request
+ *   sort_q(), merge_q(), bin_outcomes()  _logscan_figures.c: the figures over every request
  *
  * _logscan.h says what the files share; _logscan_constants.h (generated from
  * shadowlab/logs/accel.py) holds the facts they share with the Python. */
@@ -22,6 +22,7 @@ static PyMethodDef methods[] = {
     {"hecking_all", hecking_all, METH_VARARGS, "hecking_all(body, lo, hi, variant) -> [offset, ...]: the side notes' "
                                                "word, by one search variant (for the tests)"},
     {"sort_q", sort_q, METH_O, "sort_q(a): sorts an array('q') in place"},
+    {"merge_q", merge_q, METH_VARARGS, "merge_q(a, n): a[:n] and a[n:] ascending -> a ascending, in place"},
     {"bin_outcomes", bin_outcomes, METH_VARARGS, "bin_outcomes(times, codes, nbins, noutcomes) -> (start, width, bins)"},
     {NULL, NULL, 0, NULL},
 };

@@ -123,6 +123,8 @@ PyObject *fold_trace(PyObject *self, PyObject *args);
 PyObject *hecking_all(PyObject *self, PyObject *args);
 /* _logscan_figures.c */
 PyObject *sort_q(PyObject *self, PyObject *arg);
+PyObject *merge_q(PyObject *self, PyObject *args);
+void sort_int64(int64_t *v, Py_ssize_t n); /* ascending; qsort when there is no memory for its buffer */
 PyObject *bin_outcomes(PyObject *self, PyObject *args);
 
 #endif

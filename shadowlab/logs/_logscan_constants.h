@@ -4,7 +4,7 @@
 #ifndef SHADOWLAB_LOGSCAN_CONSTANTS_H
 #define SHADOWLAB_LOGSCAN_CONSTANTS_H
 
-#define LOGSCAN_ABI 11 /* logparse._ACCEL_ABI: the module's ABI attribute */
+#define LOGSCAN_ABI 12 /* logparse._ACCEL_ABI: the module's ABI attribute */
 #define MAX_LINE 1048576
 #define MAX_DIGITS 18 /* beyond this Python reads the number (and refuses it) */
 #define LOOK_BACK 65536

@@ -4,6 +4,8 @@
  * it is not; tests/shadowlab/test_logscan.py compares both on random arrays).
  *
  *   sort_q(a)  sorts an array('q') in place (Figures' ranks: its shared prefixes and prompt sizes)
+ *   merge_q(a, n)  merges in place the two ascending runs a[:n] and a[n:] of an array('q')
+ *       (Figures.merge of two scopes whose arrays are in order: the fold's slots, the servers)
  *   bin_outcomes(times, codes, nbins, noutcomes) -> (start, width, bins): analysis._over_time's
  *       counts: times an array('d'), codes an array('b') of outcome indices; start the least
  *       time, width ((max - start) or 1.0) / nbins, bins[i][o] the requests of outcome o whose
@@ -20,7 +22,7 @@ static int int64_order(const void *a, const void *b)
 /* An LSD radix sort by the bytes that differ (token counts differ in 2-3 of 8: ~5x faster
  * than qsort here); keys offset by 2^63 so that unsigned order is signed order. qsort when
  * there is no memory for the second buffer. */
-static void sort_int64(int64_t *v, Py_ssize_t n)
+void sort_int64(int64_t *v, Py_ssize_t n)
 {
     const uint64_t sign = (uint64_t)1 << 63;
     uint64_t *tmp = n > 1 ? PyMem_Malloc((size_t)n * sizeof *tmp) : NULL;
@@ -79,6 +81,48 @@ PyObject *sort_q(PyObject *self, PyObject *arg)
         return NULL;
     sort_int64(b.buf, b.len / 8);
     PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+/* a[:n1] and a[n1:n] ascending -> a[:n] ascending: the first run is copied aside and the two are
+ * merged from the front (the write never passes the second run's read). -1: no memory. */
+static int merge_runs(int64_t *a, Py_ssize_t n1, Py_ssize_t n)
+{
+    if (n1 == 0 || n1 == n || a[n1 - 1] <= a[n1])
+        return 0; /* already in order */
+    int64_t *first = PyMem_Malloc((size_t)n1 * sizeof *first);
+    if (first == NULL)
+        return -1;
+    memcpy(first, a, (size_t)n1 * sizeof *first);
+    Py_ssize_t i = 0, j = n1, k = 0;
+    while (i < n1 && j < n)
+        a[k++] = a[j] < first[i] ? a[j++] : first[i++];
+    memcpy(a + k, first + i, (size_t)(n1 - i) * sizeof *first); /* the second run's rest is in place */
+    PyMem_Free(first);
+    return 0;
+}
+
+PyObject *merge_q(PyObject *self, PyObject *args)
+{
+    PyObject *o;
+    Py_ssize_t n1;
+    Py_buffer b;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "On", &o, &n1))
+        return NULL;
+    if (buffer_of(o, &b, 1, "q", 8, "merge_q") < 0)
+        return NULL;
+    Py_ssize_t n = b.len / 8;
+    int bad = n1 < 0 || n1 > n;
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, "merge_q: 0 <= n <= len(a) expected");
+    else if (merge_runs(b.buf, n1, n) < 0) {
+        PyErr_NoMemory();
+        bad = 1;
+    }
+    PyBuffer_Release(&b);
+    if (bad)
+        return NULL;
     Py_RETURN_NONE;
 }
 

@@ -1886,9 +1886,11 @@ PyObject *fold_trace(PyObject *self, PyObject *args)
     return Py_BuildValue("(On)", Py_None, lines);
 }
 
-/* in request order: logs.Figures sorts them once for its ranks (figures._ordered, sort_q) */
+/* ascending (sorted here, in place: logs.Figures reads its ranks from them as they come and
+ * merges the slots' into the server's, merge_q, without sorting again) */
 static PyObject *vec_bytes(vec_t *a)
 {
+    sort_int64(a->v, a->n);
     return PyBytes_FromStringAndSize((const char *)a->v, a->n * (Py_ssize_t)sizeof(int64_t));
 }
 

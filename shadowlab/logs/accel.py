@@ -11,7 +11,7 @@ it: bump ``ABI`` with it (parse.py then refuses a build left over from before).
 
 from __future__ import annotations
 
-ABI = 11  # bump when scan()'s or fold_*'s arguments, results or any fact below change
+ABI = 12  # bump when scan()'s or fold_*'s arguments, results or any fact below change
 
 # The events the C code builds, in its `enum kind` order (parse._ACCEL_CLASSES), with the C names.
 KINDS = (

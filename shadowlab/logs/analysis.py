@@ -238,8 +238,9 @@ def _fold_figures(d: dict[str, Any]) -> Figures:
         setattr(fig, name, d[name])
     fig.outcomes = dict(zip(lifecycle.OUTCOMES, d["outcomes"]))
     fig.events = dict(zip(EVENT_COUNT_KINDS, d["events"]))
-    fig.shared.frombytes(d["shared"])
+    fig.shared.frombytes(d["shared"])  # ascending (fold_finish sorts them)
     fig.prompts.frombytes(d["prompts"])
+    fig.ordered = True
     return fig
 
 

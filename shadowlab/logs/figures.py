@@ -41,6 +41,18 @@ def _ordered(values: array) -> Sequence[int]:
     return out
 
 
+def _merged(a: array, b: array) -> array:
+    """Two ascending arrays('q') as one, ascending (a new array; a and b are left as they are):
+    the two runs merged in C where the accelerator is built, else sorted()."""
+    out = array("q", a)
+    out.extend(b)
+    c = logparse.folder()
+    if c is None:
+        return array("q", sorted(out))
+    c.merge_q(out, len(a))
+    return out
+
+
 def _ranked(v: Sequence[int]) -> dict[str, Any]:
     """distribution() of values already sorted."""
     out: dict[str, Any] = {name: _pct(v, p) for name, p in PERCENTILES}
@@ -64,6 +76,9 @@ class Figures:
         self.shared = array("q")  # over warm requests with a known shared prefix
         self.shared_stated = 0
         self.prompts = array("q")
+        # shared and prompts each ascending: the C fold gives its slots' so (they are merged,
+        # never sorted again); add() appends in request order
+        self.ordered = True
         self.prompt_tokens = self.reusable = self.reused = self.processed = self.avoidable = 0
         self.prefill_ms = 0.0
         self.timed_tokens = 0
@@ -77,6 +92,7 @@ class Figures:
 
     def add(self, r: Any) -> None:
         """One request (a ``lifecycle.Served`` or ``Request``)."""
+        self.ordered = False
         self.requests += 1
         self.outcomes[r.outcome] += 1
         ev = self.events
@@ -147,8 +163,12 @@ class Figures:
         for mine, theirs in ((self.outcomes, other.outcomes), (self.events, other.events)):
             for k, v in theirs.items():
                 mine[k] += v
-        self.shared.extend(other.shared)
-        self.prompts.extend(other.prompts)
+        if self.ordered and other.ordered:
+            self.shared, self.prompts = _merged(self.shared, other.shared), _merged(self.prompts, other.prompts)
+        else:
+            self.shared.extend(other.shared)
+            self.prompts.extend(other.prompts)
+            self.ordered = False
         for t in (other.t0, other.t1):
             if t is not None:
                 self.t0 = t if self.t0 is None else min(self.t0, t)
@@ -157,7 +177,8 @@ class Figures:
 
     def to_dict(self) -> dict[str, Any]:
         # sorted once: the percentiles and both shares read it
-        ordered = _ordered(self.shared)
+        ordered = self.shared if self.ordered else _ordered(self.shared)
+        prompts = self.prompts if self.ordered else _ordered(self.prompts)
         shared = _ranked(ordered)
         n = len(ordered)
         rate = self.timed_tokens / (self.prefill_ms / 1000) if self.prefill_ms > 0 else None
@@ -171,7 +192,7 @@ class Figures:
                 "share_under_512": _ratio(bisect.bisect_left(ordered, lifecycle.BASELINE_TOKENS), n),
                 "share_4096_or_more": _ratio(n - bisect.bisect_left(ordered, LARGE_SHARED), n),
             },
-            "prompt_tokens": _ranked(_ordered(self.prompts)) | {"sum": self.prompt_tokens},
+            "prompt_tokens": _ranked(prompts) | {"sum": self.prompt_tokens},
             "reusable_tokens": self.reusable,
             "reusable_share": _ratio(self.reusable, self.prompt_tokens),
             "reused_tokens": self.reused,

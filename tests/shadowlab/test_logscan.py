@@ -16,6 +16,7 @@ import random
 import re
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import repo_scripts
@@ -1081,14 +1082,70 @@ def test_the_figures_over_every_request_read_the_same_in_c_and_python(monkeypatc
         codes = array("b", (rng.randrange(n_out) for _ in range(n)))
         values = array("q", (rng.choice((rng.randint(-2**63, 2**63 - 1), rng.randint(0, 70000), 0, 512))
                              for _ in range(n)))
-        in_c = json.dumps(analysis._over_time(times, codes)), list(figures._ordered(values))
+        cut = rng.randint(0, n)  # two ascending runs (one may be empty) merged: Figures.merge's
+        a, b = (array("q", sorted(part)) for part in (values[:cut], values[cut:]))
+        if rng.random() < 0.2:
+            a, b = array("q", sorted(values[:cut])), array("q", sorted(values[:cut]))  # equal runs
+        in_c = (json.dumps(analysis._over_time(times, codes)), list(figures._ordered(values)),
+                list(figures._merged(a, b)))
         with monkeypatch.context() as m:
             m.setattr(lp, "_logscan", None)
-            in_python = json.dumps(analysis._over_time(times, codes)), list(figures._ordered(values))
+            in_python = (json.dumps(analysis._over_time(times, codes)), list(figures._ordered(values)),
+                         list(figures._merged(a, b)))
         assert in_c == in_python
+        assert in_c[2] == sorted([*a, *b])  # and both are the sorted whole (a and b untouched)
     with pytest.raises(ValueError, match="outcome code 7"):
         analysis._over_time(array("d", [1.0, 2.0]), array("b", [0, 7]))
     with pytest.raises(TypeError, match="array"):
         lp.folder().sort_q(array("d", [1.0]))
+    with pytest.raises(TypeError, match="array"):
+        lp.folder().merge_q(array("i", [1, 2]), 1)
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match="0 <= n <= len"):
+            lp.folder().merge_q(array("q", [1, 2]), bad)
     with pytest.raises(ValueError, match="as many codes"):
         lp.folder().bin_outcomes(array("d", [1.0, 2.0]), array("b", [0]), 10, n_out)
+
+
+@pytest.mark.parametrize("accel", [True, False], ids=["c", "python"])
+def test_figures_merged_in_order_read_as_figures_merged_unordered(monkeypatch, accel):
+    """Figures.merge keeps two scopes' arrays ascending (the fold's slots come so: merged, not
+    sorted again) and appends otherwise; either way a server's and the whole's figures are the
+    same. add() makes a scope unordered: its requests arrive in their own order."""
+    from shadowlab.logs.figures import Figures
+
+    if accel:
+        if lp.folder() is None:
+            pytest.skip("the accelerator is not built")
+    else:
+        monkeypatch.setattr(lp, "_logscan", None)
+    rng = random.Random(5)
+
+    def scope(shared, prompts, ordered):
+        f = Figures()
+        f.requests, f.prompt_tokens = len(prompts), sum(prompts)
+        f.shared.extend(sorted(shared) if ordered else shared)
+        f.prompts.extend(sorted(prompts) if ordered else prompts)
+        f.ordered = ordered
+        return f
+
+    for _ in range(40):
+        parts = [([rng.choice((0, 3, 511, 512, 4096, rng.randint(0, 70000))) for _ in range(rng.randint(0, 60))],
+                  [rng.randint(1, 90000) for _ in range(rng.randint(0, 60))]) for _ in range(rng.randint(1, 4))]
+        kinds = [rng.random() < 0.7 for _ in parts]
+        mixed, plain = Figures(), Figures()
+        for (shared, prompts), ordered in zip(parts, kinds):
+            mixed.merge(scope(shared, prompts, ordered))
+            plain.merge(scope(shared, prompts, False))
+        assert mixed.ordered == all(kinds) and not plain.ordered
+        if mixed.ordered:
+            assert list(mixed.shared) == sorted(mixed.shared) and list(mixed.prompts) == sorted(mixed.prompts)
+        assert mixed.to_dict() == plain.to_dict()
+        assert sorted(mixed.shared) == sorted(plain.shared) and sorted(mixed.prompts) == sorted(plain.prompts)
+    grown = scope([5, 1], [7, 2], True)
+    assert grown.ordered
+    grown.add(SimpleNamespace(outcome="cold", created=(), erase_counts=None, restored=None, forced=False,
+                              cache_saved=0, cache_loaded=0, prompt_tokens=1, reused=0, shared_prefix=None,
+                              shared_source=None, processed=None, prefill_ms=None, placement=False,
+                              retention=False, baseline_loss=False, time=None))
+    assert not grown.ordered and grown.to_dict()["prompt_tokens"]["min"] == 1
