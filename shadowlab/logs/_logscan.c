@@ -40,6 +40,7 @@ PyMODINIT_FUNC PyInit__logscan(void)
 #if defined(__GNUC__) && defined(__x86_64__)
     __builtin_cpu_init(); /* before __builtin_cpu_supports, as GCC documents */
 #endif
+    fold_init();
     PyObject *m = PyModule_Create(&module);
     /* logparse.py uses this module only when ABI is the one it was written for: a stale build
      * left in the tree after an update must not mislabel fields */

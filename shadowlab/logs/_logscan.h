@@ -121,6 +121,7 @@ PyObject *fold_events(PyObject *self, PyObject *args);
 PyObject *fold_finish(PyObject *self, PyObject *args);
 PyObject *fold_trace(PyObject *self, PyObject *args);
 PyObject *hecking_all(PyObject *self, PyObject *args);
+void fold_init(void); /* the module's init: the trace's quoted names */
 /* _logscan_figures.c */
 PyObject *sort_q(PyObject *self, PyObject *arg);
 PyObject *merge_q(PyObject *self, PyObject *args);

@@ -724,8 +724,13 @@ static size_t row_most(const fold_t *f, const req_t *o)
            (size_t)(o->alive_before.n + o->created.n + 1) * CK_MOST + (size_t)o->n_erase_kinds * (NAME_MOST + INT_MOST);
 }
 
-/* a literal's length is a constant: its copy is a few moves, not a memcpy call */
-#define W_LIT(w, lit) (memcpy((w), (lit), sizeof(lit) - 1), (w) + sizeof(lit) - 1)
+/* a literal's length is a constant: its copy is a few moves, not a memcpy call (w is read once) */
+static inline __attribute__((always_inline)) char *w_lit(char *w, const char *lit, size_t n)
+{
+    memcpy(w, lit, n);
+    return w + n;
+}
+#define W_LIT(w, lit) w_lit((w), (lit), sizeof(lit) - 1)
 
 static const uint64_t TENS[20] = {1ull, 10ull, 100ull, 1000ull, 10000ull, 100000ull, 1000000ull, 10000000ull,
                                   100000000ull, 1000000000ull, 10000000000ull, 100000000000ull,
@@ -854,13 +859,43 @@ static char *w_cks(char *w, const cks_t *a)
     return w;
 }
 
-static inline __attribute__((always_inline)) char *w_str(char *w, const char *name) /* names of this file's own: ASCII, nothing to escape */
+/* The names a row writes, quoted (this file's own: ASCII, nothing to escape) and padded to
+ * NAME_MOST bytes: a name is one copy of NAME_MOST bytes (the row's reservation has room for the
+ * rest, which the next piece overwrites), not a byte loop that mispredicts at each name's end. */
+typedef struct {
+    char text[NAME_MOST];
+    size_t len;
+} name_t;
+
+static name_t ERASE_Q[N_ERASE_KINDS], SOURCE_Q[sizeof SOURCE_NAMES / sizeof *SOURCE_NAMES], OUTCOME_Q[N_OUTCOMES],
+    FAILURE_Q[3];
+static const char *const FAILURE_NAMES[3] = {"placement", "retention", "baseline_loss"};
+
+static void quote_names(name_t *out, const char *const *names, size_t n)
 {
-    *w++ = '"';
-    while (*name)
-        *w++ = *name++;
-    *w++ = '"';
-    return w;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = names[i] != NULL ? strlen(names[i]) : 0;
+        if (names[i] == NULL || len + 2 > NAME_MOST) /* SOURCE_NAMES' NULL: written as null */
+            continue;
+        out[i].text[0] = '"';
+        memcpy(out[i].text + 1, names[i], len);
+        out[i].text[len + 1] = '"';
+        out[i].len = len + 2;
+    }
+}
+
+void fold_init(void)
+{
+    quote_names(ERASE_Q, ERASE_NAMES, N_ERASE_KINDS);
+    quote_names(SOURCE_Q, SOURCE_NAMES, sizeof SOURCE_NAMES / sizeof *SOURCE_NAMES);
+    quote_names(OUTCOME_Q, OUTCOME_NAMES, N_OUTCOMES);
+    quote_names(FAILURE_Q, FAILURE_NAMES, 3);
+}
+
+static inline __attribute__((always_inline)) char *w_name(char *w, const name_t *q)
+{
+    memcpy(w, q->text, NAME_MOST);
+    return w + q->len;
 }
 
 /* One trace line (docs/trace.md), the fields of logs._row in its order. -1: no memory. */
@@ -883,13 +918,13 @@ static int trace_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt,
     w = w_opt_int(W_LIT(w, ",\"prompt_tokens\":"), has_prompt, prompt);
     w = w_opt_int(W_LIT(w, ",\"shared_prefix\":"), source != S_NONE, shared);
     w = W_LIT(w, ",\"shared_source\":");
-    w = source != S_NONE ? w_str(w, SOURCE_NAMES[source]) : W_LIT(w, "null");
+    w = source != S_NONE ? w_name(w, &SOURCE_Q[source]) : W_LIT(w, "null");
     w = w_opt_int(W_LIT(w, ",\"shared_with\":"), source != S_NONE && o->shared_with != NO_INT, o->shared_with);
     w = W_LIT(w, ",\"shared_exact\":");
     w = source == S_NONE ? W_LIT(w, "null") : source != S_RE_ENTRY ? W_LIT(w, "true") : W_LIT(w, "false");
     w = w_opt_int(W_LIT(w, ",\"reused\":"), has_re, re_entry);
     w = w_opt_int(W_LIT(w, ",\"processed\":"), o->has_processed, o->processed);
-    w = w_str(W_LIT(w, ",\"outcome\":"), OUTCOME_NAMES[outcome]);
+    w = w_name(W_LIT(w, ",\"outcome\":"), &OUTCOME_Q[outcome]);
     if ((w = w_float(W_LIT(w, ",\"prefill_ms\":"), o->has_processed, o->ms)) == NULL)
         return -1;
     w = w_cks(W_LIT(w, ",\"checkpoints\":{\"alive_before\":"), &o->alive_before);
@@ -900,7 +935,7 @@ static int trace_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt,
     for (int i = 0; i < o->n_erase_kinds; i++) {
         if (i)
             *w++ = ',';
-        w = w_int(W_LIT(w_str(w, ERASE_NAMES[o->erase_kind[i]]), ":"), o->erase_count[i]);
+        w = w_int(W_LIT(w_name(w, &ERASE_Q[o->erase_kind[i]]), ":"), o->erase_count[i]);
     }
     w = W_LIT(w, "},\"forced\":");
     w = o->forced ? W_LIT(w, "true") : W_LIT(w, "false");
@@ -908,13 +943,12 @@ static int trace_row(fold_t *f, const slot_t *s, const req_t *o, int64_t prompt,
     w = w_int(W_LIT(w, ",\"cache_loaded\":"), o->cache_loaded);
     w = W_LIT(w, "},\"failures\":[");
     int k = 0;
-    const char *names[3] = {"placement", "retention", "baseline_loss"};
-    int flags[3] = {placement, retention, baseline};
+    int flags[3] = {placement, retention, baseline}; /* FAILURE_NAMES' order */
     for (int i = 0; i < 3; i++)
         if (flags[i]) {
             if (k++)
                 *w++ = ',';
-            w = w_str(w, names[i]);
+            w = w_name(w, &FAILURE_Q[i]);
         }
     w = W_LIT(w, "]}\n");
     f->tr_n = (size_t)(w - f->tr);
