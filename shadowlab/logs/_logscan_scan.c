@@ -116,11 +116,29 @@ typedef struct {
     int64_t slot, task;
 } head_t;
 
+/* memchr(s, '|', e - s), inline: a slot line's first bar is ~35 bytes in, two or three 16-byte
+ * compares, where the library call cost more than the search (~2% of the fold's time) */
+static inline cp first_bar(cp s, cp e)
+{
+#ifdef VECTOR_SEARCH
+    const __m128i bar = _mm_set1_epi8('|');
+    for (; e - s >= 16; s += 16) {
+        unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)s), bar));
+        if (m)
+            return s + __builtin_ctz(m);
+    }
+#endif
+    for (; s < e; s++)
+        if (*s == '|')
+            return s;
+    return NULL;
+}
+
 /* _ANY_HEAD: [^|\n]*\bid +(\d+) \| task (\d+) \| . The text before the prefix holds no '|',
  * so the prefix ends at the line's first '|' and is read backwards from it. */
 static cp any_head(cp s, cp e, head_t *h)
 {
-    cp bar = memchr(s, '|', (size_t)(e - s));
+    cp bar = first_bar(s, e);
     if (bar == NULL || bar - s < 5 || bar[-1] != ' ')
         return NULL;
     cp d = bar - 1; /* digits end here */

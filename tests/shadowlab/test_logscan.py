@@ -440,6 +440,30 @@ def _make_prodlogs():
 
 
 @needs_c
+def test_a_slot_lines_first_bar_is_found_at_any_distance_from_its_start(tmp_path, monkeypatch):
+    """The C head reader (any_head) reads a slot line's prefix back from its first '|'
+    (first_bar: 16 bytes a step, then byte by byte): with the prefix at every distance from the
+    line's start across three steps, and lines shorter than a step, the fold reads every line
+    itself (a bar missed or misplaced would hand the line to Python: not read alike, only
+    slower) and three ways alike."""
+    msgs = ("cached n_tokens = 8192, memory_seq_rm [8192, end)",
+            "new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = 9",
+            "created context checkpoint 1 of 8 (pos_min = 5, pos_max = 5, n_tokens = 6, size = 1.500 MiB)")
+    lines = [f"{'.' * pad}id  1 | task {pad} | {msg}" for pad in range(48) for msg in msgs]
+    lines += ["id 1 | task 99 | new prompt, n_ctx_slot = 1, n_keep = 0, task.n_tokens = 1",
+              "id  2 | task 100 | cached n_tokens = 0, memory_seq_rm [0, end)"]
+    log = tmp_path / "bars.log"
+    log.write_text("\n".join(lines) + "\n")
+    docs, folded = _three_ways([log], monkeypatch)
+    assert docs[0] == docs[1] == docs[2] and folded
+    from shadowlab.logs import analysis
+
+    doc = analysis.analyse([str(log)], analysis.Options())
+    assert doc["overall"]["requests"] == 50 and doc["lines_not_understood"] == 0  # 48 padded, 2 short
+    assert doc["reader"] == {"c_fold": 1, "python_replay": [], "lines_handed_back": 0}
+
+
+@needs_c
 @pytest.mark.parametrize("block", [None, 4099], ids=["1MiB", "4099"])
 @pytest.mark.parametrize("chatter", [True, False], ids=["realistic", "dense"])
 def test_fold_reads_generated_logs_as_the_python_replay_does(tmp_path, monkeypatch, chatter, block):
