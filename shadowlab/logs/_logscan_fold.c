@@ -348,9 +348,38 @@ static int check_at(cp p, cp w, note_t *n, int *big)
     return LIT(p, w, "...") != NULL;
 }
 
-/* the leftmost match in [from, w) of a pattern that starts with "id" (re.search) */
+/* The "id" of the slot prefix ending at the first '|' of [from, w) ("id +\d+ |", read back from
+ * the bar as any_head does), or NULL. The patterns below start with "id +\d+ \| task": when
+ * this "id" matches, no earlier one can (an earlier match's digits and spaces hold no '|', so its
+ * bar would be this first one, and the prefix read back from a bar is one), so it is the leftmost. */
+static cp first_prefix(cp from, cp w)
+{
+    cp bar = first_bar(from, w);
+    if (bar == NULL || bar - from < 5 || bar[-1] != ' ')
+        return NULL;
+    cp q = bar - 1;
+    while (q > from && is_digit(q[-1]))
+        q--;
+    cp sp = q;
+    while (sp > from && sp[-1] == ' ')
+        sp--;
+    if (q == bar - 1 || sp == q || sp - from < 2 || sp[-2] != 'i' || sp[-1] != 'd')
+        return NULL;
+    return sp - 2;
+}
+
+/* the leftmost match in [from, w) of a pattern that starts with "id +\d+ \| task" (re.search):
+ * first the prefix at the first bar (a slot line's), else every "id" from the left */
 static int search_id(cp from, cp w, int (*at)(cp, cp, note_t *, int *), note_t *n, int *big)
 {
+    cp id = first_prefix(from, w);
+    if (id != NULL) {
+        int b = 0;
+        if (at(id, w, n, &b)) {
+            *big |= b;
+            return 1;
+        }
+    }
     for (cp j = from; j + 1 < w; j++) {
         j = memchr(j, 'i', (size_t)(w - j));
         if (j == NULL || j + 1 >= w)

@@ -116,24 +116,6 @@ typedef struct {
     int64_t slot, task;
 } head_t;
 
-/* memchr(s, '|', e - s), inline: a slot line's first bar is ~35 bytes in, two or three 16-byte
- * compares, where the library call cost more than the search (~2% of the fold's time) */
-static inline cp first_bar(cp s, cp e)
-{
-#ifdef VECTOR_SEARCH
-    const __m128i bar = _mm_set1_epi8('|');
-    for (; e - s >= 16; s += 16) {
-        unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)s), bar));
-        if (m)
-            return s + __builtin_ctz(m);
-    }
-#endif
-    for (; s < e; s++)
-        if (*s == '|')
-            return s;
-    return NULL;
-}
-
 /* _ANY_HEAD: [^|\n]*\bid +(\d+) \| task (\d+) \| . The text before the prefix holds no '|',
  * so the prefix ends at the line's first '|' and is read backwards from it. */
 static cp any_head(cp s, cp e, head_t *h)
@@ -413,10 +395,23 @@ static int64_t count_newlines(cp p, cp e)
     return n;
 }
 
-/* the start of the line holding `at`, no earlier than `low` */
+/* the start of the line holding `at`, no earlier than `low`: 16 bytes a step back from `at`
+ * where the vector search is built (the side notes ask it of lines a few dozen bytes long, where
+ * memrchr's call cost more than the search) */
 cp line_start(cp low, cp at)
 {
-#ifdef __GLIBC__
+#ifdef VECTOR_SEARCH
+    const __m128i nl = _mm_set1_epi8('\n');
+    while (at - low >= 16) {
+        at -= 16;
+        unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i *)at), nl));
+        if (m)
+            return at + (31 - __builtin_clz(m)) + 1;
+    }
+    while (at > low && at[-1] != '\n')
+        at--;
+    return at;
+#elif defined(__GLIBC__)
     cp nl = memrchr(low, '\n', (size_t)(at - low));
     return nl != NULL ? nl + 1 : low;
 #else

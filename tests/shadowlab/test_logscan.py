@@ -644,6 +644,37 @@ def test_fold_finds_side_notes_that_share_a_line_with_a_trigger_or_each_other(tm
 
 
 @needs_c
+def test_fold_reads_side_notes_whose_heads_hold_decoys_as_python_does(tmp_path, monkeypatch):
+    """A side note's slot prefix is read back from the line's first '|' (search_id's quick way)
+    and only believed when the whole note matches there; else every "id" from the left is tried,
+    as re.search does. Notes with a bar before their prefix, an earlier "id N |" that is not a
+    prefix, an "id" inside a word, and a prefix of another slot before theirs read as the
+    Python replay and the pure Python reader read them."""
+    _make_prodlogs().generate(tmp_path, "b11434", seed=12, requests=80, slots=2, pieces=1, days=1)
+    lines = (tmp_path / "server0.log").read_bytes().splitlines(keepends=True)
+    decoys = (
+        lambda head: head.replace(b": id", b"|: id", 1),  # a bar before the prefix
+        lambda head: head.replace(b": id", b" id 7 x: id", 1),  # an "id N" that is no prefix
+        lambda head: head.replace(b": id", b": id 5 | get id", 1),  # a prefix without "task" first
+        lambda head: head.replace(b": id", b": xid", 1),  # "id" inside a word still matches
+        lambda head: head,
+    )
+    out, n = [], 0
+    for line in lines:
+        if b"checking sim = " in line or b"hecking checkpoint with [" in line:
+            head, sep, rest = line.partition(b" | task ")
+            line = decoys[n % len(decoys)](head) + sep + rest
+            n += 1
+        out.append(line)
+    assert n > 100
+    path = tmp_path / "decoys.log"
+    path.write_bytes(b"".join(out))
+    (fold, replay, pure), folded = _three_ways([path], monkeypatch)
+    assert folded == [str(path)] and fold == replay == pure
+    assert fold["overall"]["requests"] > 0
+
+
+@needs_c
 def test_a_headless_prompt_eval_finds_its_header_as_far_back_wherever_a_block_ends(tmp_path, monkeypatch):
     """b9093 prints `prompt eval time` on the line after its `print_timing: id N | task M |`
     header; the line goes back to Python, which looks TIMING_LOOK_BACK bytes back for the header,
