@@ -75,6 +75,8 @@ def render() -> str:
         f"#define ERASE_NAMES_INIT {{{', '.join(map(_c_string, accel.ERASE_KINDS))}}}",
         _enum("source", ["S_NONE"] + [f"S_{s.upper()}" for s in accel.SHARED_SOURCES]),
         f"#define SOURCE_NAMES_INIT {{NULL, {', '.join(map(_c_string, accel.SHARED_SOURCES))}}}",
+        f"#define LONGEST_NAME {max(map(len, (*accel.OUTCOMES, *accel.ERASE_KINDS, *accel.SHARED_SOURCES)))}"
+        " /* of those three: the trace's quoted names must fit their room (_logscan_fold.c NAME_MOST) */",
         "",
         "/* analysis.py: Figures' event counts (fig_dict's tuple) and the fold's rows */",
         f"#define N_EVENT_COUNTS {len(counts)}",

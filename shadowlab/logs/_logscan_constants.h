@@ -27,6 +27,7 @@ enum outcome { O_COLD, O_EXTENDED, O_RESTORED, O_FORCED, O_SILENT_RESET };
 #define ERASE_NAMES_INIT {"erased_invalidated", "erased_old", "erased_too_close", "erased_superseded"}
 enum source { S_NONE, S_LCP, S_N_PAST, S_RE_ENTRY };
 #define SOURCE_NAMES_INIT {NULL, "lcp", "n_past", "re_entry"}
+#define LONGEST_NAME 18 /* of those three: the trace's quoted names must fit their room (_logscan_fold.c NAME_MOST) */
 
 /* analysis.py: Figures' event counts (fig_dict's tuple) and the fold's rows */
 #define N_EVENT_COUNTS 9

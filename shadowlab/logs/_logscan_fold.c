@@ -900,12 +900,15 @@ static name_t ERASE_Q[N_ERASE_KINDS], SOURCE_Q[sizeof SOURCE_NAMES / sizeof *SOU
     FAILURE_Q[3];
 static const char *const FAILURE_NAMES[3] = {"placement", "retention", "baseline_loss"};
 
+_Static_assert(LONGEST_NAME + 2 <= NAME_MOST && sizeof "baseline_loss" + 1 <= NAME_MOST,
+               "a trace name, quoted, must fit NAME_MOST (row_most reserves that much a name)");
+
 static void quote_names(name_t *out, const char *const *names, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        size_t len = names[i] != NULL ? strlen(names[i]) : 0;
-        if (names[i] == NULL || len + 2 > NAME_MOST) /* SOURCE_NAMES' NULL: written as null */
+        if (names[i] == NULL) /* SOURCE_NAMES' S_NONE: written as null, never as a name */
             continue;
+        size_t len = strlen(names[i]);
         out[i].text[0] = '"';
         memcpy(out[i].text + 1, names[i], len);
         out[i].text[len + 1] = '"';
