@@ -1171,7 +1171,8 @@ static int ring_save(fold_t *f, slot_t *s, int64_t key)
         return -1;
     }
     s->saved = v;
-    memcpy(copy, s->alive.v, (size_t)s->alive.n * sizeof *copy);
+    if (s->alive.n) /* alive.v is NULL before the slot's first checkpoint: memcpy may not read NULL */
+        memcpy(copy, s->alive.v, (size_t)s->alive.n * sizeof *copy);
     s->saved[s->n_saved++] = (entry_t){key, s->content, {copy, s->alive.n, s->alive.n ? s->alive.n : 1}};
     f->saved_checkpoints += s->alive.n;
     if (s->n_saved > MAX_SAVED)
