@@ -1,6 +1,7 @@
 """Fuzz the log parser's C accelerator under AddressSanitizer and UBSan.
 
     python scripts/fuzz_logscan.py [--rounds 300] [--seed 1]
+    python scripts/fuzz_logscan.py --pytest tests/shadowlab/test_logscan.py tests/shadowlab/test_logs.py
 
 Engine logs are untrusted text, and shadowlab/logs/_logscan*.c read them with pointers. This script
 compiles the C file with -fsanitize=address,undefined into a temporary directory, re-runs itself
@@ -10,6 +11,11 @@ words and line heads, over random regions of the buffer, with every trigger sear
 Each result must equal the pure-Python parser's (logparse without the accelerator). A memory
 error aborts with the sanitizer's report. Needs gcc with libasan / libubsan; Linux only.
 (tests/shadowlab/test_logscan.py runs the same comparisons without the sanitizers in CI.)
+
+`--pytest ARGS...` runs pytest (with --capture=no, so that a report is not lost with the
+process) with the sanitized build in place of the tree's: the fold's tests (three-way reads of
+generated, real, mutated and hostile logs, prompt-cache lines, side notes, traces) are its
+fuzzing; the random logs above reach scan() only.
 """
 
 from __future__ import annotations
@@ -95,12 +101,34 @@ def fuzz(module_path: Path, rounds: int, seed: int) -> None:
     print(f"fuzz_logscan: {rounds} rounds, search variants {variants}: no sanitizer report, C == Python")
 
 
+def under_pytest(module_path: Path, pytest_args: list[str]) -> int:
+    """pytest with the sanitized build as shadowlab.logs._logscan (imported before parse.py is)."""
+    sys.path.insert(0, str(ROOT))
+    spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", module_path)
+    sanitized = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sanitized)
+    sys.modules["shadowlab.logs._logscan"] = sanitized
+    from shadowlab.logs import parse as lp
+
+    if lp._logscan is not sanitized:
+        print(f"fuzz_logscan: the sanitized build was not taken (ABI {getattr(sanitized, 'ABI', None)})",
+              file=sys.stderr)
+        return 2
+    import pytest
+
+    return int(pytest.main(["--capture=no", "-p", "no:cacheprovider", *pytest_args]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--module", type=Path, help=argparse.SUPPRESS)  # set when re-run under the sanitizers
+    ap.add_argument("--pytest", nargs=argparse.REMAINDER, default=None,
+                    help="run pytest with these arguments on the sanitized build instead of fuzzing")
     args = ap.parse_args()
+    if args.module is not None and args.pytest is not None:
+        return under_pytest(args.module, args.pytest)
     if args.module is not None:
         fuzz(args.module, args.rounds, args.seed)
         return 0
@@ -112,6 +140,8 @@ def main() -> int:
                    UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
         command = [sys.executable, __file__, "--module", str(module), "--rounds", str(args.rounds),
                    "--seed", str(args.seed)]
+        if args.pytest is not None:
+            command += ["--pytest", *args.pytest]
         return subprocess.run(command, env=env, check=False).returncode
 
 
