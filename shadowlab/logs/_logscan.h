@@ -86,6 +86,25 @@ static inline cp first_bar(cp s, cp e)
     return NULL;
 }
 
+/* "id +\d+ " read back from the '|' at bar, no earlier than s: where its "id" starts (NULL: no
+ * such prefix), its digits in [*digits, bar - 1). A prefix read back from a bar is the only one
+ * ending there (digits, then spaces, then "id"). */
+static inline cp prefix_back(cp s, cp bar, cp *digits)
+{
+    if (bar - s < 5 || bar[-1] != ' ')
+        return NULL;
+    cp q = bar - 1;
+    while (q > s && is_digit(q[-1]))
+        q--;
+    cp sp = q;
+    while (sp > s && sp[-1] == ' ')
+        sp--;
+    if (q == bar - 1 || sp == q || sp - s < 2 || sp[-2] != 'i' || sp[-1] != 'd')
+        return NULL;
+    *digits = q;
+    return sp - 2;
+}
+
 /* ------------------------------------------------------------------ records
  * The search and the line parsers run without the GIL (find()): a line's fields become typed
  * values in a record, and build() turns records into Python objects later. */

@@ -348,24 +348,14 @@ static int check_at(cp p, cp w, note_t *n, int *big)
     return LIT(p, w, "...") != NULL;
 }
 
-/* The "id" of the slot prefix ending at the first '|' of [from, w) ("id +\d+ |", read back from
- * the bar as any_head does), or NULL. The patterns below start with "id +\d+ \| task": when
- * this "id" matches, no earlier one can (an earlier match's digits and spaces hold no '|', so its
- * bar would be this first one, and the prefix read back from a bar is one), so it is the leftmost. */
+/* The "id" of the slot prefix ending at the first '|' of [from, w) (prefix_back, as any_head
+ * reads it), or NULL. The patterns below start with "id +\d+ \| task": when this "id" matches,
+ * no earlier one can (an earlier match's digits and spaces hold no '|', so its bar would be this
+ * first one, and the prefix read back from a bar is the only one ending there): the leftmost. */
 static cp first_prefix(cp from, cp w)
 {
-    cp bar = first_bar(from, w);
-    if (bar == NULL || bar - from < 5 || bar[-1] != ' ')
-        return NULL;
-    cp q = bar - 1;
-    while (q > from && is_digit(q[-1]))
-        q--;
-    cp sp = q;
-    while (sp > from && sp[-1] == ' ')
-        sp--;
-    if (q == bar - 1 || sp == q || sp - from < 2 || sp[-2] != 'i' || sp[-1] != 'd')
-        return NULL;
-    return sp - 2;
+    cp bar = first_bar(from, w), digits;
+    return bar != NULL ? prefix_back(from, bar, &digits) : NULL;
 }
 
 /* the leftmost match in [from, w) of a pattern that starts with "id +\d+ \| task" (re.search):

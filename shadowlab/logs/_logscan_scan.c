@@ -120,23 +120,10 @@ typedef struct {
  * so the prefix ends at the line's first '|' and is read backwards from it. */
 static cp any_head(cp s, cp e, head_t *h)
 {
-    cp bar = first_bar(s, e);
-    if (bar == NULL || bar - s < 5 || bar[-1] != ' ')
+    cp bar = first_bar(s, e), q;
+    cp id = bar != NULL ? prefix_back(s, bar, &q) : NULL;
+    if (id == NULL || bar - 1 - q > MAX_DIGITS || uint_(q, bar - 1, &h->slot) != bar - 1)
         return NULL;
-    cp d = bar - 1; /* digits end here */
-    cp q = d;
-    while (q > s && is_digit(q[-1]))
-        q--;
-    if (q == d || d - q > MAX_DIGITS)
-        return NULL;
-    if (uint_(q, d, &h->slot) != d)
-        return NULL;
-    cp sp = q; /* one or more spaces before the digits */
-    while (sp > s && sp[-1] == ' ')
-        sp--;
-    if (sp == q || sp - s < 2 || sp[-2] != 'i' || sp[-1] != 'd')
-        return NULL;
-    cp id = sp - 2;
     if (id > s && is_word(id[-1]))
         return NULL; /* \b */
     cp p = LIT(bar, e, "| task ");
