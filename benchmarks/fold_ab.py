@@ -16,7 +16,6 @@ aside before a rebuild; it must speak this tree's ABI. `--trace` writes the trac
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -27,16 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "engine")]
 
+from fold_once import load_build  # noqa: E402  (this directory: the script's own)
 from shadowlab.logs import analysis, parse as logparse  # noqa: E402
-
-
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if getattr(module, "ABI", None) != logparse.accel.ABI:
-        raise SystemExit(f"{path}: ABI {getattr(module, 'ABI', None)}, this tree speaks {logparse.accel.ABI}")
-    return module
 
 
 def main() -> int:
@@ -51,7 +42,7 @@ def main() -> int:
         name, sep, path = item.partition("=")
         if not sep or not name:
             ap.error(f"{item!r}: NAME=BUILD.so expected")
-        builds[name] = load(Path(path))
+        builds[name] = load_build(Path(path))
     times: dict[str, list[float]] = {name: [] for name in builds}
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = os.path.join(tmp, "trace.jsonl")

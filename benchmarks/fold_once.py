@@ -19,11 +19,24 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "engine")]
 
 from shadowlab.logs import analysis, parse as logparse  # noqa: E402
+
+
+def load_build(path: Path) -> ModuleType:
+    """Another build of the accelerator (a `_logscan*.so`); one that speaks another ABI than this
+    tree's parse.py is refused (exit 2, the reason on stderr)."""
+    spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if getattr(module, "ABI", None) != logparse.accel.ABI:
+        print(f"{path}: ABI {getattr(module, 'ABI', None)}, this tree speaks {logparse.accel.ABI}", file=sys.stderr)
+        raise SystemExit(2)
+    return module
 
 
 def main() -> int:
@@ -33,12 +46,7 @@ def main() -> int:
     ap.add_argument("--build", type=Path, default=None, help="another build of shadowlab/logs/_logscan*.so")
     a = ap.parse_args()
     if a.build is not None:
-        spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", a.build)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if getattr(module, "ABI", None) != logparse.accel.ABI:
-            print(f"{a.build}: ABI {getattr(module, 'ABI', None)}, this tree speaks {logparse.accel.ABI}", file=sys.stderr)
-            return 2
+        module = load_build(a.build)
         logparse.folder = lambda: module
     with tempfile.TemporaryDirectory() as tmp:
         trace = open(os.path.join(tmp, "trace.jsonl"), "w", encoding="utf-8") if a.trace else None

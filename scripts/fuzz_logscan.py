@@ -46,6 +46,15 @@ def build(into: Path) -> Path:
     return target
 
 
+def load_sanitized(module_path: Path):
+    """The sanitized build, as the module shadowlab.logs._logscan (not yet in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", module_path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def random_log(rng: random.Random, candidates: list[bytes], pieces: list[bytes]) -> bytes:
     lines = []
     for _ in range(rng.randrange(1, 400)):
@@ -69,10 +78,7 @@ def fuzz(module_path: Path, rounds: int, seed: int) -> None:
     sys.path.insert(0, str(ROOT))
     from shadowlab.logs import parse as lp
 
-    spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", module_path)
-    assert spec is not None and spec.loader is not None
-    sanitized = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sanitized)
+    sanitized = load_sanitized(module_path)
     lines = [line for path in sorted(FIXTURES.glob("*/*.log")) for line in path.read_bytes().splitlines()]
     candidates = [line for line in lines if any(t in line for t in lp._TRIGGERS)]
     pieces = list(lp._TRIGGERS) + [b"| task ", b"id  0 ", b" | ", b"0.01.234.567 I ", b"srv  ", b"\n",
@@ -104,9 +110,7 @@ def fuzz(module_path: Path, rounds: int, seed: int) -> None:
 def under_pytest(module_path: Path, pytest_args: list[str]) -> int:
     """pytest with the sanitized build as shadowlab.logs._logscan (imported before parse.py is)."""
     sys.path.insert(0, str(ROOT))
-    spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", module_path)
-    sanitized = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sanitized)
+    sanitized = load_sanitized(module_path)
     sys.modules["shadowlab.logs._logscan"] = sanitized
     from shadowlab.logs import parse as lp
 
