@@ -26,22 +26,35 @@ _C0_C1 = "\x00-\x08\x0b-\x1f\x7f-\x9f"
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _SURROGATES = "\ud800-\udfff"
 
-_INVISIBLE = re.compile(f"[{_C0_C1}{_BIDI}{_SURROGATES}]")
-# XML 1.0 also forbids U+FFFE/U+FFFF (and keeps only tab, LF, CR among C0; CR is escaped above).
-_XML_INVALID = re.compile(f"[{_C0_C1}{_BIDI}{_SURROGATES}\ufffe\uffff]")
+# ASCII text can hold only C0 controls and DEL of all the above: a small class, compiled at once.
+# The full classes (the ranges of surrogates and bidirectional controls, ~1 ms to compile: a
+# noticeable part of a short command's start) are compiled at the first text that needs them.
+_ASCII_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+_FULL: dict[str, re.Pattern[str]] = {}
+
+
+def _full(name: str) -> re.Pattern[str]:
+    pattern = _FULL.get(name)
+    if pattern is None:
+        # XML 1.0 also forbids U+FFFE/U+FFFF (and keeps only tab, LF, CR among C0; CR is escaped).
+        extra = "\ufffe\uffff" if name == "xml" else ""
+        pattern = _FULL[name] = re.compile(f"[{_C0_C1}{_BIDI}{_SURROGATES}{extra}]")
+    return pattern
 
 
 def visible(text: Any) -> str:
     """`text` with every invisible or reordering character shown as an escape (None: "")."""
     if text is None:
         return ""
-    return _INVISIBLE.sub(_escape_match, str(text))
+    text = str(text)
+    return (_ASCII_INVISIBLE if text.isascii() else _full("visible")).sub(_escape_match, text)
 
 
 def xml_text(text: Any) -> str:
     """Text allowed in XML 1.0, invisible characters shown (ElementTree escapes markup but writes
     control bytes raw, which makes the file unreadable)."""
-    return _XML_INVALID.sub(_escape_match, "" if text is None else str(text))
+    text = "" if text is None else str(text)
+    return (_ASCII_INVISIBLE if text.isascii() else _full("xml")).sub(_escape_match, text)
 
 
 def _escape_match(match: re.Match[str]) -> str:

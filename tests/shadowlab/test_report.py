@@ -207,6 +207,18 @@ def test_one_escape_for_every_output_shows_bidirectional_controls():
     assert visible("עברית and العربية") == "עברית and العربية"  # right-to-left text itself stays
 
 
+def test_ascii_text_is_escaped_as_the_full_classes_escape_it():
+    """escape.py reads ASCII text with a small class: every character, alone and beside non-ASCII
+    text (the full classes), is escaped alike both ways."""
+    from shadowlab import escape
+
+    for c in map(chr, range(0x100)):
+        full = escape._full("visible").sub(escape._escape_match, c)
+        assert visible(c) == full and visible(c + "\u00e9").startswith(full), repr(c)
+        assert report.xml_text(c) == escape._full("xml").sub(escape._escape_match, c), repr(c)
+    assert visible("\x1b[31m") == "\\x1b[31m" and visible("\x9b") == "\\x9b"
+
+
 def test_findings_tell_each_turn_in_the_case_study_words():
     verdict = ckpt_verdict()
     (restored,) = verdict.cell("reference.policy0.A-C").turns[1:]
