@@ -98,7 +98,7 @@ def three_ways(paths: list[Path], block: int, options: Callable[[], dict[str, An
     from pytest import MonkeyPatch
 
     from shadowlab.logs import analysis as logs
-    from shadowlab.logs import parse as logparse
+    from shadowlab.logs import reading
 
     docs, traces = [], []
 
@@ -117,7 +117,7 @@ def three_ways(paths: list[Path], block: int, options: Callable[[], dict[str, An
         mp.setattr(logs, "_FOLD_BLOCK", 1 << 20)
         mp.setattr(logs, "FOLD", False)
         analyse()
-        mp.setattr(logparse, "_logscan", None)
+        mp.setattr(reading, "_logscan", None)
         analyse()
     finally:
         mp.undo()

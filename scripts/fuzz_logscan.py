@@ -76,7 +76,7 @@ def random_log(rng: random.Random, candidates: list[bytes], pieces: list[bytes])
 
 def fuzz(module_path: Path, rounds: int, seed: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from shadowlab.logs import parse as lp
+    from shadowlab.logs import parse as lp, reading
 
     sanitized = load_sanitized(module_path)
     lines = [line for path in sorted(FIXTURES.glob("*/*.log")) for line in path.read_bytes().splitlines()]
@@ -96,25 +96,25 @@ def fuzz(module_path: Path, rounds: int, seed: int) -> None:
         data = random_log(rng, candidates, pieces)
         lo = rng.randrange(0, max(1, len(data) // 4))
         hi = data.rfind(b"\n", lo, rng.randrange(lo, len(data) + 1)) + 1 or len(data)
-        lp._logscan = sanitized
+        reading._logscan = sanitized
         for variant in variants:
             got = sanitized.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
             assert got == sanitized.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, 1)
         with_c = lp.parse(data[lo:hi].split(b"\n"), "llama.cpp")
-        lp._logscan = None
+        reading._logscan = None
         pure = lp.parse(data[lo:hi].split(b"\n"), "llama.cpp")
         assert (with_c.events, with_c.counts, with_c.unknown_count) == (pure.events, pure.counts, pure.unknown_count)
     print(f"fuzz_logscan: {rounds} rounds, search variants {variants}: no sanitizer report, C == Python")
 
 
 def under_pytest(module_path: Path, pytest_args: list[str]) -> int:
-    """pytest with the sanitized build as shadowlab.logs._logscan (imported before parse.py is)."""
+    """pytest with the sanitized build as shadowlab.logs._logscan (imported before reading.py is)."""
     sys.path.insert(0, str(ROOT))
     sanitized = load_sanitized(module_path)
     sys.modules["shadowlab.logs._logscan"] = sanitized
-    from shadowlab.logs import parse as lp
+    from shadowlab.logs import reading
 
-    if lp._logscan is not sanitized:
+    if reading._logscan is not sanitized:
         print(f"fuzz_logscan: the sanitized build was not taken (ABI {getattr(sanitized, 'ABI', None)})",
               file=sys.stderr)
         return 2

@@ -8,7 +8,8 @@ import sys
 
 from shadowlab.errors import LogSourceError
 from shadowlab.exitcodes import EXIT_NOT_VERBOSE, EXIT_QUALIFIED, EXIT_USAGE
-from shadowlab.logs import parse as logparse
+from shadowlab.logs.reading import FAMILIES
+from shadowlab.logs.source import open_log
 from shadowlab.logs.analysis import STDIN, Options, UsageError, analyse, parse_time, render_html, summary
 from shadowlab.logs.outputs import json_text
 from shadowlab.escape import visible as terminal_safe  # records' terminal_safe, without importing records
@@ -33,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", default=None, metavar="T", help="duration since the first request (36h) or ISO date")
     p.add_argument("--until", default=None, metavar="T", help="as --since")
     p.add_argument("--slot", type=int, default=None, metavar="N", help="only requests of slot N")
-    p.add_argument("--family", default=None, choices=[f for f in logparse.FAMILIES if f != "none"],
+    p.add_argument("--family", default=None, choices=[f for f in FAMILIES if f != "none"],
                    help="log family (default: recognised per server)")
 
 
@@ -58,7 +59,7 @@ def _unopenable(files: list[str]) -> list[str]:
         if path == STDIN:
             continue
         try:
-            logparse.open_log(path).close()
+            open_log(path).close()
         except LogSourceError as exc:
             out.append(f"cannot read {path}: {exc.message}")
     return out

@@ -49,21 +49,26 @@ import json
 from array import array
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import repeat
 from operator import add, lshift, sub, truediv
 from types import SimpleNamespace
 from typing import Any, TextIO
 
-from shadowlab.logs import accel, lifecycle, parse as logparse
+from shadowlab.logs import accel
+from shadowlab.logs.reading import BLOCK_SIZE, LineState, ParseStats, folder
 from shadowlab.logs.figures import EVENT_COUNT_KINDS, LARGE_SHARED, PERCENTILES, Figures, _ratio, distribution
 from shadowlab.logs.logfiles import SNIFF, STDIN, FileReport, Stdin, UsageError, _Stream, group_servers, sniff_family
 from shadowlab.logs.outputs import LazyBins, log_bins, render_html, summary
 from shadowlab.logs.times import TimeBound, _Clock, parse_time
 
+# The C fold's path imports neither the Python parser (parse.py and its events, fast path and
+# tolerant rules) nor the replay (lifecycle.py) nor dataclasses: ~40 % of a start of `shadowlab
+# logs`, ~5 % of a 1 GB run (benchmarks/README.md). The replay's functions import them where
+# they run; tests/shadowlab/test_logs.py holds the fold's start to it.
+
 VERSION = 1
 TRACE_VERSION = 2  # 2: shared_with, shared_exact (docs/trace.md)
-CHUNK = logparse.BLOCK_SIZE
+CHUNK = BLOCK_SIZE
 TIME_BINS = 48
 MAX_ROWS = 200  # per-request rows in JSON / HTML (every row is in --trace)
 
@@ -71,14 +76,17 @@ MAX_ROWS = 200  # per-request rows in JSON / HTML (every row is in --trace)
 # --------------------------------------------------------------------------- analysis
 
 
-@dataclass
 class Options:
-    family: str | None = None
-    since: TimeBound | None = None
-    until: TimeBound | None = None
-    slot: int | None = None
-    trace: TextIO | None = None
-    stdin: Any = None  # the binary stream a file named "-" reads (standard input)
+    """What to read and where the trace goes (keywords only)."""
+
+    def __init__(self, *, family: str | None = None, since: TimeBound | None = None, until: TimeBound | None = None,
+                 slot: int | None = None, trace: TextIO | None = None, stdin: Any = None) -> None:
+        self.family = family
+        self.since = since
+        self.until = until
+        self.slot = slot
+        self.trace = trace
+        self.stdin = stdin  # the binary stream a file named "-" reads (standard input)
 
     def check(self) -> None:
         """Filters that can select nothing are usage errors, not an empty answer."""
@@ -152,7 +160,7 @@ FOLD = True  # tests switch it off to compare the two paths
 _FOLD_BLOCK = 1 << 20
 _TRACE_WRITE = 4 << 20  # the fold's trace is written in pieces of this many bytes (the last one less)
 _FOLD_SEARCH = 0  # the fold's trigger search (0: the widest the CPU runs); tests fold with each
-_FOLD_KIND = {kind: i for i, kind in enumerate(logparse.ACCEL_KINDS)}  # the C code's `enum kind`
+_FOLD_KIND = {kind: i for i, kind in enumerate(accel.KIND_NAMES)}  # the C code's `enum kind`
 
 
 class _Unfoldable(Exception):
@@ -170,7 +178,7 @@ def _server(server: str, pieces: list[str], family: str, options: Options, files
     """One server's pieces as one stream: its JSON part and its figures. The C fold reads it
     when it can (the same figures, ~8x less CPU); whatever it cannot read exactly, it says, and
     the Python replay reads the whole server again. ``reading`` says which read it and why."""
-    fold = logparse.folder()
+    fold = folder()
     if FOLD and fold is not None and family in _FOLD_FAMILIES:
         kept = len(files_out), len(rows), len(times)
         try:
@@ -214,11 +222,13 @@ def _reader_doc(readers: list[dict[str, Any]]) -> dict[str, Any]:
 _FOLD_ROW = accel.FOLD_ROW
 
 
-@dataclass(frozen=True)
 class _Ck:
-    pos_min: int
-    pos_max: int
-    n_tokens: int
+    """A checkpoint of a fold row, as _row reads it."""
+
+    __slots__ = ("pos_min", "pos_max", "n_tokens")
+
+    def __init__(self, pos_min: int, pos_max: int, n_tokens: int) -> None:
+        self.pos_min, self.pos_max, self.n_tokens = pos_min, pos_max, n_tokens
 
 
 def _fold_row(values: tuple) -> Any:
@@ -236,7 +246,7 @@ def _fold_figures(d: dict[str, Any]) -> Figures:
     fig = Figures()
     for name in Figures._SUMS + ("t0", "t1"):
         setattr(fig, name, d[name])
-    fig.outcomes = dict(zip(lifecycle.OUTCOMES, d["outcomes"]))
+    fig.outcomes = dict(zip(accel.OUTCOMES, d["outcomes"]))
     fig.events = dict(zip(EVENT_COUNT_KINDS, d["events"]))
     fig.shared.frombytes(d["shared"])  # ascending (fold_finish sorts them)
     fig.prompts.frombytes(d["prompts"])
@@ -253,9 +263,11 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
     it skips them)."""
     stream = _Stream(pieces, server, deque(), files_out, stdin)
     stream.for_replay = False
-    stats = logparse.ParseStats(family=family)
+    stats = ParseStats(family=family)
     stream.stats = stats
-    reader = logparse.line_reader(stats)
+    # where the reading stands; the parser's reader is made of it at the first line handed back
+    # (the parser is imported then, if ever: the C code reads every line of most logs)
+    reader: Any = LineState(stats)
     server_notes = []
     if any(b is not None and b.absolute for b in (options.since, options.until)):  # elapsed times only
         server_notes.append("--since/--until dates not applied: this log has elapsed times only (no wall clock)")
@@ -286,6 +298,10 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
                 raise _Unfoldable(got, written)
             start, stop, line_no, word = got
             reading["lines_handed_back"] += 1
+            if reader.__class__ is LineState:
+                from shadowlab.logs import parse as logparse
+
+                reader = logparse.line_reader(stats, reader)
             events = reader.handed_back(buf, start, stop, line_no, word, stream.start + start)
             why = fold.fold_events(state, buf, n, stream.start, [(_FOLD_KIND[e.kind], e) for e in events])
             if why is not None:
@@ -300,7 +316,7 @@ def _server_fold(fold: Any, server: str, pieces: list[str], family: str, options
         raise _Unfoldable(done, written)
     if trace is not None:
         _write_trace(trace, fd, fold, state)
-    reading["kinds"] = dict(zip(logparse.ACCEL_KINDS, done["kinds"]))
+    reading["kinds"] = dict(zip(accel.KIND_NAMES, done["kinds"]))
     rows += [_row(server, _fold_row(t), stream) for t in done["rows"]]
     times.frombytes(bytes(done["times"]))
     codes.frombytes(bytes(done["codes"]))
@@ -354,6 +370,8 @@ def _server_replay(server: str, pieces: list[str], family: str, options: Options
     """One server's pieces as one stream through lifecycle.Replay: its JSON part and its figures
     (folded from its slots' at the end: each request is added once, to its slot). The first
     ``skip_trace`` trace lines are not written (the C fold wrote them before it handed over)."""
+    from shadowlab.logs import lifecycle, parse as logparse  # the Python replay's own (the fold needs neither)
+
     side: deque = deque()
     stream = _Stream(pieces, server, side, files_out, stdin)
     clock = _Clock(family)
@@ -395,7 +413,7 @@ def _server_replay(server: str, pieces: list[str], family: str, options: Options
                 else:
                     trace.write(json.dumps(row, separators=(",", ":")) + "\n")
 
-    stats = logparse.ParseStats(family=family)
+    stats = ParseStats(family=family)
     stream.stats = stats
     try:
         replay.run(logparse.iter_events(stream, family, stats=stats), take, side)
@@ -474,14 +492,14 @@ def _over_time(times: array, codes: array) -> dict[str, Any]:
     Unix times go backwards, are data (the order of the lines is kept; no restart is made of it)."""
     if not times:
         return {"bins": [], "bin_s": None, "start_s": None}
-    outcomes = list(lifecycle.OUTCOMES)
-    c = logparse.folder()
+    outcomes = list(accel.OUTCOMES)
+    c = folder()
     if c is not None:  # the same counts in C (_logscan_figures.c): ~0.1 s less per 200k requests
         start, width, bins = c.bin_outcomes(times, codes, TIME_BINS, len(outcomes))
         return {"bin_s": width, "start_s": start, "outcomes": outcomes, "bins": bins}
     start = min(times)
     width = ((max(times) - start) or 1.0) / TIME_BINS
-    bins = [[0] * len(lifecycle.OUTCOMES) for _ in range(TIME_BINS)]
+    bins = [[0] * len(accel.OUTCOMES) for _ in range(TIME_BINS)]
     # counted by bin * 8 + outcome in C-speed loops (one Python step per request was ~0.1 s
     # per GB); every bin is >= 0, from the earliest time
     offsets = map(sub, times, repeat(start))

@@ -1,6 +1,6 @@
 """The parser's records: the typed lifecycle events, the matrix's extra log patterns, and what
-`parse` returns (`ParseStats`, `ParsedLog`). Split out of `shadowlab.logs.parse`, which
-re-exports the names its importers use; import them from there.
+`parse` returns (`ParsedLog`; its counters, `ParseStats`, are reading.py's). Split out of
+`shadowlab.logs.parse`, which re-exports the names its importers use; import them from there.
 
 Other forks: ``extra_patterns`` (a matrix's ``log_patterns``) are regexes whose named groups
 become event fields; the event kind is the name of one more group, e.g.
@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from shadowlab.logs import accel
 
 
-MAX_SAMPLES = 5
 # An event with a number of 10**MAX_DIGITS or more was read from a number no engine prints
 # (accel.MAX_DIGITS): `believable` says no, and its line is counted not understood.
 _INT_LIMIT = 10 ** accel.MAX_DIGITS
 # What a matrix `log_patterns` regex sees of a line: its backtracking is its author's, so a
 # hostile line can cost it at most this much text, not MAX_LINE (real lines are < 600 chars).
 EXTRA_PATTERN_CHARS = 4096
-SAMPLE_CHARS = 240
 
 
 def believable(ev: tuple) -> bool:
@@ -372,28 +369,6 @@ class ExtraPattern:
 
 
 # --------------------------------------------------------------------------- results
-
-
-@dataclass
-class ParseStats:
-    """Counters filled while events stream out (read them after the iterator is exhausted)."""
-
-    family: str = "llama.cpp"
-    lines: int = 0
-    bytes: int = 0
-    candidate_lines: int = 0  # lines holding a trigger word
-    unknown_count: int = 0
-    unknown_samples: list[tuple[int, str]] = field(default_factory=list)  # (line, text)
-    ignored_count: int = 0  # known lines that are not events (e.g. `checking checkpoint with`)
-    overlong_lines: int = 0
-    cut_lines: int = 0  # lines with a trigger word that ended without their newline (see _Scanner._cut)
-    source_error: str | None = None  # why reading stopped early (a corrupt .gz, a read error), else None
-    kinds: Counter = field(default_factory=Counter)
-
-    def unknown(self, line_no: int, text: str) -> None:
-        self.unknown_count += 1
-        if len(self.unknown_samples) < MAX_SAMPLES:
-            self.unknown_samples.append((line_no, text[:SAMPLE_CHARS]))
 
 
 @dataclass

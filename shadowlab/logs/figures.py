@@ -9,7 +9,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
-from shadowlab.logs import accel, lifecycle, parse as logparse
+from shadowlab.logs import accel, reading
 
 EVENT_COUNT_KINDS = accel.EVENT_COUNT_KINDS
 PERCENTILES = (("min", 0), ("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90), ("max", 100))
@@ -33,7 +33,7 @@ def distribution(values: Sequence[int]) -> dict[str, Any]:
 def _ordered(values: array) -> Sequence[int]:
     """An array('q') sorted: in C where the accelerator is built (an array again, no Python int
     per value: ~10x less CPU on 200k requests), else by sorted()."""
-    c = logparse.folder()
+    c = reading.folder()
     if c is None:
         return sorted(values)
     out = array("q", values)
@@ -46,7 +46,7 @@ def _merged(a: array, b: array) -> array:
     the two runs merged in C where the accelerator is built, else sorted()."""
     out = array("q", a)
     out.extend(b)
-    c = logparse.folder()
+    c = reading.folder()
     if c is None:
         return array("q", sorted(out))
     c.merge_q(out, len(a))
@@ -71,7 +71,7 @@ class Figures:
 
     def __init__(self) -> None:
         self.requests = 0
-        self.outcomes: dict[str, int] = dict.fromkeys(lifecycle.OUTCOMES, 0)
+        self.outcomes: dict[str, int] = dict.fromkeys(accel.OUTCOMES, 0)
         self.events: dict[str, int] = dict.fromkeys(EVENT_COUNT_KINDS, 0)
         self.shared = array("q")  # over warm requests with a known shared prefix
         self.shared_stated = 0
@@ -184,12 +184,12 @@ class Figures:
         rate = self.timed_tokens / (self.prefill_ms / 1000) if self.prefill_ms > 0 else None
         return {
             "requests": self.requests,
-            "outcomes": {o: self.outcomes.get(o, 0) for o in lifecycle.OUTCOMES},
+            "outcomes": {o: self.outcomes.get(o, 0) for o in accel.OUTCOMES},
             "events": {k: self.events.get(k, 0) for k in EVENT_COUNT_KINDS},
             "forced_vs_restored": [self.outcomes.get("forced", 0), self.outcomes.get("restored", 0)],
             "shared_prefix": shared | {
                 "stated_by_log": self.shared_stated,
-                "share_under_512": _ratio(bisect.bisect_left(ordered, lifecycle.BASELINE_TOKENS), n),
+                "share_under_512": _ratio(bisect.bisect_left(ordered, accel.BASELINE_TOKENS), n),
                 "share_4096_or_more": _ratio(n - bisect.bisect_left(ordered, LARGE_SHARED), n),
             },
             "prompt_tokens": _ranked(prompts) | {"sum": self.prompt_tokens},

@@ -11,11 +11,11 @@ import os
 import re
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from shadowlab.logs import accel, lifecycle, parse as logparse
+from shadowlab.logs import accel, reading
+from shadowlab.logs.source import LogText, open_log
 from shadowlab.errors import LogSourceError
 
 SNIFF = 1 << 16
@@ -39,19 +39,28 @@ class UsageError(Exception):
 # --------------------------------------------------------------------------- files
 
 
-@dataclass
 class FileReport:
-    path: str
-    server: str
-    compressed: bool = False
-    lines: int = 0
-    bytes: int = 0
-    unknown: int = 0
-    unknown_samples: list[tuple[int, str]] = field(default_factory=list)
-    overlong: int = 0
-    cut_last_line: bool = False
-    error: str | None = None  # could not be read at all
-    damage: str | None = None  # read up to a point
+    """What was read of one file. A plain class: the dataclasses module (with inspect) was ~10 %
+    of the start of `shadowlab logs`, and the C fold's path imports it nowhere else."""
+
+    __slots__ = ("path", "server", "compressed", "lines", "bytes", "unknown", "unknown_samples", "overlong",
+                 "cut_last_line", "error", "damage")
+
+    def __init__(self, path: str, server: str, error: str | None = None) -> None:
+        self.path = path
+        self.server = server
+        self.compressed = False
+        self.lines = 0
+        self.bytes = 0
+        self.unknown = 0
+        self.unknown_samples: list[tuple[int, str]] = []
+        self.overlong = 0
+        self.cut_last_line = False
+        self.error = error  # could not be read at all
+        self.damage: str | None = None  # read up to a point
+
+    def __repr__(self) -> str:
+        return "FileReport(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")"
 
 
 def group_servers(paths: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -87,7 +96,7 @@ class _Stream(io.RawIOBase):
         super().__init__()
         self.pieces, self.server, self.side, self.reports = list(pieces), server, side, reports
         self.stdin = stdin  # the piece named "-"
-        self.stats: logparse.ParseStats | None = None  # set before reading: per-piece counts
+        self.stats: reading.ParseStats | None = None  # set before reading: per-piece counts
         self.src: Any = None
         self.raw: Any = None
         self.rep: FileReport | None = None
@@ -138,11 +147,11 @@ class _Stream(io.RawIOBase):
         self._base = (st.lines, st.unknown_count, len(st.unknown_samples), st.overlong_lines) if st else (0, 0, 0, 0)
         self.starts.append((self.pos, self._base[0], path))
         try:  # open_log refuses a FIFO, a device, a directory
-            self.raw = self.stdin.open() if path == STDIN and self.stdin is not None else logparse.open_log(path)
+            self.raw = self.stdin.open() if path == STDIN and self.stdin is not None else open_log(path)
         except LogSourceError as exc:
             rep.error = exc.message
             return True  # src stays None: the next piece
-        self.rep, self.src = rep, logparse.LogText(self.raw)
+        self.rep, self.src = rep, LogText(self.raw)
         return True
 
     def _fill(self, b: Any) -> int:
@@ -199,8 +208,8 @@ class _Stream(io.RawIOBase):
         rep = self.rep
         rep.cut_last_line = True
         rep.unknown += 1
-        if len(rep.unknown_samples) < logparse.MAX_SAMPLES:
-            rep.unknown_samples.append((-1, tail[: logparse.SAMPLE_CHARS].decode("utf-8", "replace")))
+        if len(rep.unknown_samples) < reading.MAX_SAMPLES:
+            rep.unknown_samples.append((-1, tail[: reading.SAMPLE_CHARS].decode("utf-8", "replace")))
 
     def settle(self) -> None:
         """Give the piece read last its counts from the parser's: called when the parser asks
@@ -213,12 +222,14 @@ class _Stream(io.RawIOBase):
         rep.lines, rep.bytes = st.lines - lines, self.pos - self.piece_pos
         rep.unknown += st.unknown_count - unknown
         got = [(ln - lines, text) for ln, text in st.unknown_samples[samples:]]
-        rep.unknown_samples = (got + rep.unknown_samples)[: logparse.MAX_SAMPLES]
+        rep.unknown_samples = (got + rep.unknown_samples)[: reading.MAX_SAMPLES]
         rep.overlong = st.overlong_lines - overlong
         if rep.damage is not None:  # where it stopped, as logparse says it
             rep.damage += f": the {rep.lines:,} whole lines before it were read"
 
     def _side_notes(self, b: Any, end: int) -> None:
+        from shadowlab.logs.lifecycle import CheckpointCheck, SharedPrefix  # the Python replay's (not the fold's)
+
         base = self.start
         sims, checks = [], []
         i = b.find(_SIM_WORD, 0, end)
@@ -226,7 +237,7 @@ class _Stream(io.RawIOBase):
             line_start = b.rfind(b"\n", 0, i) + 1
             m = _SIM.search(b, line_start, i + 40)
             if m:
-                sims.append(lifecycle.SharedPrefix(int(m[1]), int(m[2]), int(m[3]), base + line_start))
+                sims.append(SharedPrefix(int(m[1]), int(m[2]), int(m[3]), base + line_start))
             i = b.find(_SIM_WORD, i + 1, end)
         i = b.find(_CHECK_WORD, 0, end)
         last = self.last_check
@@ -237,7 +248,7 @@ class _Stream(io.RawIOBase):
                 m = _CHECK.search(b, line_start, i + 80)
                 if m:
                     last = head
-                    checks.append(lifecycle.CheckpointCheck(int(m[1]), int(m[2]), int(m[3]), base + line_start))
+                    checks.append(CheckpointCheck(int(m[1]), int(m[2]), int(m[3]), base + line_start))
             i = b.find(_CHECK_WORD, i + 1, end)
         self.last_check = bytes(last)
         # Replay.run drains the notes in offset order: appended as two runs (all sims, then all
@@ -288,10 +299,10 @@ class _Prefixed(io.RawIOBase):
 def sniff_family(path: str, stdin: Stdin | None = None) -> str:
     try:
         if path == STDIN and stdin is not None:
-            head = logparse.LogText(io.BytesIO(stdin.head)).read(SNIFF)
+            head = LogText(io.BytesIO(stdin.head)).read(SNIFF)
         else:
-            with logparse.open_log(path) as fh:
-                head = logparse.LogText(fh).read(SNIFF)
+            with open_log(path) as fh:
+                head = LogText(fh).read(SNIFF)
     except LogSourceError:  # the piece's reader says why
         return "llama.cpp"
     if _B11434_HEAD.search(head):

@@ -25,10 +25,10 @@ Speed: three layers, each giving the same events as the one below it (tests chec
 fixture line and on mutated lines):
 
 1. the C accelerator (``shadowlab/logs/_logscan.c``, built by ``pip install`` when a compiler exists;
-   ``accelerated()`` says whether it is used): a vector search finds each line's first trigger
-   word, small hand parsers read the common b11434 / reference-engine shapes, the records are
-   built in C; every line it is not sure of comes back to the layers below. Not used with
-   matrix ``log_patterns``. ~0.32 µs per event on a realistic log, a third of grep's speed;
+   loaded by ``reading.py``, whose ``accelerated()`` says whether it is used): a vector search
+   finds each line's first trigger word, small hand parsers read the common b11434 /
+   reference-engine shapes, the records are built in C; every line it is not sure of comes back
+   to the layers below. Not used with matrix ``log_patterns``. ~0.32 µs per event on a realistic log, a third of grep's speed;
 2. the Python fast path: one C-speed regex search per scan word (``checkpoint``, ``prompt``
    where a trigger holds it, ``memory_seq_rm``, ``kv cache rm``, ``selected slot by``, ``model
    loaded``); a line is matched whole, undecoded, by one anchored regex chosen by its first scan
@@ -56,12 +56,15 @@ from operator import lshift as _shift, or_ as _or
 from typing import Any, BinaryIO, Union
 
 from shadowlab.errors import LogSourceError
-from shadowlab.logs import accel
+from shadowlab.logs import accel, reading
+from shadowlab.logs.reading import (
+    FAMILIES, LLAMA_CPP_FAMILIES, MAX_SAMPLES, SAMPLE_CHARS, LineState, ParseStats, accelerated, folder,
+)
 from shadowlab.logs.events import (
-    MAX_SAMPLES, EXTRA_PATTERN_CHARS, SAMPLE_CHARS, _new, Event, CheckpointEvent, CheckpointCreated,
+    EXTRA_PATTERN_CHARS, _new, Event, CheckpointEvent, CheckpointCreated,
     CheckpointRestored, CheckpointErased, CheckpointErasedOld, CheckpointErasedTooClose, CheckpointSuperseded,
     ForcedReprocessing, NewPrompt, CacheTrim, PromptEval, SlotSelected, PromptCacheSaved, PromptCacheLoaded,
-    PromptCleared, ServerStart, EVENT_TYPES, EVENT_KINDS, ExtraPattern, ParseStats, ParsedLog, believable,
+    PromptCleared, ServerStart, EVENT_TYPES, EVENT_KINDS, ExtraPattern, ParsedLog, believable,
 )
 from shadowlab.logs.source import GZIP_MAGIC, GZIP_OUT, GZIP_STEP, LogText, _check_source, open_log
 from shadowlab.logs.tolerant import (
@@ -78,27 +81,9 @@ from shadowlab.logs.fastpath import (
     _scan_regexes,
 )
 
-try:  # the optional C accelerator of the fast path (setup.py builds it when a compiler exists)
-    from shadowlab.logs import _logscan
-except ImportError:  # pragma: no cover - exercised by installs without a compiler
-    _logscan = None
-_ACCEL_ABI = accel.ABI  # the C code's LOGSCAN_ABI (generated from accel.py): the scan() and fold_* expected
-
-
-def _usable(module: Any) -> Any:
-    """The accelerator if it speaks this file's ABI, else None (a build left over from another
-    version falls back to the pure-Python path instead of mislabelling fields)."""
-    return module if getattr(module, "ABI", None) == _ACCEL_ABI else None
-
-
-_logscan = _usable(_logscan)
-
-# The log families this parser reads: the one list (the matrix schema and the llama-server adapter
-# import it). LLAMA_CPP_FAMILIES: those a llama.cpp-built server prints.
-LLAMA_CPP_FAMILIES = ("llama.cpp", "llama.cpp-legacy", "ik_llama.cpp")
-FAMILIES = (*LLAMA_CPP_FAMILIES, "reference", "none")
-
-BLOCK_SIZE = 8 << 20
+# The C accelerator is reading._logscan (None when not built, or built for another ABI): read
+# there at each use, so that one switch (tests set it to None) turns it off for every reader.
+BLOCK_SIZE = reading.BLOCK_SIZE
 MAX_LINE = accel.MAX_LINE
 
 
@@ -114,22 +99,11 @@ _ACCEL_METHODS = accel.METHODS
 assert _ACCEL_KINDS == accel.KIND_NAMES  # the C code's `enum kind` is generated from accel.KINDS
 
 
-def folder() -> Any:
-    """The C accelerator when built (None otherwise): its ``fold_*`` functions replay a b11434
-    log for ``shadowlab logs`` without a Python object per line (logs._server_fold)."""
-    return _logscan
-
-
-def line_reader(stats: ParseStats) -> "_Scanner":
+def line_reader(stats: ParseStats, state: LineState | None = None) -> "_Scanner":
     """What reads the lines the C fold hands back, with their look-backs (``handed_back``,
-    ``block_read``): the parser's own readers, so a line reads the same on either path."""
-    return _Scanner(stats, [])
-
-
-def accelerated() -> bool:
-    """True when the C accelerator (shadowlab._logscan) is built and used: `parse` gives the
-    same events either way, the accelerator ~10x faster (benchmarks/README.md)."""
-    return _logscan is not None
+    ``block_read``): the parser's own readers, so a line reads the same on either path.
+    ``state``: where the fold's reading stands (the lines and bytes read, the look-back text)."""
+    return _Scanner(stats, [], state)
 
 
 # A path (str or PathLike; a str is always a path), a binary file object, or an iterable of lines.
@@ -301,8 +275,9 @@ class _Scanner(_MessageReader):
     """Reads `_Splitter` pieces in order, carrying line numbers, offsets, the counters and the
     text a line may look back into from one piece to the next."""
 
-    def __init__(self, stats: ParseStats, extra: list[tuple[bytes, ExtraPattern, re.Pattern[str]]]):
-        self.stats = stats
+    def __init__(self, stats: ParseStats, extra: list[tuple[bytes, ExtraPattern, re.Pattern[str]]],
+                 state: LineState | None = None):
+        super().__init__(stats, state)
         self.extra = extra
         self.triggers = _TRIGGERS + tuple(t for t, _, _ in extra)
         # One literal search per scan word finds every line that holds a trigger word.
@@ -311,12 +286,8 @@ class _Scanner(_MessageReader):
         # patterns are tried before the built-in rules there.
         self.fast = [pair[1] if extra else pair[0] for pair in _FAST_BY_WORD]
         # The C accelerator reads the built-in shapes only; matrix patterns need Python's rules.
-        self.accel = _logscan is not None and not extra
+        self.accel = reading._logscan is not None and not extra
         self.newlines = 0  # newlines counted by the last _scan_body
-        self.offset = 0  # byte offset of the next piece
-        self.line_no = 0  # lines completed so far
-        self.lo = 0  # where the lines of the body being read start
-        self.tail = b""  # the text before it: what lines look back into (_MessageReader.tail)
 
     def process(self, pieces: list[tuple]) -> list[Event]:
         """The events of `_Splitter` pieces, in order."""
@@ -345,12 +316,6 @@ class _Scanner(_MessageReader):
             self.stats.cut_lines += 1
             self.stats.unknown(line_no, head[: SAMPLE_CHARS * 4].decode("utf-8", "replace"))
 
-    def _advance(self, nbytes: int, lines: int) -> None:
-        self.offset += nbytes
-        self.stats.bytes += nbytes
-        self.line_no += lines
-        self.stats.lines += lines
-
     def _body(self, body: bytes | bytearray, lo: int, hi: int) -> list[Event]:
         """The events of the complete lines in body[lo:hi]; counts them and moves on."""
         self.lo = lo
@@ -358,12 +323,6 @@ class _Scanner(_MessageReader):
         # _scan_body counted the newlines on its way (one pass over the block, not two)
         self.block_read(body, lo, hi, self.newlines + (0 if body[hi - 1] == 10 else 1))
         return events
-
-    def block_read(self, body: bytes | bytearray, lo: int, hi: int, lines: int, kept: bool = False) -> None:
-        """body[lo:hi] (`lines` lines) has been read: count it, keep its end for look-backs
-        (``kept``: left in place, keep_tail)."""
-        self._advance(hi - lo, lines)
-        self.keep_tail(body, lo, hi, kept)
 
     def handed_back(self, body: bytes | bytearray, start: int, stop: int, line_no: int, word: int,
                     offset: int) -> list[Event]:
@@ -429,7 +388,7 @@ class _Scanner(_MessageReader):
     def _scan_body_c(self, body: bytes | bytearray, lo: int, hi: int, base_offset: int, base_line: int) -> list[Event]:
         """`_scan_body` by the C accelerator (shadowlab/logs/_logscan.c): the lines it cannot read
         come back in `slow` and are read here, in their place among its events."""
-        events, slow, self.newlines, candidates, ignored, counts = _logscan.scan(
+        events, slow, self.newlines, candidates, ignored, counts = reading._logscan.scan(
             body, lo, hi, base_line, base_offset, _ACCEL_CLASSES, _ACCEL_METHODS
         )
         stats = self.stats

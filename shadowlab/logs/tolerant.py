@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shadowlab.logs import accel
+from shadowlab.logs.reading import LineState
 from shadowlab.logs.events import (
     Event, CheckpointEvent, CheckpointCreated, CheckpointRestored, CheckpointErased, CheckpointErasedOld,
     CheckpointErasedTooClose, CheckpointSuperseded, ForcedReprocessing, NewPrompt, CacheTrim, PromptEval,
@@ -375,10 +376,10 @@ def _number(text: str) -> Any:
             return text
 
 
-class _MessageReader:
+class _MessageReader(LineState):
     """What the tolerant path asks of the line reader (`shadowlab.logs.parse._Scanner`, its one
     subclass): a decoded message's event, and the look-backs `_build` reads (`cache_entry_length`,
-    `timing_owner`) in the reader's body and `tail`."""
+    `timing_owner`) in the reader's body and `tail` (LineState's)."""
 
     def _message(
         self,
@@ -445,30 +446,3 @@ class _MessageReader:
             return body, start - span, start
         window = self.tail[max(0, len(self.tail) - (span - (start - self.lo))):] + body[self.lo:start]
         return window, 0, len(window)
-
-    _tail = b""
-    _kept: tuple[Any, int] | None = None  # (body, hi): the tail, still in the caller's block
-
-    @property
-    def tail(self) -> bytes:
-        """The text before the body being read (at most LOOK_BACK bytes): what lines look back
-        into. Taken from the block it was kept in (`keep_tail`) the first time a line asks."""
-        if self._kept is not None:
-            body, hi = self._kept
-            self._tail, self._kept = bytes(body[hi - LOOK_BACK : hi]), None
-        return self._tail
-
-    @tail.setter
-    def tail(self, value: bytes) -> None:
-        self._tail, self._kept = value, None
-
-    def keep_tail(self, body: bytes | bytearray, lo: int, hi: int, kept: bool) -> None:
-        """body[lo:hi] has been read: its end is the tail now. ``kept``: the caller leaves body
-        as it is until the next block is read (into another buffer), so the end is copied only
-        if a line looks back into it (a copy of 64 KiB per block otherwise, ~3% of the C fold)."""
-        if hi - lo < LOOK_BACK:
-            self.tail = (self.tail + body[lo:hi])[-LOOK_BACK:]
-        elif kept:
-            self._kept = (body, hi)
-        else:
-            self.tail = bytes(body[hi - LOOK_BACK : hi])

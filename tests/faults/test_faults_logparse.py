@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.logs import parse as lp
+from shadowlab.logs import parse as lp, reading
 from shadowlab.errors import LogSourceError, ShadowlabError
 
 ROOT = Path(lp.__file__).resolve().parents[2]  # shadowlab/logs/parse.py -> the shadowlab under test, for the child process
@@ -37,7 +37,7 @@ CREATED = HEAD + (
 def mode(request, monkeypatch):
     """Each test runs with the C accelerator (where built) and without it."""
     if request.param == "pure":
-        monkeypatch.setattr(lp, "_logscan", None)
+        monkeypatch.setattr(reading, "_logscan", None)
     elif not lp.accelerated():
         pytest.skip("the C accelerator is not built here")
     return request.param
@@ -50,7 +50,7 @@ def mode(request, monkeypatch):
 _HOSTILE = textwrap.dedent(
     """
     import sys
-    from shadowlab.logs import parse as lp
+    from shadowlab.logs import parse as lp, reading
     head = b"0.01.000.000 I slot create_check: id  0 | task 3 | "
     room = lp.MAX_LINE - 200  # inside the line cap: every byte is read, not cut
     lines = [
@@ -67,7 +67,7 @@ _HOSTILE = textwrap.dedent(
     pattern = r"(?P<created>)ckpt at (?P<pos_min>\\d+)"  # a matrix log_patterns entry
     for accelerated, extra in ((True, ()), (False, ()), (False, (pattern,))):
         if not accelerated:
-            lp._logscan = None
+            reading._logscan = None
         parsed = lp.parse(path, "llama.cpp", extra)
         assert parsed.events == [] and parsed.lines == len(lines), (accelerated, extra, parsed)
         assert parsed.unknown_count + parsed.ignored_count == len(lines), parsed

@@ -39,11 +39,11 @@ KNOWN = {
     ("logs/analysis.py", "llama.cpp"),
     ("logs/analysis.py", "reference"),
     ("logs/analysis.py", "llama.cpp-legacy"),
-    ("logs/events.py", "llama.cpp"),  # ParseStats.family's default (moved out of logs/parse.py)
+    ("logs/reading.py", "llama.cpp"),  # ParseStats.family's default and FAMILIES (moved out of logs/parse.py)
+    ("logs/reading.py", "llama.cpp-legacy"),
+    ("logs/reading.py", "ik_llama.cpp"),
+    ("logs/reading.py", "reference"),
     ("logs/parse.py", "llama.cpp"),
-    ("logs/parse.py", "llama.cpp-legacy"),
-    ("logs/parse.py", "ik_llama.cpp"),
-    ("logs/parse.py", "reference"),
     ("simulate/model.py", "reference"),
     ("simulate/model.py", "llama.cpp"),
     # Outstanding (landed in the same merge, not yet asked of the adapter): `init` writes a

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shadowlab.logs import parse as lp
+from shadowlab.logs import parse as lp, reading
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REF = LOGS / "reference"
@@ -416,7 +416,7 @@ def test_extra_pattern_for_another_fork():
 def _tolerant_only(monkeypatch):
     """Route every candidate line through the tolerant rules (no whole-line regexes, no
     `_fast_line`, no C accelerator)."""
-    monkeypatch.setattr(lp, "_logscan", None)
+    monkeypatch.setattr(reading, "_logscan", None)
     monkeypatch.setattr(lp, "_FAST_BY_WORD", tuple((None, None) for _ in lp._FAST_BY_WORD))
     monkeypatch.setattr(lp, "_fast_line", lambda raw, line_no, offset: None)
 
@@ -448,7 +448,7 @@ def test_fast_path_lines_from_a_prompt_cache_run_are_read_fast(monkeypatch, acce
     if accelerated and not lp.accelerated():
         pytest.skip("the C accelerator is not built here (tests/shadowlab/test_logscan.py fails in CI)")
     if not accelerated:
-        monkeypatch.setattr(lp, "_logscan", None)
+        monkeypatch.setattr(reading, "_logscan", None)
     seen = []
     original = lp._Scanner._line
 
@@ -488,7 +488,7 @@ def test_a_number_no_engine_prints_is_not_believed(reader, monkeypatch):
     from shadowlab.logs import accel
 
     if reader == "python":
-        monkeypatch.setattr(lp, "_logscan", None)
+        monkeypatch.setattr(reading, "_logscan", None)
     big, most = "1" + "0" * accel.MAX_DIGITS, "9" * accel.MAX_DIGITS
     head = "0.01.000.000 I slot update_slots: id  0 | task 4 | "
     lines = [

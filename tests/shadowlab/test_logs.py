@@ -266,3 +266,38 @@ def test_json_output_is_the_indented_document_with_a_request_a_line(tmp_path):
     got = p.stdout
     assert json.loads(got)["requests"] and got == (out / "logs.json").read_text()
     assert sum(ln.startswith("  {\"time\"") for ln in got.split("\n")) == len(json.loads(got)["requests"])
+
+
+_MODULES_AFTER = """
+import sys
+from shadowlab.cli import main
+rc = main(sys.argv[1:])
+print("MODULES", " ".join(sorted(m for m in sys.modules if m.startswith("shadowlab") or m == "dataclasses")))
+"""
+_PYTHON_READER = ("shadowlab.logs.parse", "shadowlab.logs.events", "shadowlab.logs.tolerant",
+                  "shadowlab.logs.fastpath", "shadowlab.logs.lifecycle", "shadowlab.logs.rings", "dataclasses")
+
+
+def _modules_of_a_run(tmp_path, log: Path) -> tuple[dict, set[str]]:
+    """(the --json document's reader block, the modules loaded when the command returned)"""
+    p = subprocess.run([sys.executable, "-c", _MODULES_AFTER, "logs", str(log), "--json", "--trace",
+                        str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in p.stderr, p.stderr
+    doc, modules = p.stdout.rsplit("MODULES", 1)
+    return json.loads(doc)["reader"], set(modules.split())
+
+
+def test_the_fold_reads_a_b11434_log_without_importing_the_python_reader(tmp_path):
+    """The start of `shadowlab logs` is a third of its CPU on a small log: the C fold's path imports
+    none of the Python reader (reading.py's docstring); a line it hands back brings it in."""
+    from shadowlab.logs import reading
+    if not reading.accelerated():
+        pytest.skip("the C accelerator is not built")
+    reader, folded = _modules_of_a_run(tmp_path, FIX / "llama.cpp-b11434" / "A-B-C.cram8192.log")
+    assert reader["c_fold"] == 1 and reader["lines_handed_back"] == 0, reader
+    assert "shadowlab.logs.analysis" in folded and "shadowlab.logs.reading" in folded
+    loaded = sorted(folded & set(_PYTHON_READER))
+    assert not loaded, loaded
+    reader, handed_back = _modules_of_a_run(tmp_path, FIX / "reference" / "cram8192-A-B-A.log")
+    assert reader["c_fold"] == 1 and reader["lines_handed_back"] > 0, reader
+    assert "shadowlab.logs.parse" in handed_back

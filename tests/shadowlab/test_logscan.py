@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import repo_scripts
 
-from shadowlab.logs import parse as lp
+from shadowlab.logs import accel, parse as lp, reading
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 ALL_LOGS = sorted(LOGS.glob("*/*.log"))
@@ -49,7 +49,7 @@ def _both(source, family="llama.cpp", monkeypatch=None, **kw):
         )
 
     accelerated = run()
-    monkeypatch.setattr(lp, "_logscan", None)
+    monkeypatch.setattr(reading, "_logscan", None)
     try:
         pure = run()
     finally:
@@ -217,18 +217,18 @@ def test_found_better_prompt_finds_its_candidate_line_as_python_does(monkeypatch
     monkeypatch.setattr(lp, "BLOCK_SIZE", 4096)
     for accelerated in (True, False):
         if not accelerated:
-            monkeypatch.setattr(lp, "_logscan", None)
+            monkeypatch.setattr(reading, "_logscan", None)
         (loaded,) = [e for e in lp.parse(cases["far before"], "llama.cpp").events if e.kind == "cache_loaded"]
         assert loaded.n_tokens == 4556, accelerated
 
 
 def _scan(data: bytes, lo: int, hi: int, variant: int = 0) -> tuple:
-    return lp._logscan.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
+    return reading._logscan.scan(data, lo, hi, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS, variant)
 
 
 @needs_c
 def test_scan_rejects_bad_arguments():
-    scan, data = lp._logscan.scan, b"abc\n"
+    scan, data = reading._logscan.scan, b"abc\n"
     with pytest.raises(ValueError):
         scan(data, 2, 9, 0, 0, lp._ACCEL_CLASSES, lp._ACCEL_METHODS)
     with pytest.raises(ValueError):
@@ -241,11 +241,11 @@ def test_scan_rejects_bad_arguments():
 
 def test_a_build_from_another_version_is_not_used():
     """A stale shadowlab/_logscan*.so left by an older install must fall back to Python."""
-    stale = type("Stale", (), {"ABI": lp._ACCEL_ABI + 1, "scan": None})()
-    assert lp._usable(stale) is None
-    assert lp._usable(type("NoAbi", (), {})()) is None
+    stale = type("Stale", (), {"ABI": accel.ABI + 1, "scan": None})()
+    assert reading.usable(stale) is None
+    assert reading.usable(type("NoAbi", (), {})()) is None
     if lp.accelerated():
-        assert lp._usable(lp._logscan) is lp._logscan
+        assert reading.usable(reading._logscan) is reading._logscan
 
 
 def _search_variants() -> list[int]:
@@ -294,15 +294,15 @@ def test_every_side_note_search_the_cpu_has_finds_the_same_words():
             want.append(i)
             i = data.find(b"hecking ", i + 1, hi)
         for v in variants:
-            assert lp._logscan.hecking_all(data, lo, hi, v) == want, (v, lo, hi)
-            assert lp._logscan.hecking_all(data[:hi], lo, hi, v) == want, ("at the buffer's end", v, lo, hi)
+            assert reading._logscan.hecking_all(data, lo, hi, v) == want, (v, lo, hi)
+            assert reading._logscan.hecking_all(data[:hi], lo, hi, v) == want, ("at the buffer's end", v, lo, hi)
     with pytest.raises(ValueError):
-        lp._logscan.hecking_all(b"x", 0, 1, 2)
+        reading._logscan.hecking_all(b"x", 0, 1, 2)
 
 
 def _hecking_available(variant: int) -> bool:
     try:
-        lp._logscan.hecking_all(b"x", 0, 1, variant)
+        reading._logscan.hecking_all(b"x", 0, 1, variant)
     except ValueError:
         return False
     return True
@@ -427,7 +427,7 @@ def _three_ways(paths, monkeypatch, options_of=None):
     monkeypatch.setattr(logs, "_FOLD_BLOCK", 1 << 20)
     monkeypatch.setattr(logs, "FOLD", False)
     docs.append(analyse())
-    monkeypatch.setattr(lp, "_logscan", None)
+    monkeypatch.setattr(reading, "_logscan", None)
     docs.append(analyse())
     monkeypatch.undo()
     assert traces[0] == traces[1] == traces[2]  # --trace: the same lines, byte for byte
@@ -763,7 +763,7 @@ def test_mutated_captures_read_alike_three_ways(tmp_path):
 
 @needs_c
 def test_fold_rejects_bad_arguments():
-    f = lp._logscan
+    f = reading._logscan
     state = f.fold_new(10)
     with pytest.raises(ValueError):
         f.fold_block(state, b"abc\n", 0, 9, 0, 0)
@@ -957,7 +957,7 @@ def test_fold_reads_the_same_with_every_search_the_cpu_has(tmp_path, monkeypatch
             (fold, replay, pure), folded = _three_ways(paths, monkeypatch)
             assert fold == replay == pure and len(folded) == len(paths), (variant, block)
     with pytest.raises(ValueError):
-        lp._logscan.fold_new(1, None, None, None, None, 9)
+        reading._logscan.fold_new(1, None, None, None, None, 9)
 
 
 @needs_c
@@ -1106,7 +1106,7 @@ def test_trace_times_are_the_printed_microseconds_also_after_a_restart(tmp_path,
         return [re.search(r'"time":([^,]*),', line).group(1) for line in lines]
 
     folded = trace_times()
-    monkeypatch.setattr(lp, "_logscan", None)
+    monkeypatch.setattr(reading, "_logscan", None)
     assert trace_times() == folded
     assert all(re.fullmatch(r"\d+\.\d{1,6}", t) for t in folded), [t for t in folded if len(t) > 14][:3]
     n = len(folded) // 2
@@ -1144,7 +1144,7 @@ def test_the_figures_over_every_request_read_the_same_in_c_and_python(monkeypatc
         in_c = (json.dumps(analysis._over_time(times, codes)), list(figures._ordered(values)),
                 list(figures._merged(a, b)))
         with monkeypatch.context() as m:
-            m.setattr(lp, "_logscan", None)
+            m.setattr(reading, "_logscan", None)
             in_python = (json.dumps(analysis._over_time(times, codes)), list(figures._ordered(values)),
                          list(figures._merged(a, b)))
         assert in_c == in_python
@@ -1173,7 +1173,7 @@ def test_figures_merged_in_order_read_as_figures_merged_unordered(monkeypatch, a
         if lp.folder() is None:
             pytest.skip("the accelerator is not built")
     else:
-        monkeypatch.setattr(lp, "_logscan", None)
+        monkeypatch.setattr(reading, "_logscan", None)
     rng = random.Random(5)
 
     def scope(shared, prompts, ordered):
@@ -1204,3 +1204,40 @@ def test_figures_merged_in_order_read_as_figures_merged_unordered(monkeypatch, a
                               shared_source=None, processed=None, prefill_ms=None, placement=False,
                               retention=False, baseline_loss=False, time=None))
     assert not grown.ordered and grown.to_dict()["prompt_tokens"]["min"] == 1
+
+
+@needs_c
+def test_a_line_handed_back_first_after_many_blocks_looks_back_into_the_block_before(tmp_path, monkeypatch):
+    """The fold keeps only where its reading stands (reading.LineState) and makes the parser's
+    reader of it at the first line the C code hands back: that reader must see the text before
+    the line as one made at the start would. A multi-line print_timing (b9093: the timing line
+    names no slot; its header, up to 16 KiB back, does) is the first line handed back, after
+    filler that ends a block just before, at or after the header; every request's prefill time
+    is read, three ways alike (a reader without the block before loses the header's task)."""
+    from shadowlab.logs import analysis as logs
+
+    def request(task: int) -> str:
+        return (f"slot update_slots: id  0 | task {task} | new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 99\n"
+                f"slot create_check: id  0 | task {task} | created context checkpoint 1 of 64 (pos_min = 94, "
+                f"pos_max = 94, n_tokens = 95, size = 0.111 MiB)\n"
+                f"slot print_timing: id  0 | task {task} | \n"
+                "prompt eval time =      13.25 ms /    99 tokens (    0.13 ms per token,  7471.13 tokens per second)\n"
+                "       eval time =       5.58 ms /    16 tokens (    0.35 ms per token,  2867.90 tokens per second)\n"
+                f"slot      release: id  0 | task {task} | stop processing: n_tokens = 114, truncated = 0\n")
+
+    block = 4099
+    filler = "srv  log_server_r: done request: POST /completion 127.0.0.1 200\n"  # no trigger word
+    first = request(0)
+    header_end = first.index("prompt eval time")  # the header's line ends there
+    for shift in (-60, -37, -1, 0, 1, 36, 37, 60):  # 0: the block ends with the header's newline
+        before = block + shift - header_end  # bytes of filler: whole filler lines, one shorter line
+        text = filler * (before // len(filler)) + "x" * (before % len(filler) - 1) + "\n" + first + request(1)
+        assert text.index("prompt eval time") == block + shift
+        log = tmp_path / f"shift{shift}.log"
+        log.write_text(text)
+        monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
+        (fold, replay, pure), folded = _three_ways([log], monkeypatch)
+        assert folded == [str(log)] and fold == replay == pure, shift
+        assert [r["prefill_ms"] for r in fold["requests"]] == [13.25, 13.25], shift
+        monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
+        assert logs.analyse([str(log)], logs.Options())["reader"]["lines_handed_back"] == 2, shift
