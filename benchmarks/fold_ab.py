@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "engine")]
 
-from fold_once import load_build  # noqa: E402  (this directory: the script's own)
-from shadowlab.logs import analysis, parse as logparse  # noqa: E402
+from fold_once import load_build, use_build  # noqa: E402  (this directory: the script's own)
+from shadowlab.logs import analysis  # noqa: E402
 
 
 def main() -> int:
@@ -49,7 +49,7 @@ def main() -> int:
         for r in range(a.rounds):
             order = list(builds.items())
             for name, module in order if r % 2 == 0 else reversed(order):
-                logparse.folder = lambda m=module: m
+                use_build(module)
                 trace = open(trace_path, "w", encoding="utf-8") if a.trace else None
                 t0 = time.perf_counter()
                 analysis.analyse([str(a.log)], analysis.Options(trace=trace))

@@ -24,7 +24,7 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "engine")]
 
-from shadowlab.logs import analysis, parse as logparse  # noqa: E402
+from shadowlab.logs import accel, analysis, reading  # noqa: E402
 
 
 def load_build(path: Path) -> ModuleType:
@@ -33,10 +33,21 @@ def load_build(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("shadowlab.logs._logscan", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    if getattr(module, "ABI", None) != logparse.accel.ABI:
-        print(f"{path}: ABI {getattr(module, 'ABI', None)}, this tree speaks {logparse.accel.ABI}", file=sys.stderr)
+    if getattr(module, "ABI", None) != accel.ABI:
+        print(f"{path}: ABI {getattr(module, 'ABI', None)}, this tree speaks {accel.ABI}", file=sys.stderr)
         raise SystemExit(2)
     return module
+
+
+def use_build(module: ModuleType) -> None:
+    """Make `module` the accelerator the fold reads with: reading.folder() gives it to
+    analysis. Refused (exit 2) when analysis would not take it from there: a switch that
+    silently missed (as `logparse.folder` did once the loader moved into reading.py) times a
+    build against itself."""
+    reading._logscan = module
+    if analysis.folder() is not module:
+        print("analysis does not read with reading._logscan: this tool's switch no longer works", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def main() -> int:
@@ -46,8 +57,7 @@ def main() -> int:
     ap.add_argument("--build", type=Path, default=None, help="another build of shadowlab/logs/_logscan*.so")
     a = ap.parse_args()
     if a.build is not None:
-        module = load_build(a.build)
-        logparse.folder = lambda: module
+        use_build(load_build(a.build))
     with tempfile.TemporaryDirectory() as tmp:
         trace = open(os.path.join(tmp, "trace.jsonl"), "w", encoding="utf-8") if a.trace else None
         try:
@@ -55,7 +65,8 @@ def main() -> int:
         finally:
             if trace is not None:
                 trace.close()
-    print(f"{doc['lines_read']:,} lines, {doc['overall']['requests']:,} requests; reader {doc['reader']}")
+    build = getattr(analysis.folder(), "__file__", None)
+    print(f"{doc['lines_read']:,} lines, {doc['overall']['requests']:,} requests; reader {doc['reader']}; build {build}")
     return 0
 
 
