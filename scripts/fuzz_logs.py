@@ -5,7 +5,7 @@
 Each round takes a stretch of a fixture log (tests/fixtures/logs: every build there), mutates it
 line by line (lines deleted, repeated, swapped, joined, cut, spliced in from other captures; a
 number set to 0, -1, 007 or 20 digits; a float to 400 digits; a slot id changed; NUL, CR, ANSI,
-bad UTF-8 or a stray `| task N |` inserted; a timestamp made huge) and reads it as
+bad UTF-8, a stray `| task N |` or a side note's text inserted; a timestamp made huge) and reads it as
 `shadowlab logs --json --trace` does, three ways: the C fold (at a random block size: 997,
 4099 or 1 MiB bytes), the Python replay over the C scan, and pure Python, with a random filter
 (none, a slot, --since/--until). The documents and the trace text must be equal, and no way may
@@ -44,6 +44,12 @@ def sources() -> list[list[bytes]]:
     return [p.read_bytes().splitlines(keepends=True) for p in sorted(FIXTURES.glob("*/*.log"))]
 
 
+# side-note text put inside another line (a trigger line's tail among them: the fold finds the
+# notes there in the finder's newline search, not in its chunks)
+_NOTES = (b"id  1 | task 7 | checking checkpoint with [3, 3] against 5...", b"hecking ",
+          b"id  0 | task -1 |  - checking sim = 0.500 (3/9) > 0.100", b"Checking checkpoint with [")
+
+
 def mutate(rng: random.Random, lines: list[bytes], pool: list[bytes], intensity: int) -> list[bytes]:
     """`lines` with 1 to `intensity` random edits; `pool`: lines to splice in."""
     out = list(lines)
@@ -75,7 +81,7 @@ def mutate(rng: random.Random, lines: list[bytes], pool: list[bytes], intensity:
             out[k:k + 2] = [line.rstrip(b"\n") + b" " + out[k + 1]]
         elif op == 10:
             j = rng.randrange(len(line) + 1)
-            out[k] = line[:j] + rng.choice([b"\x00", b"\r", b"\x1b[31m", b"\xff\xfe", b"|", b" | task 3 | "]) + line[j:]
+            out[k] = line[:j] + rng.choice([b"\x00", b"\r", b"\x1b[31m", b"\xff\xfe", b"|", b" | task 3 | ", *_NOTES]) + line[j:]
         elif op == 11 and (found := list(_FLOAT.finditer(line))):
             m = rng.choice(found)
             value = rng.choice([b"9" * 400 + b".0", b"0.0", b"1" * 30 + b".5", b"0." + b"0" * 50 + b"1"])

@@ -142,6 +142,14 @@ typedef struct {
     int64_t newlines;
     Py_ssize_t candidates, ignored; /* benign lines counted here; events by the builder */
     Py_ssize_t max;                 /* records per batch: BATCH, or fewer for the fold */
+    /* The fold's side notes: where every "hecking " of the region stands (offsets from ctx_t's
+     * body, in order), found in the same pass as the triggers. hk_search NULL: not looked for
+     * (scan()). Every one starting before body + hk_done is in hk[0, n_hk) or was taken; the
+     * fold takes them after each batch. hk_nomem: hk could not grow (the fold raises
+     * MemoryError). */
+    cp (*hk_search)(cp p, cp end, cp readable); /* the next "hecking " inside [p, end) */
+    Py_ssize_t *hk, n_hk, cap_hk, hk_done;
+    int hk_nomem;
 } finder_t;
 
 /* ------------------------------------------------------------------ shared between the files */

@@ -150,7 +150,7 @@ typedef struct {
     PyObject *notes, *rows, *times, *codes; /* lists and bytearrays */
     const char *fallback;
     struct note_s *block_notes; /* the side notes of the block being read, and the next to take */
-    Py_ssize_t n_block_notes, next_note;
+    Py_ssize_t n_block_notes, next_note, cap_block_notes;
     unsigned char *last_head; /* the head of the last check note taken (logs._Stream.last_check) */
     size_t last_len;
     held_t *held; /* Replay._held's prompt-cache lines (its slot selections change nothing) */
@@ -494,66 +494,68 @@ PyObject *hecking_all(PyObject *self, PyObject *args)
     return out;
 }
 
-/* The notes of body[0, n) in offset order (sims before checks on one line), as _side_notes
- * makes them. *big: a number past int64 in one of them. -1: no memory. */
-static int side_notes(fold_t *f, cp body, Py_ssize_t n, cp readable, int64_t base, note_t **out, Py_ssize_t *count,
-                      int *big)
+/* The note of the "hecking " at h (both side notes hold the word, at +1 and +0; neither can
+ * overlap itself), appended to the block's, as _side_notes' two find() loops make them; [body,
+ * end) the block's whole lines. *big: a number past int64 in it. -1: no memory. */
+static int note_at(fold_t *f, cp body, cp end, cp readable, int64_t base, cp h, int *big)
 {
-    /* Both words hold "hecking " (at +1 and +0): one search for it finds every occurrence of
-     * each (neither word can overlap itself), as _side_notes' two find() loops do. */
     static const char sim_rest[] = "sim = ", check_rest[] = "checkpoint with [";
-    note_t *sims = NULL, *checks = NULL;
-    Py_ssize_t ns = 0, nc = 0, cs = 0, cc = 0;
-    cp end = body + n;
-    hecking_fn next_hecking = f->next_hecking;
-    for (cp h = next_hecking(body, end, readable); h != NULL; h = next_hecking(h + 1, end, readable)) {
-        cp after = h + HECKING_LEN;
-        if (h > body && h[-1] == 'c' && (size_t)(end - after) >= sizeof sim_rest - 1 &&
-            memcmp(after, sim_rest, sizeof sim_rest - 1) == 0) {
-            cp i = h - 1; /* "checking sim = " */
-            cp ls = line_start(body, i);
-            cp w = i + 40 < readable ? i + 40 : readable;
-            note_t x = {.offset = base + (ls - body), .check = 0};
-            if (search_id(ls, w, sim_at, &x, big) && notes_push(&sims, &ns, &cs, &x) < 0)
-                goto nomem;
-        } else if ((size_t)(end - after) >= sizeof check_rest - 1 &&
-                   memcmp(after, check_rest, sizeof check_rest - 1) == 0) {
-            cp i = h; /* "hecking checkpoint with [" */
-            cp ls = line_start(body, i);
-            cp head = rfind(ls, i, "| task ", 7);
-            size_t len = head != NULL ? (size_t)(i - head) : 0;
-            if (len == f->last_len && (len == 0 || memcmp(head, f->last_head, len) == 0))
-                continue; /* the task's run of check lines: one note */
-            cp w = i + 80 < readable ? i + 80 : readable;
-            note_t x = {.offset = base + (ls - body), .check = 1};
-            if (search_id(ls, w, check_at, &x, big)) {
-                unsigned char *kept = PyMem_Realloc(f->last_head, len ? len : 1);
-                if (kept == NULL)
-                    goto nomem;
-                memcpy(kept, head, len);
-                f->last_head = kept;
-                f->last_len = len;
-                if (notes_push(&checks, &nc, &cc, &x) < 0)
-                    goto nomem;
-            }
+    cp after = h + HECKING_LEN;
+    if (h > body && h[-1] == 'c' && (size_t)(end - after) >= sizeof sim_rest - 1 &&
+        memcmp(after, sim_rest, sizeof sim_rest - 1) == 0) {
+        cp i = h - 1; /* "checking sim = " */
+        cp ls = line_start(body, i);
+        cp w = i + 40 < readable ? i + 40 : readable;
+        note_t x = {.offset = base + (ls - body), .check = 0};
+        if (search_id(ls, w, sim_at, &x, big) &&
+            notes_push(&f->block_notes, &f->n_block_notes, &f->cap_block_notes, &x) < 0)
+            return -1;
+    } else if ((size_t)(end - after) >= sizeof check_rest - 1 && memcmp(after, check_rest, sizeof check_rest - 1) == 0) {
+        cp i = h; /* "hecking checkpoint with [" */
+        cp ls = line_start(body, i);
+        cp head = rfind(ls, i, "| task ", 7);
+        size_t len = head != NULL ? (size_t)(i - head) : 0;
+        if (len == f->last_len && (len == 0 || memcmp(head, f->last_head, len) == 0))
+            return 0; /* the task's run of check lines: one note */
+        cp w = i + 80 < readable ? i + 80 : readable;
+        note_t x = {.offset = base + (ls - body), .check = 1};
+        if (search_id(ls, w, check_at, &x, big)) {
+            unsigned char *kept = PyMem_Realloc(f->last_head, len ? len : 1);
+            if (kept == NULL)
+                return -1;
+            memcpy(kept, head, len);
+            f->last_head = kept;
+            f->last_len = len;
+            if (notes_push(&f->block_notes, &f->n_block_notes, &f->cap_block_notes, &x) < 0)
+                return -1;
         }
     }
-    note_t *all = PyMem_Malloc((size_t)(ns + nc + 1) * sizeof *all);
-    if (all == NULL)
-        goto nomem;
-    Py_ssize_t a = 0, b = 0, k = 0;
-    while (a < ns || b < nc) /* heapq.merge(sims, checks, key=offset): sims first on a tie */
-        all[k++] = (b >= nc || (a < ns && sims[a].offset <= checks[b].offset)) ? sims[a++] : checks[b++];
-    PyMem_Free(sims);
-    PyMem_Free(checks);
-    *out = all;
-    *count = k;
     return 0;
-nomem:
-    PyMem_Free(sims);
-    PyMem_Free(checks);
-    PyErr_NoMemory();
-    return -1;
+}
+
+/* The notes of the "hecking " words the finder found (fi->hk, in order), appended to the block's;
+ * [body, body + n) the block's whole lines. A sim and a check of one line (the same offset) are
+ * kept in the order they stand, not sims first as _side_notes' merge puts them: a sim sets its
+ * slot's lcp, a check its task's n_past, neither reads the other. -1: an error (f->fallback: a
+ * number past int64). */
+static int found_notes(fold_t *f, finder_t *fi, cp body, Py_ssize_t n, cp readable, int64_t base)
+{
+    int big = 0;
+    if (fi->hk_nomem) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < fi->n_hk; k++)
+        if (note_at(f, body, body + n, readable, base, body + fi->hk[k], &big) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    fi->n_hk = 0;
+    if (big) {
+        f->fallback = "a side note's number past int64";
+        return -1;
+    }
+    return 0;
 }
 
 static void take_note(fold_t *f, const note_t *x)
@@ -1590,6 +1592,8 @@ static void fold_free(PyObject *capsule)
         Py_XDECREF(s->notes);
     }
     PyMem_Free(f->held);
+    if (f->finder != NULL)
+        PyMem_RawFree(f->finder->hk);
     PyMem_Free(f->finder);
     PyMem_Free(f->tr);
     Py_XDECREF(f->server_json);
@@ -1710,24 +1714,18 @@ PyObject *fold_block(PyObject *self, PyObject *args)
         goto fallback;
     f->piece_line = piece_line;
     cp body = buf.buf;
-    if (lo == 0) {
-        int big = 0;
-        PyMem_Free(f->block_notes);
-        f->block_notes = NULL;
-        f->n_block_notes = f->next_note = 0;
-        if (side_notes(f, body, n, body + buf.len, base_offset, &f->block_notes, &f->n_block_notes, &big) < 0)
-            goto done;
-        if (big) {
-            f->fallback = "a side note's number past int64";
-            goto fallback;
-        }
-    }
     if (f->finder == NULL) /* kept: a finder is ~250 KB, an mmap of its own at each call */
-        f->finder = PyMem_Malloc(sizeof *f->finder);
+        f->finder = PyMem_Calloc(1, sizeof *f->finder);
     fi = f->finder;
     if (fi == NULL) {
         PyErr_NoMemory();
         goto done;
+    }
+    fi->hk_search = f->next_hecking; /* the side notes are found with the triggers */
+    if (lo == 0) { /* a new block: its notes are read as the finder comes to them */
+        f->n_block_notes = f->next_note = 0;
+        fi->n_hk = fi->hk_done = 0;
+        fi->hk_nomem = 0;
     }
     const ctx_t c = {.body = body, .from = body};
     fi->p = fi->counted = body + lo;
@@ -1737,6 +1735,8 @@ PyObject *fold_block(PyObject *self, PyObject *args)
     int finished;
     do {
         finished = find_batch(fi, &c, body + n, body + buf.len, search);
+        if (found_notes(f, fi, body, n, body + buf.len, base_offset) < 0) /* before the batch's events */
+            goto failed;
         for (Py_ssize_t i = 0; i < fi->n; i++) {
             const rec_t *r = &fi->recs[i];
             if (r->result == R_SLOW) {

@@ -931,8 +931,45 @@ __attribute__((target("avx2"))) static inline cp next_newline_v32(cp p, cp e)
  * generic way: the picked search, the library's memchr / memrchr, then the newline count. It
  * may take over from a fused finder near `readable` with the batch part full; either leaves
  * f->counted at f->p. */
+/* the "hecking " at `at`, kept unless it is already (in order, each once) */
+static inline void hk_push(finder_t *f, const ctx_t *c, cp at)
+{
+    Py_ssize_t off = at - c->body;
+    if (off < f->hk_done)
+        return;
+    if (f->n_hk == f->cap_hk) {
+        Py_ssize_t cap = f->cap_hk ? 2 * f->cap_hk : 1024;
+        Py_ssize_t *grown = PyMem_RawRealloc(f->hk, (size_t)cap * sizeof *grown);
+        if (grown == NULL) {
+            f->hk_nomem = 1;
+            return;
+        }
+        f->hk = grown;
+        f->cap_hk = cap;
+    }
+    f->hk[f->n_hk++] = off;
+    f->hk_done = off + 1;
+}
+
+/* every "hecking " starting in [p, to) not kept yet (entirely inside [p, limit)), by the
+ * generic search */
+static void hk_span(finder_t *f, const ctx_t *c, cp p, cp to, cp limit, cp readable)
+{
+    if (c->body + f->hk_done > p)
+        p = c->body + f->hk_done;
+    if (p >= to)
+        return;
+    cp stop = limit - to > 7 ? to + 7 : limit; /* a word starting before `to` ends by to + 7 */
+    for (cp h = f->hk_search(p, stop, readable); h != NULL; h = f->hk_search(h + 1, stop, readable))
+        hk_push(f, c, h);
+    if (to - c->body > f->hk_done)
+        f->hk_done = to - c->body;
+}
+
 static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search)
 {
+    if (f->hk_search != NULL)
+        hk_span(f, c, f->p, limit, limit, readable);
     while (f->p < limit && f->n < f->max) {
         hit_t hit = search(c->from, limit, f->p, readable);
         if (hit.at == NULL) {
@@ -977,20 +1014,28 @@ static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, sear
  * it) the rest goes the generic way, from the start of the current line (the chunks already
  * searched held no trigger: searching them again finds none). Same records, same counts as
  * find_generic's; the tests run every search variant against the others. */
-#define FUSED_BODY(WIDTH, CHUNK, SEARCH, NEXT_NEWLINE)                                                         \
+#define FUSED_BODY(WIDTH, CHUNK, SEARCH, NEXT_NEWLINE, NEXT_NEWLINE_HK)                                        \
     cp p = f->p, begin = f->p; /* begin: the start of the line holding p */                                    \
     int64_t nls = f->newlines; /* newlines before p (f->counted == f->p here) */                               \
+    int hk = f->hk_search != NULL;                                                                              \
     while (p < limit && f->n < f->max) {                                                                        \
         if (p + 15 + WIDTH > readable) { /* the generic way for the rest, from the current line */             \
             f->p = f->counted = begin;                                                                          \
             f->newlines = nls;                                                                                  \
             return find_generic(f, c, limit, readable, SEARCH);                                                 \
         }                                                                                                       \
-        uint64_t nlm, hits = CHUNK(p, &nlm);                                                                    \
+        uint64_t nlm, hkm, hits = CHUNK(p, &nlm, &hkm);                                                         \
         if (limit - p < WIDTH) { /* the region ends inside the chunk */                                        \
             uint64_t valid = (1ull << (limit - p)) - 1;                                                         \
             hits &= valid;                                                                                      \
             nlm &= valid;                                                                                       \
+        }                                                                                                       \
+        if (hk) { /* the chunk's words start at +1 from its lanes; one at p itself only when not seen */      \
+            if (p - c->body >= f->hk_done)                                                                      \
+                hk_lanes(f, c, p, 1, limit);                                                                    \
+            hk_lanes(f, c, p + 1, hkm, limit);                                                                  \
+            if (p + WIDTH + 1 - c->body > f->hk_done)                                                           \
+                f->hk_done = p + WIDTH + 1 - c->body;                                                           \
         }                                                                                                       \
         int w = W_NONE, i = 0;                                                                                  \
         for (; hits != 0; hits &= hits - 1) {                                                                   \
@@ -1009,7 +1054,8 @@ static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, sear
         uint64_t before = nlm & ((1ull << i) - 1), after = i == 63 ? 0 : nlm & ~((2ull << i) - 1);              \
         cp s = before ? p + (63 - __builtin_clzll(before)) + 1 : begin;                                         \
         int64_t line = nls + __builtin_popcountll(before);                                                      \
-        cp nl = after ? p + __builtin_ctzll(after) : NEXT_NEWLINE(p + WIDTH, limit);                            \
+        cp nl = after ? p + __builtin_ctzll(after)                                                              \
+                      : hk ? NEXT_NEWLINE_HK(f, c, p + WIDTH, limit, readable) : NEXT_NEWLINE(p + WIDTH, limit);    \
         cp e = nl != NULL ? nl : limit;                                                                         \
         rec_t *r = &f->recs[f->n];                                                                              \
         int res = (e - s > MAX_LINE) ? R_SLOW : read_line(c, s, e, w, r);                                       \
@@ -1036,6 +1082,60 @@ static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, sear
     f->newlines = nls;                                                                                          \
     return p >= limit;
 
+/* the words "hecking " at `base` + each lane of `lanes` that lie inside [.., limit) */
+static inline void hk_lanes(finder_t *f, const ctx_t *c, cp base, uint64_t lanes, cp limit)
+{
+    for (; lanes != 0; lanes &= lanes - 1) {
+        cp at = base + __builtin_ctzll(lanes);
+        if (limit - at >= 8 && memcmp(at, "hecking ", 8) == 0)
+            hk_push(f, c, at);
+    }
+}
+
+/* the rest of a line as next_newline's, when the side notes are looked for: the words starting
+ * in [p, its newline + 1] are kept too (the next chunk, at newline + 1, sees them from +1 on), 'k'
+ * at +3 and 'i' at +4 from the same loop; near `readable` and for the tail, memchr and the
+ * search. */
+#define NEXT_NEWLINE_HK_BODY(WIDTH, NL, KI)                                                                    \
+    for (; e - p >= WIDTH && p + WIDTH + 4 <= readable; p += WIDTH) {                                          \
+        uint64_t m = NL(p), ki = KI(p);                                                                        \
+        if (m) {                                                                                               \
+            int at = __builtin_ctzll(m), seen = at + 2 < WIDTH ? at + 2 : WIDTH; /* lanes to the newline + 1 */ \
+            hk_lanes(f, c, p, seen == 64 ? ki : ki & ((1ull << seen) - 1), e);                                 \
+            if (p + seen - c->body > f->hk_done)                                                               \
+                f->hk_done = p + seen - c->body;                                                               \
+            return p + at;                                                                                     \
+        }                                                                                                      \
+        hk_lanes(f, c, p, ki, e);                                                                              \
+        if (p + WIDTH - c->body > f->hk_done)                                                                  \
+            f->hk_done = p + WIDTH - c->body;                                                                  \
+    }                                                                                                          \
+    cp nl = p < e ? memchr(p, '\n', (size_t)(e - p)) : NULL;                                                  \
+    hk_span(f, c, p, nl != NULL && nl + 2 < e ? nl + 2 : e, e, readable);                                      \
+    return nl;
+
+#define NL32(q) ((uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(q)), \
+                                                                            _mm256_set1_epi8('\n'))))
+#define KI32(q)                                                                                                \
+    ((uint64_t)(uint32_t)_mm256_movemask_epi8(                                                                 \
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)((q) + 3)), _mm256_set1_epi8('k')), \
+                         _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)((q) + 4)), _mm256_set1_epi8('i')))))
+#define NL64(q) _mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)(q)), _mm512_set1_epi8('\n'))
+#define KI64(q)                                                                                                \
+    _mm512_mask_cmpeq_epi8_mask(_mm512_cmpeq_epi8_mask(_mm512_loadu_si512((const void *)((q) + 3)), _mm512_set1_epi8('k')), \
+                                _mm512_loadu_si512((const void *)((q) + 4)), _mm512_set1_epi8('i'))
+
+__attribute__((target("avx2"))) static cp next_newline_hk_v32(finder_t *f, const ctx_t *c, cp p, cp e, cp readable)
+{
+    NEXT_NEWLINE_HK_BODY(32, NL32, KI32)
+}
+
+__attribute__((target("avx512f,avx512bw"))) static cp next_newline_hk_v64(finder_t *f, const ctx_t *c, cp p, cp e,
+                                                                          cp readable)
+{
+    NEXT_NEWLINE_HK_BODY(64, NL64, KI64)
+}
+
 /* next_newline at 64 bytes a time */
 __attribute__((target("avx512f,avx512bw"))) static inline cp next_newline_v64(cp p, cp e)
 {
@@ -1048,22 +1148,26 @@ __attribute__((target("avx512f,avx512bw"))) static inline cp next_newline_v64(cp
     return next_newline_v32(p, e);
 }
 
-/* A chunk's pair hits (SEARCH_BODY's pairs) and, in *nl, its newlines: a bit per position. */
-__attribute__((target("avx2"))) static inline uint64_t chunk_v32(cp p, uint64_t *nl)
+/* A chunk's pair hits (SEARCH_BODY's pairs), in *nl its newlines and in *hk the lanes with 'k'
+ * at +4 and 'i' at +5 (a "hecking " at +1: checked whole): a bit per position. */
+__attribute__((target("avx2"))) static inline uint64_t chunk_v32(cp p, uint64_t *nl, uint64_t *hk)
 {
     PAIR_HITS(v32, 32, p, hit, a0);
     *nl = MASK32((v32)(a0 == zero_ + '\n'));
+    *hk = MASK32((v32)((a4_ == zero_ + 'k') & (a5_ == zero_ + 'i')));
     return MASK32(hit);
 }
 
 /* the same with AVX-512BW's compares into mask registers, each pair's second compare masked by
  * its first */
-__attribute__((target("avx512f,avx512bw"))) static inline uint64_t chunk_v64(cp p, uint64_t *nl)
+__attribute__((target("avx512f,avx512bw"))) static inline uint64_t chunk_v64(cp p, uint64_t *nl, uint64_t *hk)
 {
 #define AT(i) _mm512_loadu_si512((const void *)(p + (i)))
 #define B(ch) _mm512_set1_epi8(ch)
-    __m512i a0 = AT(0), a4 = AT(4), a9 = AT(9);
-    __mmask64 ck = _mm512_mask_cmpeq_epi8_mask(_mm512_cmpeq_epi8_mask(a4, B('k')), AT(5), B('p'));
+    __m512i a0 = AT(0), a4 = AT(4), a5 = AT(5), a9 = AT(9);
+    __mmask64 k4 = _mm512_cmpeq_epi8_mask(a4, B('k'));
+    __mmask64 ck = _mm512_mask_cmpeq_epi8_mask(k4, a5, B('p'));
+    *hk = _mm512_mask_cmpeq_epi8_mask(k4, a5, B('i'));
     __mmask64 pr = _mm512_mask_cmpeq_epi8_mask(_mm512_cmpeq_epi8_mask(a0, B('p')), AT(3), B('m'));
     __mmask64 m0 = _mm512_cmpeq_epi8_mask(a0, B('m'));
     __mmask64 mq = _mm512_mask_cmpeq_epi8_mask(m0, a9, B('q')) | _mm512_mask_cmpeq_epi8_mask(m0, a9, B('d'));
@@ -1077,13 +1181,13 @@ __attribute__((target("avx512f,avx512bw"))) static inline uint64_t chunk_v64(cp 
 
 __attribute__((target("avx2,popcnt"))) static int find_batch_v32(finder_t *f, const ctx_t *c, cp limit, cp readable)
 {
-    FUSED_BODY(32, chunk_v32, search_v32, next_newline_v32)
+    FUSED_BODY(32, chunk_v32, search_v32, next_newline_v32, next_newline_hk_v32)
 }
 
 __attribute__((target("avx512f,avx512bw,avx2,popcnt"))) static int find_batch_v64(finder_t *f, const ctx_t *c, cp limit,
                                                                                  cp readable)
 {
-    FUSED_BODY(64, chunk_v64, search_v64, next_newline_v64)
+    FUSED_BODY(64, chunk_v64, search_v64, next_newline_v64, next_newline_hk_v64)
 }
 #endif
 
@@ -1281,6 +1385,7 @@ PyObject *scan(PyObject *self, PyObject *args)
     f->p = f->counted = body + lo;
     f->newlines = f->candidates = f->ignored = 0;
     f->max = BATCH;
+    f->hk_search = NULL;
     b->body = body;
     b->classes = &PyTuple_GET_ITEM(classes, 0);
     b->lru = PyTuple_GET_ITEM(strings, 0);

@@ -611,9 +611,10 @@ def test_fold_finds_side_notes_that_share_a_line_with_a_trigger_or_each_other(tm
     sims, checks = holding(b"checking sim = "), holding(b"hecking checkpoint with [")
     created, news = holding(b"created context checkpoint"), holding(b"new prompt, n_ctx_slot")
 
-    def joined(firsts: list[int], seconds: list[int]) -> bytes:
+    def joined(firsts: list[int], seconds: list[int], pad: bool = False) -> bytes:
         """Each first line with the first of `seconds` after it written on it (that line's own
-        place gone)."""
+        place gone); `pad`: after 0 to 130 spaces, one more each line, so the note's word
+        stands at every place of the finder's chunk and of its newline search after it."""
         pairs = {k: next((j for j in seconds if j > k), seconds[-1]) for k in firsts}
         gone = set(pairs.values()) - set(pairs)
         out = []
@@ -621,7 +622,7 @@ def test_fold_finds_side_notes_that_share_a_line_with_a_trigger_or_each_other(tm
             if k in gone:
                 continue
             if k in pairs:
-                line = line.rstrip(b"\n") + b" " + lines[pairs[k]]
+                line = line.rstrip(b"\n") + b" " * (1 + (len(out) % 131 if pad else 0)) + lines[pairs[k]]
             out.append(line)
         return b"".join(out)
 
@@ -629,16 +630,22 @@ def test_fold_finds_side_notes_that_share_a_line_with_a_trigger_or_each_other(tm
         "sim after new prompt": joined(news[::3], sims),
         "check after created": joined(created[::4], checks),
         "sim after check": joined(checks[::2], sims),
+        "sim far after new prompt": joined(news, sims, pad=True),
+        "check far after created": joined(created, checks, pad=True),
     }
     for name, text in cases.items():
         path = tmp_path / f"{name.replace(' ', '-')}.log"
         path.write_bytes(text)
-        for block in (1 << 20, 4099):
+        # every search the CPU has: the fused finders find these words in their chunks and in
+        # the newline search over a trigger line's tail, the generic way by a search of its own
+        for variant, block in [(v, b) for v in _search_variants() for b in (1 << 20, 4099)]:
+            monkeypatch.setattr(logs, "_FOLD_SEARCH", variant)
             monkeypatch.setattr(logs, "_FOLD_BLOCK", block)
             (fold, replay, pure), folded = _three_ways([path], monkeypatch)
             assert folded == [str(path)], name
-            assert fold == replay == pure, (name, block)
+            assert fold == replay == pure, (name, variant, block)
             assert fold["overall"]["requests"] > 0, name
+        monkeypatch.setattr(logs, "_FOLD_SEARCH", 0)
         reader = logs.analyse([str(path)], logs.Options())["reader"]
         assert reader["c_fold"] == 1 and reader["lines_handed_back"] > 0, (name, reader)
 
