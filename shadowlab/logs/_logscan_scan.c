@@ -1012,8 +1012,12 @@ static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, sear
  * the count plus the newlines before it in the chunk. The search goes on after the line's
  * newline (the counted point, so no span is counted twice). Near `readable` (the loads would pass
  * it) the rest goes the generic way, from the start of the current line (the chunks already
- * searched held no trigger: searching them again finds none). Same records, same counts as
- * find_generic's; the tests run every search variant against the others. */
+ * searched held no trigger: searching them again finds none). For the fold (f->hk_search set)
+ * a third mask gives the side notes' "hecking " at +1 from the lanes with 'k' at +4 and 'i' at +5
+ * (the 'k' compare is the "checkpoint" pair's), and the newline search over a trigger line's tail
+ * looks for it too (NEXT_NEWLINE_HK), so every byte of the region is looked at for it once, with
+ * no pass of its own. Same records, same counts, same words as find_generic's; the tests run
+ * every search variant against the others. */
 #define FUSED_BODY(WIDTH, CHUNK, SEARCH, NEXT_NEWLINE, NEXT_NEWLINE_HK)                                        \
     cp p = f->p, begin = f->p; /* begin: the start of the line holding p */                                    \
     int64_t nls = f->newlines; /* newlines before p (f->counted == f->p here) */                               \
