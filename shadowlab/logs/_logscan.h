@@ -51,6 +51,11 @@ typedef struct {
     int word;
 } hit_t;
 
+/* the word both side notes hold ("checking sim", "[Cc]hecking checkpoint"): the fold's notes
+ * are found by it, in the finder's pass (_logscan_scan.c) or by its own search (_logscan_fold.c) */
+#define HECKING "hecking "
+#define HECKING_LEN (sizeof HECKING - 1)
+
 /* The first trigger in [p, e) of the region [s, e); the loads may read up to `readable`. */
 typedef hit_t (*search_fn)(cp s, cp e, cp p, cp readable);
 

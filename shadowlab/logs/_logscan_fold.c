@@ -399,8 +399,6 @@ static int notes_push(note_t **v, Py_ssize_t *n, Py_ssize_t *cap, const note_t *
  * read on to `readable`. AVX-512BW or AVX2 where the CPU has it (a filter on 'h' +0, 'k' +3,
  * ' ' +7, each hit checked whole), memmem otherwise and for the tail: the same occurrences
  * whichever runs (hecking_all() runs each for the tests). */
-static const char HECKING[] = "hecking ";
-#define HECKING_LEN (sizeof HECKING - 1)
 
 static cp hecking_memmem(cp p, cp end, cp readable)
 {
@@ -1714,14 +1712,16 @@ PyObject *fold_block(PyObject *self, PyObject *args)
         goto fallback;
     f->piece_line = piece_line;
     cp body = buf.buf;
-    if (f->finder == NULL) /* kept: a finder is ~250 KB, an mmap of its own at each call */
+    if (f->finder == NULL) { /* kept: a finder is ~250 KB, an mmap of its own at each call */
         f->finder = PyMem_Calloc(1, sizeof *f->finder);
+        if (f->finder != NULL)
+            f->finder->hk_search = f->next_hecking; /* the side notes are found with the triggers */
+    }
     fi = f->finder;
     if (fi == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    fi->hk_search = f->next_hecking; /* the side notes are found with the triggers */
     if (lo == 0) { /* a new block: its notes are read as the finder comes to them */
         f->n_block_notes = f->next_note = 0;
         fi->n_hk = fi->hk_done = 0;

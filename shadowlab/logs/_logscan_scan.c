@@ -924,13 +924,6 @@ __attribute__((target("avx2"))) static inline cp next_newline_v32(cp p, cp e)
 }
 #endif
 
-/* The next batch of the region [c->from, limit) (f->n records so far: f->max at most): the
- * region is searched for the next trigger word, its line is read, and the search goes on after
- * that line. Lines are numbered by counting the newlines skipped. The loads of the vector search
- * may read on to `readable`. Touches no Python object. Returns 1 when the region is done. The
- * generic way: the picked search, the library's memchr / memrchr, then the newline count. It
- * may take over from a fused finder near `readable` with the batch part full; either leaves
- * f->counted at f->p. */
 /* the "hecking " at `at`, kept unless it is already (in order, each once) */
 static inline void hk_push(finder_t *f, const ctx_t *c, cp at)
 {
@@ -959,13 +952,21 @@ static void hk_span(finder_t *f, const ctx_t *c, cp p, cp to, cp limit, cp reada
         p = c->body + f->hk_done;
     if (p >= to)
         return;
-    cp stop = limit - to > 7 ? to + 7 : limit; /* a word starting before `to` ends by to + 7 */
+    /* a word starting before `to` ends by to + HECKING_LEN - 1 */
+    cp stop = limit - to > (ptrdiff_t)HECKING_LEN - 1 ? to + HECKING_LEN - 1 : limit;
     for (cp h = f->hk_search(p, stop, readable); h != NULL; h = f->hk_search(h + 1, stop, readable))
         hk_push(f, c, h);
     if (to - c->body > f->hk_done)
         f->hk_done = to - c->body;
 }
 
+/* The next batch of the region [c->from, limit) (f->n records so far: f->max at most): the
+ * region is searched for the next trigger word, its line is read, and the search goes on after
+ * that line. Lines are numbered by counting the newlines skipped. The loads of the vector search
+ * may read on to `readable`. Touches no Python object. Returns 1 when the region is done. The
+ * generic way: the picked search, the library's memchr / memrchr, then the newline count. It
+ * may take over from a fused finder near `readable` with the batch part full; either leaves
+ * f->counted at f->p. */
 static int find_generic(finder_t *f, const ctx_t *c, cp limit, cp readable, search_fn search)
 {
     if (f->hk_search != NULL)
@@ -1091,7 +1092,7 @@ static inline void hk_lanes(finder_t *f, const ctx_t *c, cp base, uint64_t lanes
 {
     for (; lanes != 0; lanes &= lanes - 1) {
         cp at = base + __builtin_ctzll(lanes);
-        if (limit - at >= 8 && memcmp(at, "hecking ", 8) == 0)
+        if (limit - at >= (ptrdiff_t)HECKING_LEN && memcmp(at, HECKING, HECKING_LEN) == 0)
             hk_push(f, c, at);
     }
 }
