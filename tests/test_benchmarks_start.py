@@ -45,3 +45,25 @@ def test_fold_once_reads_with_the_build_it_is_given(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "'c_fold': 1" in done.stdout, done.stdout
     assert done.stdout.rstrip().endswith(f"build {copy}"), done.stdout
+
+
+def test_fold_series_prints_a_row_a_round_and_the_controls(tmp_path):
+    """fold_series.py is the tool that tells the machine's drift from the fold's: a row per
+    round (fold, count, sort, sha, faults) and each column's least / median / spread, the
+    controls' correlation with the fold; bad input refused with the option or path named."""
+    log = ROOT / "tests/fixtures/logs/llama.cpp-b11434/A-B-C.cram8192.log"
+    done = subprocess.run([sys.executable, "benchmarks/fold_series.py", str(log), "--rounds", "3", "--trace",
+                           "--control-mb", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout.splitlines()
+    header = next(i for i, line in enumerate(out) if line.split() == ["fold", "count", "sort", "sha", "faults"])
+    rows = [line.split() for line in out[header + 1:header + 4]]
+    assert all(len(r) == 5 and all(float(x) >= 0 for x in r) for r in rows), out
+    summary = {line.split()[0]: line for line in out[header + 4:]}
+    assert set(summary) == {"fold", "count", "sort", "sha"}, out
+    assert all("correlation with the fold" in summary[k] for k in ("count", "sort", "sha")), out
+    for args, named in ((["--rounds", "2"], "--rounds"), ([], "nope.log")):
+        bad = subprocess.run([sys.executable, "benchmarks/fold_series.py", str(tmp_path / "nope.log")
+                              if named == "nope.log" else str(log), *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=120, check=False)
+        assert bad.returncode == 2 and named in bad.stderr, bad.stderr
