@@ -6,6 +6,7 @@ This runs each script's `--help` in a fresh interpreter from the repository root
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,8 @@ def test_there_are_benchmarks_to_check():
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
 def test_a_benchmark_starts_and_answers_help(script):
+    if "\nimport torch" in script.read_text() and importlib.util.find_spec("torch") is None:
+        pytest.skip(f"{script.name} needs torch (the engine extra), not installed here; CI's test venv has it")
     done = subprocess.run([sys.executable, str(script), "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
