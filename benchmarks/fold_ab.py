@@ -26,8 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "engine")]
 
-from fold_once import load_build, use_build  # noqa: E402  (this directory: the script's own)
-from shadowlab.logs import analysis  # noqa: E402
+from fold_once import fold, load_build, use_build  # noqa: E402  (this directory: the script's own)
 
 
 def main() -> int:
@@ -50,13 +49,10 @@ def main() -> int:
             order = list(builds.items())
             for name, module in order if r % 2 == 0 else reversed(order):
                 use_build(module)
-                trace = open(trace_path, "w", encoding="utf-8") if a.trace else None
                 t0 = time.perf_counter()
-                analysis.analyse([str(a.log)], analysis.Options(trace=trace))
-                if trace is not None:
-                    trace.close()
+                fold(a.log, trace_path if a.trace else None)
                 times[name].append(time.perf_counter() - t0)
-                if trace is not None:
+                if a.trace:
                     os.unlink(trace_path)
     first = next(iter(times))
     print(f"{a.log} ({a.log.stat().st_size / 1e9:.2f} GB){' --trace' if a.trace else ''}, {a.rounds} rounds")

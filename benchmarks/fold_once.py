@@ -50,6 +50,17 @@ def use_build(module: ModuleType) -> None:
         raise SystemExit(2)
 
 
+def fold(log: Path, trace_path: str | None = None) -> dict:
+    """LOG read as `shadowlab logs` reads it (analysis.analyse), the trace written to trace_path
+    when one is given (closed before this returns; the file is the caller's to delete)."""
+    trace = open(trace_path, "w", encoding="utf-8") if trace_path is not None else None
+    try:
+        return analysis.analyse([str(log)], analysis.Options(trace=trace))
+    finally:
+        if trace is not None:
+            trace.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log", type=Path)
@@ -59,12 +70,7 @@ def main() -> int:
     if a.build is not None:
         use_build(load_build(a.build))
     with tempfile.TemporaryDirectory() as tmp:
-        trace = open(os.path.join(tmp, "trace.jsonl"), "w", encoding="utf-8") if a.trace else None
-        try:
-            doc = analysis.analyse([str(a.log)], analysis.Options(trace=trace))
-        finally:
-            if trace is not None:
-                trace.close()
+        doc = fold(a.log, os.path.join(tmp, "trace.jsonl") if a.trace else None)
     build = getattr(analysis.folder(), "__file__", None)
     print(f"{doc['lines_read']:,} lines, {doc['overall']['requests']:,} requests; reader {doc['reader']}; build {build}")
     return 0

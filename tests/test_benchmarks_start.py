@@ -65,8 +65,7 @@ def test_fold_series_prints_a_row_a_round_and_the_controls(tmp_path):
     summary = {line.split()[0]: line for line in out[header + 4:]}
     assert set(summary) == {"fold", "count", "sort", "sha"}, out
     assert all("correlation with the fold" in summary[k] for k in ("count", "sort", "sha")), out
-    for args, named in ((["--rounds", "2"], "--rounds"), ([], "nope.log")):
-        bad = subprocess.run([sys.executable, "benchmarks/fold_series.py", str(tmp_path / "nope.log")
-                              if named == "nope.log" else str(log), *args], cwd=ROOT, capture_output=True,
+    for args, named in (([str(log), "--rounds", "2"], "--rounds"), ([str(tmp_path / "nope.log")], "nope.log")):
+        bad = subprocess.run([sys.executable, "benchmarks/fold_series.py", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=120, check=False)
         assert bad.returncode == 2 and named in bad.stderr, bad.stderr
